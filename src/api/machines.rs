@@ -1,0 +1,113 @@
+//! Inventory endpoints (scope `inventory`).
+
+use actix_web::{HttpResponse, web};
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::domain::{AssetTag, MachineStatus, Profile, Scope, Site, Vendor};
+use crate::error::{ApiError, invalid};
+use crate::inventory::{self, MachineFilter, MachineSpec, Upserted};
+use crate::settings::Settings;
+use crate::tokens::ApiClient;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(web::resource("/machines").route(web::get().to(list)))
+        .service(
+            web::resource("/machines/{asset_tag}")
+                .route(web::put().to(put))
+                .route(web::get().to(get)),
+        );
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineBody {
+    site: Site,
+    vendor: Vendor,
+    profile: Profile,
+    status: MachineStatus,
+}
+
+async fn put(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    path: web::Path<String>,
+    body: web::Json<MachineBody>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Inventory)?;
+    let tag = AssetTag::parse(&path).map_err(|e| invalid(e.to_string()))?;
+    let body = body.into_inner();
+    let spec = MachineSpec {
+        site: body.site,
+        vendor: body.vendor,
+        profile: body.profile,
+        status: body.status,
+    };
+    let (machine, how) = inventory::upsert(&pool, client.org_id, &tag, &spec).await?;
+    Ok(match how {
+        Upserted::Created => HttpResponse::Created().json(machine),
+        Upserted::Updated => HttpResponse::Ok().json(machine),
+    })
+}
+
+async fn get(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Inventory)?;
+    let machine = inventory::by_tag(&pool, client.org_id, &path)
+        .await?
+        .ok_or(ApiError::NotFound("machine"))?;
+    Ok(HttpResponse::Ok().json(machine))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    site: Option<String>,
+    vendor: Option<String>,
+    profile: Option<String>,
+    status: Option<String>,
+    after: Option<String>,
+    limit: Option<i64>,
+}
+
+/// Empty query values mean "no filter", as an HTML form would send them.
+fn opt<T>(
+    v: &Option<String>,
+    parse: impl Fn(&str) -> Result<T, crate::domain::ParseError>,
+) -> Result<Option<T>, ApiError> {
+    match v.as_deref() {
+        None | Some("") => Ok(None),
+        Some(s) => parse(s).map(Some).map_err(|e| invalid(e.to_string())),
+    }
+}
+
+async fn list(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    query: web::Query<ListQuery>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Inventory)?;
+    let filter = MachineFilter {
+        site: opt(&query.site, Site::parse)?,
+        vendor: opt(&query.vendor, Vendor::parse)?,
+        profile: opt(&query.profile, Profile::parse)?,
+        status: opt(&query.status, MachineStatus::parse)?,
+    };
+    let limit = query.limit.unwrap_or(500);
+    if !(1..=1000).contains(&limit) {
+        return Err(invalid("limit must be between 1 and 1000"));
+    }
+    let machines =
+        inventory::list(&pool, client.org_id, &filter, query.after.as_deref(), limit).await?;
+    let next = (machines.len() as i64 == limit)
+        .then(|| machines.last().map(|m| m.asset_tag.clone()))
+        .flatten();
+    Ok(HttpResponse::Ok().json(json!({ "machines": machines, "next_after": next })))
+}

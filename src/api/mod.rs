@@ -1,0 +1,15 @@
+//! The JSON API of API.md, under `/api/v1`.
+
+pub mod machines;
+
+use actix_web::web;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/api/v1")
+            .app_data(crate::error::json_config())
+            .app_data(crate::error::path_config())
+            .app_data(crate::error::query_config())
+            .configure(machines::configure),
+    );
+}

@@ -1,0 +1,271 @@
+//! The command line of API.md.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection};
+
+use crate::domain::{Email, Role, Scope, Slug};
+use crate::embedded_pg::{ClusterOptions, EmbeddedPostgres};
+use crate::settings::Settings;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "poolkeeper",
+    version,
+    about = "Reserves dedicated machines for orders; a dashboard over the pool"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run migrations, then serve the dashboard, the API and the sweep.
+    Serve,
+    /// Run migrations and exit.
+    Migrate,
+    /// Organizations (tenants).
+    Org {
+        #[command(subcommand)]
+        command: OrgCommand,
+    },
+    /// Staff users.
+    User {
+        #[command(subcommand)]
+        command: UserCommand,
+    },
+    /// API tokens.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
+    /// Load a demo organization, users, sites and machines (idempotent).
+    Demo,
+}
+
+#[derive(Debug, Subcommand)]
+enum OrgCommand {
+    /// Create an organization.
+    Add {
+        slug: String,
+        #[arg(long)]
+        name: Option<String>,
+        /// Turn the organization's datacenter-module setting on.
+        #[arg(long)]
+        enable_datacenter: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum UserCommand {
+    /// Create a staff user; the password is read from standard input.
+    Add {
+        #[arg(long)]
+        org: String,
+        #[arg(long)]
+        email: String,
+        #[arg(long)]
+        role: String,
+        #[arg(long, required = true)]
+        password_stdin: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create an API token and print it, alone, on stdout.
+    Add {
+        #[arg(long)]
+        org: String,
+        /// orders, inventory, or both separated by a comma.
+        #[arg(long)]
+        scope: String,
+        /// A name for logs and for `ended_by` (default: derived from the token).
+        #[arg(long)]
+        name: Option<String>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let _ = dotenvy::dotenv();
+    let cli = Cli::parse();
+    crate::telemetry::init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("poolkeeper: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("poolkeeper: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let settings = Settings::from_env()?;
+    let database = Database::open(&settings).await?;
+    let result = run_command(cli.command, settings, &database).await;
+    database.close();
+    result
+}
+
+async fn run_command(
+    command: Command,
+    settings: Settings,
+    database: &Database,
+) -> anyhow::Result<()> {
+    let report = crate::db::migrate(&database.options)
+        .await
+        .context("running migrations")?;
+    if report.applied > 0 {
+        tracing::info!(applied = report.applied, "migrations applied");
+    }
+    if report.leases_purged > 0 {
+        tracing::info!(
+            purged = report.leases_purged,
+            "purged leases expired for more than 24 h"
+        );
+    }
+    if let Command::Migrate = command {
+        return Ok(());
+    }
+    let pool = crate::db::connect(database.options.clone(), 20).await?;
+    match command {
+        Command::Migrate => {}
+        Command::Serve => crate::serve::serve(settings, pool.clone()).await?,
+        Command::Org {
+            command:
+                OrgCommand::Add {
+                    slug,
+                    name,
+                    enable_datacenter,
+                },
+        } => {
+            let slug = Slug::parse(&slug)?;
+            let name = name.unwrap_or_else(|| slug.as_str().to_owned());
+            let org = crate::orgs::create(&pool, &slug, &name, enable_datacenter).await?;
+            eprintln!(
+                "created organization {} (datacenter module {})",
+                org.slug,
+                on_off(org.datacenter_enabled)
+            );
+        }
+        Command::User {
+            command:
+                UserCommand::Add {
+                    org,
+                    email,
+                    role,
+                    password_stdin: _,
+                },
+        } => {
+            let org = crate::orgs::by_slug(&pool, &org).await?;
+            let email = Email::parse(&email)?;
+            let role = Role::parse(&role)?;
+            let mut password = String::new();
+            std::io::stdin()
+                .read_to_string(&mut password)
+                .context("reading the password from stdin")?;
+            let password = password.trim_end_matches(['\r', '\n']);
+            crate::staff::create(&pool, org.id, &email, role, password).await?;
+            eprintln!(
+                "created {} user {} in {}",
+                role.as_str(),
+                email.as_str(),
+                org.slug
+            );
+        }
+        Command::Token {
+            command: TokenCommand::Add { org, scope, name },
+        } => {
+            let org = crate::orgs::by_slug(&pool, &org).await?;
+            let scopes = Scope::parse_list(&scope)?;
+            let (_, token) = crate::tokens::create(&pool, org.id, name.as_deref(), &scopes).await?;
+            println!("{token}");
+        }
+        Command::Demo => crate::demo::load(&pool).await?.print(),
+    }
+    pool.close().await;
+    Ok(())
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
+}
+
+/// The database a command works on: `DATABASE_URL`, or the embedded default.
+struct Database {
+    options: PgConnectOptions,
+    embedded: Option<EmbeddedPostgres>,
+}
+
+/// The embedded default's database name.
+const EMBEDDED_DB: &str = "poolkeeper";
+
+impl Database {
+    async fn open(settings: &Settings) -> anyhow::Result<Database> {
+        if let Some(url) = &settings.database_url {
+            let options =
+                crate::db::parse_url(url).context("DATABASE_URL is not a valid PostgreSQL URL")?;
+            return Ok(Database {
+                options,
+                embedded: None,
+            });
+        }
+        let root = PathBuf::from(".poolkeeper");
+        std::fs::create_dir_all(&root).context("creating ./.poolkeeper")?;
+        let opts = ClusterOptions {
+            data_dir: root.join("pg"),
+            log_file: root.join("postgres.log"),
+            throwaway: false,
+        };
+        let cluster = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts)).await??;
+        tracing::info!(data_dir = %cluster.data_dir().display(), owned = cluster.owned(), "embedded PostgreSQL is up");
+        let mut admin = cluster
+            .connect_options("postgres")
+            .log_statements(tracing::log::LevelFilter::Off)
+            .connect()
+            .await?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                .bind(EMBEDDED_DB)
+                .fetch_one(&mut admin)
+                .await?;
+        // Two replicas may race here; the loser's duplicate_database (42P04) is fine.
+        let create = sqlx::AssertSqlSafe(format!("CREATE DATABASE {EMBEDDED_DB}"));
+        if !exists
+            && let Err(e) = sqlx::query(create).execute(&mut admin).await
+            && crate::db::sqlstate(&e).as_deref() != Some("42P04")
+        {
+            bail!("creating the embedded database: {e}");
+        }
+        admin.close().await?;
+        Ok(Database {
+            options: cluster.connect_options(EMBEDDED_DB),
+            embedded: Some(cluster),
+        })
+    }
+
+    fn close(&self) {
+        if let Some(cluster) = &self.embedded {
+            if cluster.owned() {
+                tracing::info!("stopping embedded PostgreSQL");
+            }
+            cluster.stop();
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Domain values that parse, not validate: once a value of one of these
+//! types exists, it is well formed, and the database never sees junk.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {problem}")]
+pub struct ParseError {
+    pub what: &'static str,
+    pub problem: String,
+}
+
+fn parse_error(what: &'static str, problem: impl Into<String>) -> ParseError {
+    ParseError {
+        what,
+        problem: problem.into(),
+    }
+}
+
+/// Checks a short identifier: 1 to `max` characters of ASCII letters,
+/// digits, '.', '_' and '-'.
+fn parse_label(what: &'static str, s: &str, max: usize) -> Result<String, ParseError> {
+    if s.is_empty() {
+        return Err(parse_error(what, "must not be empty"));
+    }
+    if s.len() > max {
+        return Err(parse_error(
+            what,
+            format!("must be at most {max} characters"),
+        ));
+    }
+    if let Some(c) = s
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(parse_error(
+            what,
+            format!("must use letters, digits, '.', '_' or '-', not {c:?}"),
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+macro_rules! label {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn parse(s: &str) -> Result<Self, ParseError> {
+                parse_label($what, s, $max).map($name)
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl TryFrom<String> for $name {
+            type Error = ParseError;
+            fn try_from(s: String) -> Result<Self, ParseError> {
+                Self::parse(&s)
+            }
+        }
+        impl From<$name> for String {
+            fn from(v: $name) -> String {
+                v.0
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+label!(
+    /// A machine's asset tag, unique within an organization.
+    AssetTag, "asset_tag", 64
+);
+label!(
+    /// A datacenter site, such as `par1`.
+    Site, "site", 64
+);
+label!(
+    /// A hardware vendor, such as `dell`.
+    Vendor, "vendor", 64
+);
+label!(
+    /// A hardware profile, such as `epyc-9354-256g`.
+    Profile, "profile", 64
+);
+label!(
+    /// An order reference: the idempotency key of a reservation.
+    OrderRef, "order_ref", 128
+);
+label!(
+    /// A service reference from the billing side, such as `SRV-9`.
+    ServiceRef, "service_ref", 128
+);
+
+/// An organization's slug: lower-case letters, digits and '-'.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slug(String);
+
+impl Slug {
+    pub fn parse(s: &str) -> Result<Slug, ParseError> {
+        let ok = !s.is_empty()
+            && s.len() <= 63
+            && s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !s.starts_with('-');
+        if ok {
+            Ok(Slug(s.to_owned()))
+        } else {
+            Err(parse_error(
+                "slug",
+                "use 1-63 lower-case letters, digits or '-'",
+            ))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The datacenter team's word on a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MachineStatus {
+    Ready,
+    Provisioning,
+    Maintenance,
+    Broken,
+    Retired,
+}
+
+impl MachineStatus {
+    pub const ALL: [MachineStatus; 5] = [
+        MachineStatus::Ready,
+        MachineStatus::Provisioning,
+        MachineStatus::Maintenance,
+        MachineStatus::Broken,
+        MachineStatus::Retired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineStatus::Ready => "ready",
+            MachineStatus::Provisioning => "provisioning",
+            MachineStatus::Maintenance => "maintenance",
+            MachineStatus::Broken => "broken",
+            MachineStatus::Retired => "retired",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<MachineStatus, ParseError> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                parse_error(
+                    "status",
+                    "must be one of ready, provisioning, maintenance, broken, retired",
+                )
+            })
+    }
+}
+
+impl fmt::Display for MachineStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a staff user may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Viewer,
+    Support,
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Support => "support",
+            Role::Admin => "admin",
+        }
+    }
+    pub fn parse(s: &str) -> Result<Role, ParseError> {
+        match s {
+            "viewer" => Ok(Role::Viewer),
+            "support" => Ok(Role::Support),
+            "admin" => Ok(Role::Admin),
+            _ => Err(parse_error("role", "must be viewer, support or admin")),
+        }
+    }
+}
+
+/// What an API token may call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Orders,
+    Inventory,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Orders => "orders",
+            Scope::Inventory => "inventory",
+        }
+    }
+    /// Parses `orders[,inventory]`.
+    pub fn parse_list(s: &str) -> Result<Vec<Scope>, ParseError> {
+        let mut scopes = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            let scope = match part {
+                "orders" => Scope::Orders,
+                "inventory" => Scope::Inventory,
+                _ => {
+                    return Err(parse_error(
+                        "scope",
+                        "must be orders, inventory, or both separated by a comma",
+                    ));
+                }
+            };
+            if !scopes.contains(&scope) {
+                scopes.push(scope);
+            }
+        }
+        Ok(scopes)
+    }
+}
+
+/// A staff user's login. Lower-cased, so that one person is one account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Email(String);
+
+impl Email {
+    pub fn parse(s: &str) -> Result<Email, ParseError> {
+        let s = s.trim().to_ascii_lowercase();
+        let valid = s.len() <= 254
+            && !s.chars().any(|c| c.is_control() || c.is_whitespace())
+            && matches!(s.split_once('@'), Some((local, domain)) if !local.is_empty() && domain.contains('.') && !domain.contains('@'));
+        if valid {
+            Ok(Email(s))
+        } else {
+            Err(parse_error("email", "is not an email address"))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_refuse_empty_long_and_odd_characters() {
+        assert!(Site::parse("par1").is_ok());
+        assert!(Site::parse("").is_err());
+        assert!(Site::parse(&"a".repeat(65)).is_err());
+        assert!(Site::parse("par 1").is_err());
+        assert!(Site::parse("par\u{0}1").is_err());
+        assert!(OrderRef::parse("ORD-2026.12_01").is_ok());
+    }
+
+    #[test]
+    fn statuses_round_trip() {
+        for st in MachineStatus::ALL {
+            assert_eq!(MachineStatus::parse(st.as_str()), Ok(st));
+        }
+        assert!(MachineStatus::parse("sold").is_err());
+    }
+
+    #[test]
+    fn emails_and_scopes() {
+        assert_eq!(
+            Email::parse(" Ana@Example.com ").map(|e| e.as_str().to_owned()),
+            Ok("ana@example.com".into())
+        );
+        assert!(Email::parse("ana").is_err());
+        assert_eq!(
+            Scope::parse_list("orders,inventory").map(|v| v.len()),
+            Ok(2)
+        );
+        assert!(Scope::parse_list("orders,admin").is_err());
+    }
+}

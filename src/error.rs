@@ -1,0 +1,184 @@
+//! The JSON API's error boundary: every failure becomes
+//! `{"error": CODE, "message": TEXT, ...}` with the status of API.md.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde_json::{Map, Value, json};
+
+use crate::db;
+
+#[derive(thiserror::Error)]
+pub enum ApiError {
+    /// 400 `invalid`: the request is malformed; nothing was written.
+    #[error("{0}")]
+    Invalid(String),
+    /// 401 `unauthorized`.
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// 403 `forbidden`: the token lacks a scope.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 403 `module_disabled` (R12).
+    #[error("the datacenter module is disabled {0}")]
+    ModuleDisabled(&'static str),
+    /// 404 `not_found`: absent, or another organization's (never 403).
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// 409 with a machine-readable code and extra fields.
+    #[error("{message}")]
+    Conflict {
+        code: &'static str,
+        message: String,
+        extra: Map<String, Value>,
+        retry_after: Option<u32>,
+    },
+    /// 503 `unavailable`: the database cannot answer right now; retry.
+    #[error("the database is not available right now; retry shortly")]
+    Unavailable(#[source] anyhow::Error),
+    /// 500 `internal`: a bug or an unexpected database state.
+    #[error("internal error")]
+    Internal(#[source] anyhow::Error),
+}
+
+pub fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::Invalid(message.into())
+}
+
+pub fn not_found(what: &'static str) -> ApiError {
+    ApiError::NotFound(what)
+}
+
+pub fn conflict(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::Conflict {
+        code,
+        message: message.into(),
+        extra: Map::new(),
+        retry_after: None,
+    }
+}
+
+impl ApiError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Invalid(_) => "invalid",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::ModuleDisabled(_) => "module_disabled",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict { code, .. } => code,
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// Adds a field to a conflict's body.
+    pub fn with(mut self, key: &str, value: Value) -> ApiError {
+        if let ApiError::Conflict { extra, .. } = &mut self {
+            extra.insert(key.to_owned(), value);
+        }
+        self
+    }
+
+    pub fn retry_after(mut self, seconds: u32) -> ApiError {
+        if let ApiError::Conflict { retry_after, .. } = &mut self {
+            *retry_after = Some(seconds);
+        }
+        self
+    }
+}
+
+/// Prints the whole cause chain, so that a log line says why.
+pub fn fmt_chain(err: &dyn std::error::Error, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    write!(f, "{err}")?;
+    let mut source = err.source();
+    while let Some(cause) = source {
+        write!(f, "\n  caused by: {cause}")?;
+        source = cause.source();
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fmt_chain(self, f)
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(e: sqlx::Error) -> Self {
+        anyhow::Error::from(e).into()
+    }
+}
+
+impl From<anyhow::Error> for ApiError {
+    fn from(e: anyhow::Error) -> Self {
+        if db::is_unavailable(e.as_ref()) {
+            ApiError::Unavailable(e)
+        } else {
+            ApiError::Internal(e)
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) | ApiError::ModuleDisabled(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        match self {
+            ApiError::Internal(_) => tracing::error!(error = ?self, "request failed"),
+            ApiError::Unavailable(_) => tracing::warn!(error = ?self, "database unavailable"),
+            _ => {}
+        }
+        let mut body = Map::new();
+        body.insert("error".into(), json!(self.code()));
+        body.insert("message".into(), json!(self.to_string()));
+        let mut retry = None;
+        match self {
+            ApiError::Conflict {
+                extra, retry_after, ..
+            } => {
+                body.extend(extra.clone());
+                retry = *retry_after;
+            }
+            ApiError::Unavailable(_) => retry = Some(1),
+            _ => {}
+        }
+        let mut resp = HttpResponse::build(self.status_code());
+        if let Some(seconds) = retry {
+            resp.insert_header(("Retry-After", seconds.to_string()));
+        }
+        if let ApiError::Unauthorized(_) = self {
+            resp.insert_header(("WWW-Authenticate", "Bearer"));
+        }
+        resp.json(Value::Object(body))
+    }
+}
+
+/// Extractor error handlers: a body, path or query that does not parse is
+/// `400 invalid`, in the API's error shape.
+pub fn json_config() -> actix_web::web::JsonConfig {
+    actix_web::web::JsonConfig::default()
+        .limit(64 * 1024)
+        .content_type_required(false)
+        .error_handler(|err, _req| invalid(format!("invalid JSON body: {err}")).into())
+}
+
+pub fn path_config() -> actix_web::web::PathConfig {
+    actix_web::web::PathConfig::default()
+        .error_handler(|err, _req| invalid(format!("invalid path: {err}")).into())
+}
+
+pub fn query_config() -> actix_web::web::QueryConfig {
+    actix_web::web::QueryConfig::default()
+        .error_handler(|err, _req| invalid(format!("invalid query string: {err}")).into())
+}

@@ -1,0 +1,38 @@
+//! Operations endpoints, without a token: liveness, readiness, metrics.
+
+use actix_web::{HttpResponse, web};
+use sqlx::PgPool;
+
+use crate::metrics::Metrics;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/healthz", web::get().to(healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics));
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; charset=utf-8")
+        .body("ok\n")
+}
+
+/// 200 when the database answers and every migration is applied.
+async fn readyz(pool: web::Data<PgPool>) -> HttpResponse {
+    match crate::db::migrations_current(&pool).await {
+        Ok(true) => HttpResponse::Ok()
+            .content_type("text/plain; charset=utf-8")
+            .body("ready\n"),
+        Ok(false) => HttpResponse::ServiceUnavailable().body("migrations pending\n"),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            HttpResponse::ServiceUnavailable().body("database unavailable\n")
+        }
+    }
+}
+
+async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(metrics.render())
+}

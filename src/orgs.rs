@@ -1,0 +1,72 @@
+//! Organizations (tenants) and their half of the R12 switch.
+
+use sqlx::PgPool;
+
+use crate::domain::Slug;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Organization {
+    pub id: i64,
+    pub slug: String,
+    pub name: String,
+    pub datacenter_enabled: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OrgError {
+    #[error("organization {0:?} already exists")]
+    Exists(String),
+    #[error("no organization {0:?}")]
+    Unknown(String),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+pub async fn create(
+    pool: &PgPool,
+    slug: &Slug,
+    name: &str,
+    datacenter_enabled: bool,
+) -> Result<Organization, OrgError> {
+    sqlx::query_as(
+        "INSERT INTO organizations (slug, name, datacenter_enabled) VALUES ($1, $2, $3)
+         RETURNING id, slug, name, datacenter_enabled",
+    )
+    .bind(slug.as_str())
+    .bind(name)
+    .bind(datacenter_enabled)
+    .fetch_one(pool)
+    .await
+    .map_err(|e| match crate::db::violated_unique(&e) {
+        Some("organizations_slug_unique") => OrgError::Exists(slug.as_str().to_owned()),
+        _ => OrgError::Database(e),
+    })
+}
+
+pub async fn by_slug(pool: &PgPool, slug: &str) -> Result<Organization, OrgError> {
+    sqlx::query_as("SELECT id, slug, name, datacenter_enabled FROM organizations WHERE slug = $1")
+        .bind(slug)
+        .fetch_optional(pool)
+        .await?
+        .ok_or_else(|| OrgError::Unknown(slug.to_owned()))
+}
+
+pub async fn by_id(pool: &PgPool, id: i64) -> Result<Option<Organization>, sqlx::Error> {
+    sqlx::query_as("SELECT id, slug, name, datacenter_enabled FROM organizations WHERE id = $1")
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+}
+
+pub async fn set_datacenter_enabled(
+    pool: &PgPool,
+    org_id: i64,
+    enabled: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE organizations SET datacenter_enabled = $2 WHERE id = $1")
+        .bind(org_id)
+        .bind(enabled)
+        .execute(pool)
+        .await?;
+    Ok(())
+}

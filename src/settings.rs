@@ -1,0 +1,197 @@
+//! Configuration, from the environment (API.md). A `.env` file may add to it.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything `serve` needs to know. Tests build one directly.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `DATABASE_URL`; `None` means the embedded default.
+    pub database_url: Option<String>,
+    /// `POOLKEEPER_BIND`.
+    pub bind: SocketAddr,
+    /// `POOLKEEPER_DATACENTER_MODULE`: the deployment switch of R12.
+    pub datacenter_module: bool,
+    /// `POOLKEEPER_HOLD_SECONDS`: default reservation lifetime (R11).
+    pub hold_seconds: u32,
+    /// `POOLKEEPER_SWEEP_SECONDS`: sweep period.
+    pub sweep_period: Duration,
+    /// `POOLKEEPER_LEASE_SECONDS`: how long a sweep lease lasts without a
+    /// heartbeat. Defaults to three sweep periods, at least 5 seconds.
+    pub lease_duration: Duration,
+    /// `POOLKEEPER_REPLICA`: unique per process.
+    pub replica: String,
+    /// `POOLKEEPER_SECURE_COOKIES`: served behind TLS, so cookies get
+    /// `Secure` and the `__Host-` prefix.
+    pub secure_cookies: bool,
+    /// `POOLKEEPER_SESSION_IDLE_SECONDS` (default 1800).
+    pub session_idle: Duration,
+    /// `POOLKEEPER_SESSION_MAX_SECONDS` (default 12 h).
+    pub session_max: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {name}={value:?} is not valid: {expected}")]
+pub struct SettingsError {
+    pub name: &'static str,
+    pub value: String,
+    pub expected: &'static str,
+}
+
+impl Settings {
+    /// Defaults of API.md, for a replica named `replica`.
+    pub fn defaults() -> Settings {
+        Settings {
+            database_url: None,
+            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            datacenter_module: false,
+            hold_seconds: 900,
+            sweep_period: Duration::from_secs(60),
+            lease_duration: Duration::from_secs(180),
+            replica: default_replica_name(),
+            secure_cookies: false,
+            session_idle: Duration::from_secs(30 * 60),
+            session_max: Duration::from_secs(12 * 3600),
+        }
+    }
+
+    pub fn from_env() -> Result<Settings, SettingsError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Reads settings through `lookup`, so that tests need not touch the
+    /// process environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Settings, SettingsError> {
+        let mut s = Settings::defaults();
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        s.database_url = get("DATABASE_URL");
+        if let Some(v) = get("POOLKEEPER_BIND") {
+            s.bind = v.parse().map_err(|_| SettingsError {
+                name: "POOLKEEPER_BIND",
+                value: v.clone(),
+                expected: "an address and port such as 127.0.0.1:8080",
+            })?;
+        }
+        if let Some(v) = get("POOLKEEPER_DATACENTER_MODULE") {
+            s.datacenter_module = parse_switch("POOLKEEPER_DATACENTER_MODULE", &v)?;
+        }
+        if let Some(v) = get("POOLKEEPER_SECURE_COOKIES") {
+            s.secure_cookies = parse_switch("POOLKEEPER_SECURE_COOKIES", &v)?;
+        }
+        if let Some(v) = get("POOLKEEPER_HOLD_SECONDS") {
+            s.hold_seconds = parse_seconds("POOLKEEPER_HOLD_SECONDS", &v, 1, 86_400)? as u32;
+        }
+        if let Some(v) = get("POOLKEEPER_SWEEP_SECONDS") {
+            s.sweep_period =
+                Duration::from_secs(parse_seconds("POOLKEEPER_SWEEP_SECONDS", &v, 1, 86_400)?);
+        }
+        s.lease_duration = (s.sweep_period * 3).max(Duration::from_secs(5));
+        if let Some(v) = get("POOLKEEPER_LEASE_SECONDS") {
+            s.lease_duration =
+                Duration::from_secs(parse_seconds("POOLKEEPER_LEASE_SECONDS", &v, 1, 86_400)?);
+        }
+        if let Some(v) = get("POOLKEEPER_SESSION_IDLE_SECONDS") {
+            s.session_idle = Duration::from_secs(parse_seconds(
+                "POOLKEEPER_SESSION_IDLE_SECONDS",
+                &v,
+                1,
+                86_400,
+            )?);
+        }
+        if let Some(v) = get("POOLKEEPER_SESSION_MAX_SECONDS") {
+            s.session_max = Duration::from_secs(parse_seconds(
+                "POOLKEEPER_SESSION_MAX_SECONDS",
+                &v,
+                1,
+                7 * 86_400,
+            )?);
+        }
+        if let Some(v) = get("POOLKEEPER_REPLICA") {
+            s.replica = v;
+        }
+        Ok(s)
+    }
+}
+
+fn parse_switch(name: &'static str, value: &str) -> Result<bool, SettingsError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "on" | "true" | "1" | "yes" => Ok(true),
+        "off" | "false" | "0" | "no" => Ok(false),
+        _ => Err(SettingsError {
+            name,
+            value: value.to_owned(),
+            expected: "on or off",
+        }),
+    }
+}
+
+fn parse_seconds(
+    name: &'static str,
+    value: &str,
+    min: u64,
+    max: u64,
+) -> Result<u64, SettingsError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or(SettingsError {
+            name,
+            value: value.to_owned(),
+            expected: "a whole number of seconds in range",
+        })
+}
+
+/// The hostname plus a random suffix: two processes on one host must never
+/// believe they are the same lease holder.
+pub fn default_replica_name() -> String {
+    let host = hostname().unwrap_or_else(|| "poolkeeper".to_owned());
+    let suffix: u32 = rand::random();
+    format!("{host}-{suffix:08x}")
+}
+
+fn hostname() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
+    // on success when the name fits.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0)?;
+    let name = String::from_utf8_lossy(&buf[..end]).trim().to_owned();
+    (!name.is_empty()).then_some(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_api_md() {
+        let s = Settings::from_lookup(|_| None).expect("defaults parse");
+        assert_eq!(s.bind.to_string(), "127.0.0.1:8080");
+        assert!(!s.datacenter_module);
+        assert_eq!(s.hold_seconds, 900);
+        assert_eq!(s.sweep_period, Duration::from_secs(60));
+        assert!(s.database_url.is_none());
+    }
+
+    #[test]
+    fn replica_names_are_unique_per_process_instance() {
+        assert_ne!(default_replica_name(), default_replica_name());
+    }
+
+    #[test]
+    fn bad_values_are_named_in_the_error() {
+        let err = Settings::from_lookup(|n| (n == "POOLKEEPER_HOLD_SECONDS").then(|| "0".into()))
+            .expect_err("0 is out of range");
+        assert_eq!(err.name, "POOLKEEPER_HOLD_SECONDS");
+        let err = Settings::from_lookup(|n| {
+            (n == "POOLKEEPER_DATACENTER_MODULE").then(|| "maybe".into())
+        })
+        .expect_err("maybe is not a switch");
+        assert!(err.to_string().contains("on or off"));
+    }
+}

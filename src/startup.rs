@@ -1,0 +1,76 @@
+//! Builds the HTTP application and its background workers from `Settings`.
+
+use std::net::TcpListener;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{App, HttpServer, web};
+use sqlx::PgPool;
+
+use crate::metrics::Metrics;
+use crate::settings::Settings;
+
+/// A bound, not yet running server.
+pub struct Application {
+    port: u16,
+    server: Server,
+}
+
+/// Shared state every handler can extract.
+#[derive(Clone)]
+pub struct AppState {
+    pub settings: web::Data<Settings>,
+    pub pool: web::Data<PgPool>,
+    pub metrics: web::Data<Metrics>,
+}
+
+impl AppState {
+    pub fn new(settings: Settings, pool: PgPool, metrics: Metrics) -> AppState {
+        AppState {
+            settings: web::Data::new(settings),
+            pool: web::Data::new(pool),
+            metrics: web::Data::new(metrics),
+        }
+    }
+}
+
+/// Routes and state of the application; also used by in-process tests.
+pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
+    move |cfg: &mut web::ServiceConfig| {
+        cfg.app_data(state.settings)
+            .app_data(state.pool)
+            .app_data(state.metrics)
+            .configure(crate::ops::configure)
+            .configure(crate::api::configure);
+    }
+}
+
+impl Application {
+    /// Binds `settings.bind` (port 0 picks a free port).
+    pub fn build(state: AppState) -> anyhow::Result<Application> {
+        let listener = TcpListener::bind(state.settings.bind)?;
+        let port = listener.local_addr()?.port();
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(tracing_actix_web::TracingLogger::default())
+                .configure(configure(state.clone()))
+        })
+        // Signals are ours: the sweep must stop and release its lease first.
+        .disable_signals()
+        .shutdown_timeout(10)
+        .listen(listener)?
+        .run();
+        Ok(Application { port, server })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        self.server.await
+    }
+}

@@ -1,0 +1,154 @@
+//! API tokens: created by `poolkeeper token add`, printed once, stored only
+//! as a SHA-256 digest. The bearer extractor resolves a request's token to
+//! its organization and scopes.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
+use base64::Engine;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use crate::domain::Scope;
+use crate::error::ApiError;
+use crate::settings::Settings;
+
+const PREFIX: &str = "pk_";
+
+pub fn digest(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// A fresh token: 32 random bytes, URL-safe base64, with a recognisable prefix.
+pub fn generate() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    format!(
+        "{PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("a token named {0:?} already exists in this organization")]
+    NameTaken(String),
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// Creates a token and returns it; this is the only time it is ever seen.
+pub async fn create(
+    pool: &PgPool,
+    org_id: i64,
+    name: Option<&str>,
+    scopes: &[Scope],
+) -> Result<(String, String), TokenError> {
+    let token = generate();
+    let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+    let default_name = format!(
+        "token-{}",
+        &digest(&token)[..4]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    );
+    let name = name.map(str::to_owned).unwrap_or(default_name);
+    sqlx::query(
+        "INSERT INTO api_tokens (org_id, name, token_hash, scopes) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(org_id)
+    .bind(&name)
+    .bind(digest(&token))
+    .bind(&scopes)
+    .execute(pool)
+    .await
+    .map_err(|e| match crate::db::violated_unique(&e) {
+        Some("api_tokens_name_unique_per_org") => TokenError::NameTaken(name.clone()),
+        _ => TokenError::Database(e),
+    })?;
+    Ok((name, token))
+}
+
+/// The caller of an API request, resolved from its bearer token.
+#[derive(Debug, Clone)]
+pub struct ApiClient {
+    pub org_id: i64,
+    pub token_name: String,
+    scopes: Vec<String>,
+    datacenter_enabled: bool,
+}
+
+impl ApiClient {
+    /// 403 `forbidden` unless the token carries `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.scopes.iter().any(|s| s == scope.as_str()) {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(format!(
+                "this token lacks the {} scope",
+                scope.as_str()
+            )))
+        }
+    }
+
+    /// R12: 403 `module_disabled` unless both the deployment switch and the
+    /// organization's setting are on.
+    pub fn require_module(&self, settings: &Settings) -> Result<(), ApiError> {
+        if !settings.datacenter_module {
+            return Err(ApiError::ModuleDisabled("on this deployment"));
+        }
+        if !self.datacenter_enabled {
+            return Err(ApiError::ModuleDisabled("for this organization"));
+        }
+        Ok(())
+    }
+
+    /// Both checks every module endpoint makes before anything else.
+    pub fn module_call(&self, settings: &Settings, scope: Scope) -> Result<(), ApiError> {
+        self.require(scope)?;
+        self.require_module(settings)
+    }
+}
+
+impl FromRequest for ApiClient {
+    type Error = ApiError;
+    type Future = Pin<Box<dyn Future<Output = Result<ApiClient, ApiError>>>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let header = req
+            .headers()
+            .get(actix_web::http::header::AUTHORIZATION)
+            .map(|v| v.to_str().map(str::to_owned));
+        let pool = req.app_data::<web::Data<PgPool>>().cloned();
+        Box::pin(async move {
+            let token = match header {
+                Some(Ok(v)) => v.strip_prefix("Bearer ").map(|t| t.trim().to_owned()),
+                _ => None,
+            }
+            .filter(|t| !t.is_empty())
+            .ok_or(ApiError::Unauthorized("send Authorization: Bearer TOKEN"))?;
+            let pool = pool.ok_or_else(|| {
+                ApiError::Internal(anyhow::anyhow!("no database pool configured"))
+            })?;
+            let row: Option<(i64, String, Vec<String>, bool)> = sqlx::query_as(
+                "SELECT t.org_id, t.name, t.scopes, o.datacenter_enabled
+                   FROM api_tokens t JOIN organizations o ON o.id = t.org_id
+                  WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
+            )
+            .bind(digest(&token))
+            .fetch_optional(pool.get_ref())
+            .await?;
+            let (org_id, token_name, scopes, datacenter_enabled) =
+                row.ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
+            Ok(ApiClient {
+                org_id,
+                token_name,
+                scopes,
+                datacenter_enabled,
+            })
+        })
+    }
+}

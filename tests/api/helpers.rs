@@ -1,0 +1,329 @@
+//! The test harness: one private PostgreSQL per test run (or `DATABASE_URL`
+//! when set), a freshly migrated database per test, and `spawn_app()` that
+//! starts the server on port 0 against it.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use poolkeeper::domain::{Scope, Slug};
+use poolkeeper::embedded_pg::{ClusterOptions, EmbeddedPostgres};
+use poolkeeper::metrics::Metrics;
+use poolkeeper::settings::Settings;
+use poolkeeper::startup::{AppState, Application};
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::{Connection, PgConnection};
+
+struct Cluster {
+    /// Connects to the maintenance database, to create test databases.
+    admin: PgConnectOptions,
+    /// A database migrated once, copied for every test.
+    template: String,
+    /// Builds a URL for a database of this cluster (for child processes).
+    url_base: UrlBase,
+    _embedded: Option<EmbeddedPostgres>,
+}
+
+enum UrlBase {
+    Embedded(String, String),
+    External(String),
+}
+
+static CLUSTER: OnceLock<Result<Cluster, String>> = OnceLock::new();
+
+fn cluster() -> &'static Cluster {
+    let result = CLUSTER.get_or_init(|| {
+        // Started on a plain thread with its own runtime: each #[tokio::test]
+        // has a runtime of its own, which must not own the shared cluster.
+        std::thread::spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(start_cluster()).map_err(|e| format!("{e:#}"))
+        })
+        .join()
+        .unwrap_or_else(|_| Err("starting the test cluster panicked".into()))
+    });
+    match result {
+        Ok(c) => c,
+        Err(e) => panic!("test database unavailable: {e}"),
+    }
+}
+
+async fn start_cluster() -> anyhow::Result<Cluster> {
+    let template = format!("pk_template_{}", std::process::id());
+    let (admin, url_base, embedded) =
+        match std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()) {
+            Some(url) => {
+                let admin = poolkeeper::db::parse_url(&url)?;
+                let base = url
+                    .split('?')
+                    .next()
+                    .unwrap_or(&url)
+                    .rsplit_once('/')
+                    .map(|(b, _)| b.to_owned())
+                    .unwrap_or(url.clone());
+                (admin, UrlBase::External(base), None)
+            }
+            None => {
+                remove_stale_clusters();
+                let dir = std::env::temp_dir().join(format!(
+                    "poolkeeper-test-{}-{:x}",
+                    std::process::id(),
+                    rand_u32()
+                ));
+                poolkeeper::embedded_pg::prepare_private_dir(&dir)?;
+                let opts = ClusterOptions {
+                    data_dir: dir.join("pg"),
+                    log_file: dir.join("postgres.log"),
+                    throwaway: true,
+                };
+                let pg =
+                    tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts)).await??;
+                let admin = pg.connect_options("postgres");
+                let url = pg.url("DBNAME");
+                let (a, b) = url
+                    .split_once("DBNAME")
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .unwrap_or_default();
+                (admin, UrlBase::Embedded(a, b), Some(pg))
+            }
+        };
+    let mut conn = PgConnection::connect_with(&admin).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {template}")))
+        .execute(&mut conn)
+        .await?;
+    conn.close().await?;
+    poolkeeper::db::migrate(&admin.clone().database(&template)).await?;
+    Ok(Cluster {
+        admin,
+        template,
+        url_base,
+        _embedded: embedded,
+    })
+}
+
+fn rand_u32() -> u32 {
+    rand::random()
+}
+
+/// Clusters left by earlier runs whose postmaster is gone (a run killed
+/// before its cluster was stopped leaves a directory behind).
+fn remove_stale_clusters() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_ours = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("poolkeeper-test-"));
+        let old = entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| {
+            SystemTime::now().duration_since(t).unwrap_or_default() > Duration::from_secs(120)
+        });
+        if !is_ours || !old {
+            continue;
+        }
+        let pid = std::fs::read_to_string(path.join("pg/postmaster.pid"))
+            .ok()
+            .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<i32>().ok()));
+        // SAFETY: signal 0 only checks that the process exists.
+        let alive = pid.is_some_and(|p| unsafe { libc::kill(p, 0) } == 0);
+        if !alive {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+}
+
+/// A database of the test cluster, owned by one test.
+#[derive(Clone)]
+pub struct TestDb {
+    pub name: String,
+    pub options: PgConnectOptions,
+}
+
+impl TestDb {
+    /// A `DATABASE_URL` for child processes.
+    pub fn url(&self) -> String {
+        match &cluster().url_base {
+            UrlBase::Embedded(a, b) => format!("{a}{}{b}", self.name),
+            UrlBase::External(base) => format!("{base}/{}", self.name),
+        }
+    }
+
+    pub async fn pool(&self) -> PgPool {
+        poolkeeper::db::connect(self.options.clone(), 40)
+            .await
+            .expect("connect to the test database")
+    }
+
+    pub async fn connection(&self) -> PgConnection {
+        PgConnection::connect_with(&self.options)
+            .await
+            .expect("connect to the test database")
+    }
+}
+
+async fn create_db(template: Option<&str>) -> TestDb {
+    let c = cluster();
+    let name = format!("pk_test_{}", uuid::Uuid::new_v4().simple());
+    let mut conn = PgConnection::connect_with(&c.admin)
+        .await
+        .expect("connect to the test cluster");
+    let sql = match template {
+        Some(t) => format!("CREATE DATABASE {name} TEMPLATE {t}"),
+        None => format!("CREATE DATABASE {name}"),
+    };
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(&mut conn)
+        .await
+        .expect("create a test database");
+    let _ = conn.close().await;
+    TestDb {
+        options: c.admin.clone().database(&name),
+        name,
+    }
+}
+
+/// A fresh database with every migration applied.
+pub async fn migrated_db() -> TestDb {
+    create_db(Some(&cluster().template)).await
+}
+
+/// A fresh, empty database.
+pub async fn empty_db() -> TestDb {
+    create_db(None).await
+}
+
+pub fn test_settings() -> Settings {
+    let mut s = Settings::defaults();
+    s.bind = "127.0.0.1:0".parse().expect("static address");
+    s.datacenter_module = true;
+    s.replica = format!("test-{}", rand_u32());
+    s
+}
+
+/// An organization of the test app, with tokens of every scope combination.
+pub struct TestOrg {
+    pub id: i64,
+    pub slug: String,
+    /// Scopes orders and inventory.
+    pub token: String,
+    pub orders_token: String,
+    pub inventory_token: String,
+}
+
+pub struct TestApp {
+    pub address: String,
+    pub port: u16,
+    pub pool: PgPool,
+    pub db: TestDb,
+    pub settings: Settings,
+    pub org: TestOrg,
+    pub other: TestOrg,
+    pub http: reqwest::Client,
+    pub metrics: Metrics,
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+/// Starts the application on port 0 against a fresh database, with two
+/// organizations (both with the datacenter module on).
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let mut settings = test_settings();
+    adjust(&mut settings);
+    let org = create_org(&pool, "acme", true).await;
+    let other = create_org(&pool, "other", true).await;
+    let metrics = Metrics::new();
+    let app = Application::build(AppState::new(
+        settings.clone(),
+        pool.clone(),
+        metrics.clone(),
+    ))
+    .expect("build the app");
+    let port = app.port();
+    tokio::spawn(app.run_until_stopped());
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("http client");
+    TestApp {
+        address: format!("http://127.0.0.1:{port}"),
+        port,
+        pool,
+        db,
+        settings,
+        org,
+        other,
+        http,
+        metrics,
+    }
+}
+
+pub async fn create_org(pool: &PgPool, slug: &str, datacenter: bool) -> TestOrg {
+    let org = poolkeeper::orgs::create(
+        pool,
+        &Slug::parse(slug).expect("valid slug"),
+        slug,
+        datacenter,
+    )
+    .await
+    .expect("create org");
+    let token = |name: &'static str, scopes: &'static [Scope]| async move {
+        poolkeeper::tokens::create(pool, org.id, Some(name), scopes)
+            .await
+            .expect("create token")
+            .1
+    };
+    TestOrg {
+        id: org.id,
+        slug: slug.to_owned(),
+        token: token("checkout", &[Scope::Orders, Scope::Inventory]).await,
+        orders_token: token("orders-only", &[Scope::Orders]).await,
+        inventory_token: token("inventory-only", &[Scope::Inventory]).await,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.address, path)
+    }
+
+    /// PUT a machine with the full token of `org`.
+    pub async fn put_machine(
+        &self,
+        token: &str,
+        tag: &str,
+        site: &str,
+        vendor: &str,
+        profile: &str,
+        status: &str,
+    ) -> reqwest::Response {
+        self.http
+            .put(self.url(&format!("/api/v1/machines/{tag}")))
+            .bearer_auth(token)
+            .json(&serde_json::json!({"site": site, "vendor": vendor, "profile": profile, "status": status}))
+            .send()
+            .await
+            .expect("request")
+    }
+
+    pub async fn count(&self, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count query")
+    }
+}
+
+/// The compiled `poolkeeper` binary, for tests that run it as a process.
+pub fn binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_poolkeeper"))
+}

@@ -1,0 +1,8 @@
+//! One integration binary: every test gets its own freshly migrated database
+//! on one private PostgreSQL per run (see helpers.rs).
+
+mod embedded;
+mod helpers;
+mod inventory;
+mod migrations;
+mod schema;
