@@ -12,6 +12,7 @@ pub mod inventory;
 pub mod metrics;
 pub mod ops;
 pub mod orgs;
+pub mod security_headers;
 pub mod serve;
 pub mod settings;
 pub mod staff;

@@ -1,4 +1,5 @@
-//! Operations endpoints, without a token: liveness, readiness, metrics.
+//! Operations endpoints, without a token: liveness, readiness, metrics, and
+//! the OpenAPI document of the JSON API.
 
 use actix_web::{HttpResponse, web};
 use sqlx::PgPool;
@@ -8,7 +9,8 @@ use crate::metrics::Metrics;
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.route("/healthz", web::get().to(healthz))
         .route("/readyz", web::get().to(readyz))
-        .route("/metrics", web::get().to(metrics));
+        .route("/metrics", web::get().to(metrics))
+        .route("/api/openapi.json", web::get().to(openapi));
 }
 
 async fn healthz() -> HttpResponse {
@@ -35,4 +37,14 @@ async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(metrics.render())
+}
+
+/// The OpenAPI document of the JSON API, kept beside the handlers it
+/// describes; a test checks it against what the server answers.
+pub const OPENAPI: &str = include_str!("api/openapi.json");
+
+async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(OPENAPI)
 }

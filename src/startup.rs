@@ -52,6 +52,7 @@ impl Application {
         let server = HttpServer::new(move || {
             App::new()
                 .wrap(tracing_actix_web::TracingLogger::default())
+                .wrap(crate::security_headers::default_headers())
                 .configure(configure(state.clone()))
         })
         // Signals are ours: the sweep must stop and release its lease first.

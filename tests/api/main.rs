@@ -5,4 +5,5 @@ mod embedded;
 mod helpers;
 mod inventory;
 mod migrations;
+mod openapi;
 mod schema;
