@@ -4,5 +4,7 @@
 mod embedded;
 mod helpers;
 mod inventory;
+mod lease;
 mod migrations;
 mod schema;
+mod sweep;
