@@ -181,16 +181,22 @@ async fn a_claim_that_waits_longer_than_the_lease_on_a_row_lock_succeeds() {
             async move { lease::claim(&pool, KEY, "replica-2", Duration::from_secs(1)).await },
         )
     };
-    // The claim is waiting for our row lock (a backend of this database
-    // waiting on a Lock, running the claim).
+    // The claim is waiting for our row lock: a backend blocked by the
+    // locker, running the claim. Polled from another connection, since
+    // pg_stat_activity is a snapshot that stays fixed within a transaction.
+    let locker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut locker)
+        .await
+        .expect("locker pid");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND wait_event_type = 'Lock'
-                AND query LIKE '%INSERT INTO leases%'",
+              WHERE datname = current_database() AND $1 = ANY (pg_blocking_pids(pid))
+                AND wait_event_type = 'Lock' AND query LIKE '%INSERT INTO leases%'",
         )
-        .fetch_one(&mut locker)
+        .bind(locker_pid)
+        .fetch_one(&pool)
         .await
         .expect("pg_stat_activity");
         if waiting == 1 {
