@@ -323,3 +323,52 @@ async fn a_lease_error_is_counted_and_recorded() {
     assert_eq!(replica, "replica-1");
     assert!(message.starts_with("claim: "), "{message}");
 }
+
+/// Claimants racing on separate connections: exactly one wins, whether the
+/// key is new or held by a replica whose lease just expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_give_the_lease_to_exactly_one_replica() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    for round in 0..2 {
+        if round == 1 {
+            // The winner of round 0 is gone: its lease has expired.
+            sqlx::query("UPDATE leases SET expires_at = clock_timestamp() WHERE key = $1")
+                .bind(KEY)
+                .execute(&pool)
+                .await
+                .expect("expire");
+        }
+        let fence_before: i64 = sqlx::query_scalar("SELECT coalesce(max(fence), 0) FROM leases")
+            .fetch_one(&pool)
+            .await
+            .expect("fence");
+        let n = 8;
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let (db, barrier) = (db.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut conn = db.connection().await;
+                let holder = format!("round{round}-replica-{i}");
+                barrier.wait().await;
+                lease::claim(&mut conn, KEY, &holder, LONG).await
+            }));
+        }
+        let mut winners = Vec::new();
+        for t in tasks {
+            match t.await.expect("task").expect("claim") {
+                Claim::Acquired(m) => winners.push(m),
+                Claim::HeldByOther => {}
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: {winners:?}");
+        let (holder, fence, _, _) = row(&pool, KEY).await;
+        assert_eq!(
+            (holder.as_str(), fence),
+            (winners[0].holder.as_str(), winners[0].fence)
+        );
+        assert!(fence > fence_before);
+        assert!(is_live(&pool, KEY).await);
+    }
+}

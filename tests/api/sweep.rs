@@ -152,6 +152,46 @@ async fn overdue_held_reservations_are_expired_once_by_the_sweep() {
     insert_held_reservation(&pool, org, machines[0], "10 minutes").await;
 }
 
+/// Two sweeps racing under the same mandate (a run that overlaps the next
+/// tick) still expire each reservation exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_sweeps_expire_each_reservation_once() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let (org, machines) = seed_org_with_machines(&pool, "acme", true, 60).await;
+    for &m in &machines {
+        insert_held_reservation(&pool, org, m, "-5 minutes").await;
+    }
+    let m = take_sweep_lease(&pool, "replica-a").await;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (db, barrier) = (db.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let pool = db.pool().await;
+            barrier.wait().await;
+            sweep::sweep(&pool, "replica-a", m.fence, 7).await
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.expect("task").expect("sweep").expired;
+    }
+    assert_eq!(total, 60);
+    let not_once: i64 = scalar(
+        &pool,
+        "SELECT count(*) FROM reservations r
+          WHERE r.state <> 'expired'
+             OR (SELECT count(*) FROM reservation_events e WHERE e.reservation_id = r.id) <> 1",
+    )
+    .await;
+    assert_eq!(not_once, 0);
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT sum(expired) FROM sweep_runs").await,
+        60
+    );
+}
+
 /// A paused holder that wakes after its lease was reclaimed writes nothing:
 /// the fence is checked in the same statement as the write.
 #[tokio::test]
@@ -358,6 +398,84 @@ async fn the_sweep_runs_with_the_datacenter_module_switched_off() {
     let events = expired_events(&pool, overdue).await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].1.as_deref(), Some(settings.replica.as_str()));
+}
+
+/// A worker whose mandate was superseded notices at its next heartbeat,
+/// says so, and stops sweeping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_loses_its_lease_stops_sweeping() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let (org, machines) = seed_org_with_machines(&pool, "acme", false, 2).await;
+    insert_held_reservation(&pool, org, machines[0], "-5 minutes").await;
+    let mut settings = test_settings();
+    settings.sweep_period = Duration::from_secs(1);
+    settings.lease_duration = Duration::from_secs(3);
+    let metrics = Metrics::new();
+    let (stop, stopped) = watch::channel(false);
+    let worker = {
+        let (pool, settings, metrics) = (pool.clone(), settings.clone(), metrics.clone());
+        tokio::spawn(async move { sweep::run(&pool, &settings, metrics, stopped).await })
+    };
+    wait_until(
+        &pool,
+        "first sweep",
+        Duration::from_secs(15),
+        "SELECT count(*) = 1 FROM reservations WHERE state = 'expired'",
+    )
+    .await;
+    // Another replica takes the lease over (as if ours had expired).
+    let intruder_fence: i64 = sqlx::query_scalar(
+        "UPDATE leases SET holder = 'intruder', fence = nextval('lease_fence_seq'),
+                acquired_at = clock_timestamp(), expires_at = clock_timestamp() + interval '1 hour'
+          WHERE key = 'sweep' RETURNING fence",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("take over");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metrics.lease_lost.get() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never noticed it lost the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let overdue = insert_held_reservation(&pool, org, machines[1], "-5 minutes").await;
+    let runs_before: i64 = scalar(&pool, "SELECT count(*) FROM sweep_runs").await;
+    // Every claim draws a value from the sequence, refused or not: two
+    // draws past the intruder's fence mean at least one refused claim was
+    // fully handled (the worker is sequential) and the worker had its
+    // chance to sweep.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let last: i64 = scalar(&pool, "SELECT last_value FROM lease_fence_seq").await;
+        if last >= intruder_fence + 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker stopped retrying the claim"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    tokio::time::timeout(Duration::from_secs(15), worker)
+        .await
+        .expect("worker stops")
+        .expect("worker task");
+    assert_eq!(state(&pool, overdue).await.0, "held");
+    assert_eq!(
+        scalar::<i64>(&pool, "SELECT count(*) FROM sweep_runs").await,
+        runs_before
+    );
+    assert_eq!(metrics.lease_acquired.get(), 1);
+    assert_eq!(metrics.lease_lost.get(), 1);
+    let holder: String = scalar(&pool, "SELECT holder FROM leases WHERE key = 'sweep'").await;
+    assert_eq!(
+        holder, "intruder",
+        "the worker's release must not touch the new mandate"
+    );
 }
 
 /// The worker survives its connections being killed (as in a database
