@@ -111,7 +111,7 @@ pub async fn expire_batch<'c>(
          run AS (
              UPDATE sweep_runs
                 SET expired = expired + (SELECT count(*) FROM expired)
-              WHERE id = $4 AND EXISTS (SELECT 1 FROM lease)
+              WHERE id = $4 AND replica = $2 AND lease_fence = $3 AND EXISTS (SELECT 1 FROM lease)
          )
          SELECT (SELECT count(*) FROM lease) AS live, (SELECT count(*) FROM expired) AS expired"
     );
@@ -139,7 +139,7 @@ pub async fn finish_run<'c>(
     let sql = format!(
         "WITH {LIVE_LEASE}
          UPDATE sweep_runs SET finished_at = clock_timestamp()
-          WHERE id = $4 AND EXISTS (SELECT 1 FROM lease)
+          WHERE id = $4 AND replica = $2 AND lease_fence = $3 AND EXISTS (SELECT 1 FROM lease)
          RETURNING id"
     );
     let id: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
