@@ -1,21 +1,26 @@
 //! poolkeeper: reserves dedicated bare-metal machines for customer orders,
 //! with PostgreSQL as the arbiter, and a staff dashboard over the pool.
 
+pub mod allocator;
 pub mod api;
 pub mod cli;
+pub mod dashboard;
 pub mod db;
 pub mod demo;
 pub mod domain;
 pub mod embedded_pg;
 pub mod error;
 pub mod inventory;
+pub mod lease;
 pub mod metrics;
 pub mod ops;
 pub mod orgs;
+pub mod reservations;
 pub mod security_headers;
 pub mod serve;
 pub mod settings;
 pub mod staff;
 pub mod startup;
+pub mod sweep;
 pub mod telemetry;
 pub mod tokens;

@@ -13,6 +13,9 @@ pub struct Metrics {
     pub lease_lost: IntCounter,
     pub lease_errors: IntCounter,
     pub last_sweep_unixtime: IntGauge,
+    /// Sweep statements that failed with an error (the lease's own errors
+    /// are in `lease_errors`).
+    pub sweep_errors: IntCounter,
 }
 
 impl Metrics {
@@ -51,6 +54,10 @@ impl Metrics {
                 "Unix time of this replica's last successful sweep (0: never); seconds since = time() - this",
             )
             .expect("static metric definition"),
+            sweep_errors: counter(
+                "poolkeeper_sweep_errors_total",
+                "Sweep runs that failed with a database error or timeout (retried next period)",
+            ),
             registry,
         };
         for c in [
@@ -58,6 +65,7 @@ impl Metrics {
             &m.lease_acquired,
             &m.lease_lost,
             &m.lease_errors,
+            &m.sweep_errors,
         ] {
             m.registry
                 .register(Box::new(c.clone()))

@@ -1,7 +1,10 @@
 //! `poolkeeper serve`: the HTTP server and the background workers, with an
 //! orderly shutdown on SIGTERM or Ctrl-C.
 
+use std::time::Duration;
+
 use sqlx::PgPool;
+use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 use crate::settings::Settings;
@@ -18,10 +21,37 @@ pub async fn serve(settings: Settings, pool: PgPool) -> anyhow::Result<()> {
         datacenter_module = settings.datacenter_module,
         "poolkeeper is serving"
     );
-    let server = tokio::spawn(app.run_until_stopped());
+    let mut server = tokio::spawn(app.run_until_stopped());
+    // The sweep runs on every replica; the lease keeps it on one (R11, L1-L6).
+    let (stop_sweep, sweep_stopped) = watch::channel(false);
+    let sweeper = {
+        let (pool, settings, metrics) = (pool.clone(), settings.clone(), metrics.clone());
+        tokio::spawn(
+            async move { crate::sweep::run(&pool, &settings, metrics, sweep_stopped).await },
+        )
+    };
 
-    wait_for_shutdown_signal().await;
+    let server_done = tokio::select! {
+        _ = wait_for_shutdown_signal() => None,
+        r = &mut server => Some(r),
+    };
     tracing::info!("shutting down");
+    // Order matters: stop sweeping and release the lease first, so that
+    // another replica takes the sweep over at once, then stop serving.
+    let _ = stop_sweep.send(true);
+    match tokio::time::timeout(Duration::from_secs(30), sweeper).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "sweep worker task failed"),
+        Err(_) => tracing::error!("sweep worker did not stop within 30 s"),
+    }
+    if let Some(result) = server_done {
+        pool.close().await;
+        return match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.into()),
+            Err(e) => Err(anyhow::anyhow!("server task failed: {e}")),
+        };
+    }
     handle.stop(true).await;
     if let Err(e) = server.await {
         tracing::error!(error = %e, "server task failed");

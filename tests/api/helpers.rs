@@ -327,3 +327,56 @@ impl TestApp {
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_poolkeeper"))
 }
+
+/// An organization made directly in SQL, with `machines` ready machines;
+/// returns (org id, machine ids).
+pub async fn seed_org_with_machines(
+    pool: &PgPool,
+    slug: &str,
+    datacenter: bool,
+    machines: i64,
+) -> (i64, Vec<i64>) {
+    let org: i64 =
+        sqlx::query_scalar("INSERT INTO organizations (slug, name, datacenter_enabled) VALUES ($1, $1, $2) RETURNING id")
+            .bind(slug)
+            .bind(datacenter)
+            .fetch_one(pool)
+            .await
+            .expect("insert organization");
+    let ids: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'm-' || g, 'par1', 'dell', 'r650', 'ready' FROM generate_series(1, $2) g
+         RETURNING id",
+    )
+    .bind(org)
+    .bind(machines)
+    .fetch_all(pool)
+    .await
+    .expect("insert machines");
+    (org, ids)
+}
+
+/// A held reservation of `machine`, inserted directly: created 20 minutes
+/// ago, with its deadline `deadline_offset` from now by the database clock
+/// (negative: overdue).
+pub async fn insert_held_reservation(
+    pool: &PgPool,
+    org: i64,
+    machine: i64,
+    deadline_offset: &str,
+) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO reservations
+                (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, created_at, expires_at)
+         VALUES ($1, 'order-' || gen_random_uuid(), $2, '{\"site\": \"par1\"}', '{\"asset_tag\": \"m\"}',
+                 'first ready machine of the spec', 900,
+                 clock_timestamp() - interval '20 minutes', clock_timestamp() + $3::interval)
+         RETURNING id",
+    )
+    .bind(org)
+    .bind(machine)
+    .bind(deadline_offset)
+    .fetch_one(pool)
+    .await
+    .expect("insert reservation")
+}

@@ -5,6 +5,8 @@ mod bad_input;
 mod embedded;
 mod helpers;
 mod inventory;
+mod lease;
 mod migrations;
 mod openapi;
 mod schema;
+mod sweep;

@@ -1,0 +1,1 @@
+//! The staff dashboard (issue 5).
