@@ -27,9 +27,16 @@ pub enum Exclusion {
     WrongSite,
     WrongVendor,
     WrongProfile,
-    NotReady { status: MachineStatus },
-    InService { service_ref: String },
-    Held { reservation_id: i64, until: DateTime<Utc> },
+    NotReady {
+        status: MachineStatus,
+    },
+    InService {
+        service_ref: String,
+    },
+    Held {
+        reservation_id: i64,
+        until: DateTime<Utc>,
+    },
 }
 
 impl Exclusion {
@@ -82,6 +89,10 @@ pub struct PassTwo {
     pub locked_by_others: Vec<Machine>,
 }
 
-pub async fn lockable_now(_pool: &PgPool, _org_id: i64, _spec: &OrderSpec) -> Result<PassTwo, sqlx::Error> {
+pub async fn lockable_now(
+    _pool: &PgPool,
+    _org_id: i64,
+    _spec: &OrderSpec,
+) -> Result<PassTwo, sqlx::Error> {
     todo!("issue 3")
 }

@@ -71,7 +71,11 @@ pub enum TransitionError {
     Database(#[from] sqlx::Error),
 }
 
-pub async fn get(_pool: &PgPool, _org_id: i64, _id: i64) -> Result<Option<Reservation>, sqlx::Error> {
+pub async fn get(
+    _pool: &PgPool,
+    _org_id: i64,
+    _id: i64,
+) -> Result<Option<Reservation>, sqlx::Error> {
     todo!("issue 3")
 }
 
