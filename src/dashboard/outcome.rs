@@ -101,6 +101,7 @@ pub fn sentence(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reservations::MachineSnapshot;
     use chrono::TimeZone;
 
     fn t(h: u32, m: u32) -> DateTime<Utc> {
@@ -129,6 +130,13 @@ mod tests {
             ended_at,
             ended_by: ended_by.map(Into::into),
             end_reason: end_reason.map(Into::into),
+            machine: MachineSnapshot {
+                asset_tag: "PK-3".into(),
+                site: "par1".into(),
+                vendor: "dell".into(),
+                profile: "epyc".into(),
+                status: "ready".into(),
+            },
         }
     }
 

@@ -2,6 +2,7 @@
 //! on one private PostgreSQL per run (see helpers.rs).
 
 mod allocator;
+mod browser;
 mod dashboard;
 mod embedded;
 mod helpers;
