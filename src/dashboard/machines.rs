@@ -114,7 +114,21 @@ async fn list(
     gate::datacenter(&settings, &staff)?;
     let q = q.into_inner();
     let filter = parse_filter(&q)?;
-    let spec = parse_spec(&q.spec_site, &q.spec_profile, &q.spec_vendor)?;
+    // The order spec has its own fields, so that machines of other sites,
+    // vendors and profiles can be shown with their reasons; without them, a
+    // filter naming a site and a profile is taken as the order.
+    let spec = match parse_spec(&q.spec_site, &q.spec_profile, &q.spec_vendor)? {
+        Some(spec) => Some(spec),
+        None => filter
+            .site
+            .clone()
+            .zip(filter.profile.clone())
+            .map(|(site, profile)| OrderSpec {
+                site,
+                profile,
+                vendor: filter.vendor.clone(),
+            }),
+    };
     let after = non_blank(&q.after);
     // One more than a page tells whether a "next" link is needed.
     let mut machines: Vec<MachineView> = match &spec {

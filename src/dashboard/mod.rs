@@ -36,5 +36,15 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         .configure(search::configure)
         .configure(why_not::configure)
         .configure(jobs::configure)
-        .configure(org_settings::configure);
+        .configure(org_settings::configure)
+        .default_service(web::to(not_found));
+}
+
+/// Unknown paths get the dashboard's 404 page; under /api/ the answer stays
+/// the bare 404 the API had (its own handlers speak JSON).
+async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
+    if req.path().starts_with("/api/") {
+        return actix_web::HttpResponse::NotFound().finish();
+    }
+    actix_web::ResponseError::error_response(&DashError::NotFound("page"))
 }

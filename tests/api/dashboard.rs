@@ -224,6 +224,13 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
     .await;
     assert!(body.contains("Candidate"));
 
+    // A filter naming a site and a profile is an order spec too.
+    let body = check_page_and_links(&c, "/machines?site=par1&profile=epyc", &mut seen).await;
+    assert_eq!(
+        text_of(&body, "td.verdict[data-kind=held] .reason").len(),
+        1,
+        "PK-007 is held for this order"
+    );
     let body = check_page_and_links(&c, "/machines/PK-006", &mut seen).await;
     assert!(body.contains("SRV-6") && body.contains("ORD-SOLD"));
 
