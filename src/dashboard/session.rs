@@ -228,9 +228,11 @@ fn source_addr(req: &HttpRequest) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// Failed logins per account and per address in the last 15 minutes,
-/// shared across replicas through login_attempts.
-const MAX_FAILURES: i64 = 10;
+/// Failed logins allowed in the last 15 minutes, shared across replicas
+/// through login_attempts: per account, and (higher, since many people may
+/// share one address) per source address.
+const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
+const MAX_FAILURES_PER_ADDRESS: i64 = 50;
 
 async fn login(
     req: HttpRequest,
@@ -251,8 +253,9 @@ async fn login(
     }
     let addr = source_addr(&req);
     let email_text = form.email.trim().to_ascii_lowercase();
-    let failures: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM login_attempts
+    let (by_account, by_address): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
+           FROM login_attempts
           WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
             AND (email = $1 OR source_addr = $2)",
     )
@@ -260,7 +263,7 @@ async fn login(
     .bind(&addr)
     .fetch_one(pool.get_ref())
     .await?;
-    if failures >= MAX_FAILURES {
+    if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
         record_attempt(&pool, None, &email_text, &addr, false, "login_throttled").await?;
         return Err(DashError::Throttled);
     }

@@ -374,6 +374,39 @@ async fn repeated_failures_are_throttled() {
     let r = c.login("ana@acme.example", STAFF_PASSWORD).await;
     assert_eq!(r.status().as_u16(), 429, "even the right password waits");
     assert_eq!(app.count("SELECT count(*) FROM sessions").await, 0);
+
+    // Per address the bound is higher: ana's refused attempt above and 48
+    // failures for other accounts from this client's address still let bob
+    // in; the 50th failure does not.
+    app.create_staff(app.org.id, "bob@acme.example", "support")
+        .await;
+    sqlx::query(
+        "INSERT INTO login_attempts (email, source_addr, succeeded)
+         SELECT 'guess' || i || '@acme.example', '127.0.0.1', false FROM generate_series(1, 48) AS i",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("failures");
+    assert_eq!(
+        c.login("bob@acme.example", STAFF_PASSWORD)
+            .await
+            .status()
+            .as_u16(),
+        303
+    );
+    sqlx::query("INSERT INTO login_attempts (email, source_addr, succeeded) VALUES ('guess@acme.example', '127.0.0.1', false)")
+        .execute(&app.pool)
+        .await
+        .expect("failure");
+    let fresh = StaffClient::new(&app.address);
+    assert_eq!(
+        fresh
+            .login("bob@acme.example", STAFF_PASSWORD)
+            .await
+            .status()
+            .as_u16(),
+        429
+    );
 }
 
 /// A client that sends `cookie` by hand: replays an old session cookie.
