@@ -167,3 +167,37 @@ async fn why_not(
         next,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::Machine;
+
+    fn machine(tag: &str) -> Machine {
+        Machine {
+            id: 1,
+            asset_tag: tag.into(),
+            site: "par1".into(),
+            vendor: "dell".into(),
+            profile: "epyc".into(),
+            status: "ready".into(),
+            created_at: chrono::DateTime::UNIX_EPOCH,
+            updated_at: chrono::DateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn the_two_passes_give_three_answers() {
+        let lockable = PassTwo {
+            lockable: vec![machine("PK-1")],
+            locked_by_others: vec![machine("PK-2")],
+        };
+        assert_eq!(answer(&lockable), Answer::WouldReserve("PK-1".into()));
+        let contended = PassTwo {
+            lockable: vec![],
+            locked_by_others: vec![machine("PK-2")],
+        };
+        assert_eq!(answer(&contended), Answer::Contended);
+        assert_eq!(answer(&PassTwo::default()), Answer::Unavailable);
+    }
+}
