@@ -60,6 +60,7 @@ struct ReservationsPage {
     chrome: Chrome,
     can_act: bool,
     rows: Vec<LiveView>,
+    truncated: bool,
 }
 
 const LIVE_LIMIT: i64 = 500;
@@ -81,10 +82,11 @@ async fn list(
           LIMIT $2",
     )
     .bind(staff.org_id)
-    .bind(LIVE_LIMIT)
+    .bind(LIVE_LIMIT + 1)
     .fetch_all(pool.get_ref())
     .await?;
-    let rows = rows
+    let truncated = rows.len() as i64 > LIVE_LIMIT;
+    let rows: Vec<LiveView> = rows
         .into_iter()
         .map(|r| LiveView {
             id: r.id,
@@ -103,7 +105,8 @@ async fn list(
     page(&ReservationsPage {
         chrome: Chrome::new(&req, &staff, "Live reservations", "reservations"),
         can_act: staff.can_act(),
-        rows,
+        rows: rows.into_iter().take(LIVE_LIMIT as usize).collect(),
+        truncated,
     })
 }
 
