@@ -176,3 +176,64 @@ pub fn path_config() -> actix_web::web::PathConfig {
     actix_web::web::PathConfig::default()
         .error_handler(|_err, _req| DashError::NotFound("page").into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_of(e: &DashError) -> (u16, String) {
+        let resp = e.error_response();
+        let status = resp.status().as_u16();
+        let bytes = actix_web::body::to_bytes(resp.into_body())
+            .await
+            .unwrap_or_default();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[actix_web::test]
+    async fn every_error_is_a_page_in_the_layout_with_its_status() {
+        let cases = [
+            (
+                DashError::bad_request("the site is not valid"),
+                400,
+                "the site is not valid",
+            ),
+            (
+                DashError::forbidden("viewers cannot act"),
+                403,
+                "viewers cannot act",
+            ),
+            (
+                DashError::ModuleOff("off here".into()),
+                403,
+                "The datacenter module is off",
+            ),
+            (
+                DashError::NotFound("reservation"),
+                404,
+                "reservation not found",
+            ),
+            (DashError::Throttled, 429, "Too many attempts"),
+            (
+                DashError::Unavailable(anyhow::anyhow!("pool closed")),
+                503,
+                "try again shortly",
+            ),
+            (
+                DashError::Internal(anyhow::anyhow!("secret detail")),
+                500,
+                "Something went wrong",
+            ),
+        ];
+        for (err, status, text) in cases {
+            let (got, body) = body_of(&err).await;
+            assert_eq!(got, status, "{err:?}");
+            assert!(body.contains(text), "{status}: {body}");
+            assert!(body.contains("/static/app.css"), "rendered in the layout");
+        }
+        let (_, body) = body_of(&DashError::Internal(anyhow::anyhow!("secret detail"))).await;
+        assert!(!body.contains("secret detail"), "internals stay in the log");
+        let (status, _) = body_of(&DashError::LoginRequired).await;
+        assert_eq!(status, 303);
+    }
+}

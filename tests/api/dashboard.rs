@@ -1307,3 +1307,17 @@ async fn the_machines_page_pages_through_50000_machines_quickly() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn a_database_that_cannot_answer_is_a_503_page() {
+    let app = spawn_app().await;
+    let c = app.staff("ana@acme.example", "support").await;
+    assert_eq!(c.get("/").await.status().as_u16(), 200);
+    // The app shares this pool: closed, every query fails as unavailable.
+    app.pool.close().await;
+    let r = c.get("/reservations").await;
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body = r.text().await.expect("body");
+    assert!(body.contains("Temporarily unavailable") && body.contains("/static/app.css"));
+}
