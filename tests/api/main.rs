@@ -1,7 +1,10 @@
 //! One integration binary: every test gets its own freshly migrated database
 //! on one private PostgreSQL per run (see helpers.rs).
 
+mod allocator;
 mod bad_input;
+mod browser;
+mod dashboard;
 mod embedded;
 mod helpers;
 mod inventory;
