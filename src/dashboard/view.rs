@@ -1,5 +1,5 @@
-//! What every page shares: the layout's context (`Chrome`), the response
-//! headers (CSP without 'unsafe-inline'), and small formatting helpers.
+//! What every page shares: the layout's context (`Chrome`), the never-cached
+//! HTML response, and small formatting helpers.
 
 use actix_web::http::{StatusCode, header};
 use actix_web::{HttpRequest, HttpResponse};
@@ -8,11 +8,6 @@ use chrono::{DateTime, Utc};
 
 use super::error::DashError;
 use super::session::Staff;
-
-/// Scripts and styles come only from /static: no inline script or style
-/// attribute needs 'unsafe-inline'.
-pub const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
-     form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'";
 
 /// The layout's context: who is logged in, which section is active, the
 /// CSRF token for the logout form, and a flash message after a redirect.
@@ -88,14 +83,12 @@ pub fn flash_from(req: &HttpRequest) -> Option<&'static str> {
         .and_then(|(_, v)| flash_message(v))
 }
 
-/// An HTML response with the dashboard's security headers.
+/// An HTML response, never cached. The security headers (CSP without
+/// 'unsafe-inline' and the rest) come from crate::security_headers, on every
+/// response.
 pub fn html_response(status: StatusCode, body: String) -> HttpResponse {
     HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
-        .insert_header((header::CONTENT_SECURITY_POLICY, CSP))
-        .insert_header((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
-        .insert_header((header::REFERRER_POLICY, "same-origin"))
-        .insert_header((header::X_FRAME_OPTIONS, "DENY"))
         .insert_header((header::CACHE_CONTROL, "no-store"))
         .body(body)
 }

@@ -379,6 +379,8 @@ pub async fn insert_held_reservation(
     .fetch_one(pool)
     .await
     .expect("insert reservation")
+}
+
 // ---- Dashboard helpers (issue 5) ----
 
 /// The password every dashboard test user gets.
