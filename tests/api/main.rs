@@ -6,4 +6,5 @@ mod embedded;
 mod helpers;
 mod inventory;
 mod migrations;
+mod orders;
 mod schema;
