@@ -1129,6 +1129,32 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
     .execute(&pool)
     .await
     .expect("ended service links");
+    // And a busy present: 1,000 held reservations and 300 live services on
+    // machines of other specs.
+    sqlx::query(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
+         SELECT $1, 'NOW-' || m.id, m.id, '{}', '{}', 'held now', 900, clock_timestamp() + interval '15 minutes'
+           FROM machines m WHERE m.org_id = $1 AND m.site = 'ams1' ORDER BY m.id LIMIT 1000",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("held now");
+    sqlx::query(
+        "WITH sold AS (
+             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                       hold_seconds, expires_at, ended_at, ended_by)
+             SELECT $1, 'SOLD-' || m.id, m.id, 'converted', '{}', '{}', 'sold', 900,
+                    clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test'
+               FROM machines m WHERE m.org_id = $1 AND m.site = 'ams1' ORDER BY m.id DESC LIMIT 300
+             RETURNING id, machine_id)
+         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
+         SELECT $1, machine_id, id, 'SRV-LIVE-' || id FROM sold",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("live services");
     sqlx::query("ANALYZE")
         .execute(&pool)
         .await
