@@ -528,6 +528,7 @@ async fn bad_input_on_every_order_endpoint_is_400_invalid_and_writes_nothing() {
         ("malformed", "{\"order_ref\": ".to_owned()),
         ("not an object", "[]".to_owned()),
         ("empty body", String::new()),
+        ("oversized", with("order_ref", json!("A".repeat(300_000)))),
     ];
     let convert = format!("/api/v1/reservations/{id}/convert");
     let cancel = format!("/api/v1/reservations/{id}/cancel");
