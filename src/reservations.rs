@@ -41,13 +41,15 @@ pub struct Reservation {
 }
 
 /// The frozen attributes of the chosen machine (R8).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Every field defaults: a row written by other means (an import, a test)
+/// still reads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MachineSnapshot {
     pub asset_tag: String,
     pub site: String,
     pub vendor: String,
     pub profile: String,
-    #[serde(default)]
     pub status: String,
 }
 
@@ -77,7 +79,8 @@ pub struct Event {
 }
 
 /// Why a convert or cancel was refused; nothing was written except, for
-/// `Expired`, the reservation's own expiry (ended by `conversion`).
+/// `Expired`, the reservation's own expiry (ended by `conversion` when a
+/// convert found it overdue, `cancellation` when a cancel did).
 #[derive(Debug, thiserror::Error)]
 pub enum TransitionError {
     #[error("reservation not found")]
@@ -358,6 +361,8 @@ async fn lock_for_transition(
 }
 
 /// Cancels a held reservation; `actor` is a staff email or a token name.
+/// `reason` is stored as given: callers check it first with `check_reason`
+/// (required, 1 to 500 characters).
 ///
 /// A held reservation past its deadline is not cancelled: it is recorded as
 /// expired, ended by `cancellation` (nobody decided before the deadline,
