@@ -22,12 +22,6 @@ use super::view::{Chrome, page, see_other};
 use crate::domain::{Email, Role};
 use crate::settings::Settings;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/login", web::get().to(login_form))
-        .route("/login", web::post().to(login))
-        .route("/logout", web::post().to(logout));
-}
-
 /// A logged-in staff member, extracted from the session cookie on every
 /// request (and the session's last_seen_at moved forward).
 #[derive(Debug, Clone)]
@@ -49,6 +43,17 @@ impl Staff {
     }
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
+    }
+    /// Settings, users, tokens and the audit log are the admin's.
+    pub fn require_admin(&self) -> Result<(), DashError> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(DashError::forbidden(format!(
+                "Your role ({}) cannot see or change this; only an admin can.",
+                self.role.as_str()
+            )))
+        }
     }
     pub fn require_actor(&self) -> Result<(), DashError> {
         if self.can_act() {
@@ -178,7 +183,7 @@ fn login_cookie(settings: &Settings, value: String) -> Cookie<'static> {
 
 /// The login form. Login CSRF is a double-submit token: a cookie and a
 /// hidden field that must match.
-async fn login_form(
+pub(crate) async fn login_form(
     req: HttpRequest,
     settings: web::Data<Settings>,
 ) -> Result<HttpResponse, DashError> {
@@ -221,7 +226,7 @@ struct UserRow {
     disabled: bool,
 }
 
-fn source_addr(req: &HttpRequest) -> String {
+pub fn source_addr(req: &HttpRequest) -> String {
     // The peer address, not a header a client could write.
     req.peer_addr()
         .map(|a| a.ip().to_string())
@@ -234,7 +239,7 @@ fn source_addr(req: &HttpRequest) -> String {
 const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
 const MAX_FAILURES_PER_ADDRESS: i64 = 50;
 
-async fn login(
+pub(crate) async fn login(
     req: HttpRequest,
     pool: web::Data<PgPool>,
     settings: web::Data<Settings>,
@@ -400,13 +405,37 @@ pub async fn audit(
     Ok(())
 }
 
+/// As `audit`, on the caller's transaction: the row commits with the action.
+pub async fn audit_on(
+    conn: &mut sqlx::PgConnection,
+    req: &HttpRequest,
+    staff: &Staff,
+    action: &str,
+    object: &str,
+    detail: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let addr = source_addr(req);
+    crate::audit::record(
+        conn,
+        &crate::audit::Entry {
+            org_id: Some(staff.org_id),
+            actor: &staff.email,
+            action,
+            object,
+            source_addr: &addr,
+            detail,
+        },
+    )
+    .await
+}
+
 #[derive(Deserialize)]
 pub struct LogoutForm {
     #[serde(default)]
     csrf: String,
 }
 
-async fn logout(
+pub(crate) async fn logout(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,
