@@ -111,10 +111,16 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/reservations",               "post", "orders",    [401, 403, 201, 409]),
     ("/api/v1/reservations",               "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}",          "get",  "orders",    [401, 403, 200, 404]),
+    ("/api/v1/reservations/{id}/events",   "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}/convert",  "post", "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}/cancel",   "post", "orders",    [401, 403, 200, 404]),
     ("/api/v1/services/{id}/end",          "post", "orders",    [401, 403, 200, 404]),
 ];
+
+/// Served by the API but not (yet) in the OpenAPI document: listed here so
+/// the matrix covers them; the test fails once the document has them, so
+/// that this list stays honest.
+const UNDOCUMENTED: &[(&str, &str)] = &[("/api/v1/reservations/{id}/events", "get")];
 
 const METHODS: [&str; 5] = ["get", "post", "put", "delete", "patch"];
 
@@ -423,7 +429,22 @@ async fn access_matrix_of_every_route_and_api_call() {
         .iter()
         .map(|(p, m, _, _)| (p.to_string(), m.to_string()))
         .collect();
-    assert_eq!(declared, api_tabled, "OpenAPI operations vs matrix rows");
+    for (p, m) in UNDOCUMENTED {
+        assert!(
+            !declared.contains(&(p.to_string(), m.to_string())),
+            "{m} {p} is now in the OpenAPI document: remove it from UNDOCUMENTED"
+        );
+    }
+    let mut served = declared.clone();
+    served.extend(
+        UNDOCUMENTED
+            .iter()
+            .map(|(p, m)| (p.to_string(), m.to_string())),
+    );
+    assert_eq!(
+        served, api_tabled,
+        "OpenAPI operations (and UNDOCUMENTED) vs matrix rows"
+    );
 
     let world = World::new(&app).await;
     let mut failures = Vec::new();
