@@ -233,9 +233,14 @@ pub fn source_addr(req: &HttpRequest) -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Recorded instead of whatever was typed when it is not an email.
+const NOT_AN_EMAIL: &str = "(not an email)";
+
 /// Failed logins allowed in the last 15 minutes, shared across replicas
-/// through login_attempts: per account, and (higher, since many people may
-/// share one address) per source address.
+/// through login_attempts: per account (10: the 11th attempt is refused even
+/// with the right password), and per source address (50: higher, since many
+/// people may share an office address, yet it stops spraying many accounts
+/// from one address; SECURITY.md says what a reverse proxy changes).
 const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
 const MAX_FAILURES_PER_ADDRESS: i64 = 50;
 
@@ -258,18 +263,25 @@ pub(crate) async fn login(
     }
     let addr = source_addr(&req);
     let email_text = form.email.trim().to_ascii_lowercase();
+    // What is recorded (throttling, audit): the account name when the field
+    // holds an email, else a fixed word, so that a password typed into the
+    // email field never reaches the audit log.
+    let account = match Email::parse(&form.email) {
+        Ok(e) => e.as_str().to_owned(),
+        Err(_) => NOT_AN_EMAIL.to_owned(),
+    };
     let (by_account, by_address): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
            FROM login_attempts
           WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
             AND (email = $1 OR source_addr = $2)",
     )
-    .bind(&email_text)
+    .bind(&account)
     .bind(&addr)
     .fetch_one(pool.get_ref())
     .await?;
     if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
-        record_attempt(&pool, None, &email_text, &addr, false, "login_throttled").await?;
+        record_attempt(&pool, None, &account, &addr, false, "login_throttled").await?;
         return Err(DashError::Throttled);
     }
     let user: Option<UserRow> = match Email::parse(&form.email) {
@@ -298,7 +310,7 @@ pub(crate) async fn login(
             record_attempt(
                 &pool,
                 other.map(|u| u.org_id),
-                &email_text,
+                &account,
                 &addr,
                 false,
                 "login_failed",
@@ -335,7 +347,7 @@ pub(crate) async fn login(
         .bind(random_token())
         .execute(pool.get_ref())
         .await?;
-    record_attempt(&pool, Some(user.org_id), &email_text, &addr, true, "login").await?;
+    record_attempt(&pool, Some(user.org_id), &account, &addr, true, "login").await?;
     let session = Cookie::build(cookie_name(&settings), token)
         .path("/")
         .http_only(true)

@@ -1319,6 +1319,19 @@ async fn the_audit_page_shows_actions_and_logins_newest_first_in_pages() {
     assert!(actions.contains(&"login_failed".to_owned()), "{actions:?}");
     assert!(actions.contains(&"login".to_owned()), "{actions:?}");
     assert!(!body.contains("wrong password"));
+    // A password typed into the email field is not recorded either.
+    let typo = StaffClient::new(&app.address);
+    assert_eq!(typo.login("MySecretPassw0rd", "x").await.status(), 401);
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE concat_ws(' ', actor, object, detail) ILIKE '%secretpassw0rd%'")
+            .await,
+        0
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM login_attempts WHERE email ILIKE '%secretpassw0rd%'")
+            .await,
+        0
+    );
     // The other organization sees none of it.
     app.create_staff(app.other.id, "root@other.example", "admin")
         .await;
