@@ -117,6 +117,14 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/services/{id}/end",          "post", "orders",    [401, 403, 200, 404]),
 ];
 
+/// Operations endpoints: no token, GET only, the same answer for everyone.
+const OPS: &[(&str, u16)] = &[
+    ("/healthz", 200),
+    ("/readyz", 200),
+    ("/metrics", 200),
+    ("/api/openapi.json", 200),
+];
+
 /// Served by the API but not (yet) in the OpenAPI document: listed here so
 /// the matrix covers them; the test fails once the document has them, so
 /// that this list stays honest.
@@ -484,6 +492,13 @@ async fn access_matrix_of_every_route_and_api_call() {
             Some((_, ms)) => ms.push(m),
             None => served.push((p, vec![m])),
         }
+    }
+    for (path, want) in OPS {
+        let r = app.http.get(app.url(path)).send().await.expect("GET");
+        if r.status() != *want {
+            failures.push(format!("get {path}: {}, expected {want}", r.status()));
+        }
+        served.push((path, vec!["get"]));
     }
     for (path, ms) in &served {
         for m in METHODS.iter().filter(|m| !ms.contains(m)) {
