@@ -79,7 +79,8 @@ pub struct Event {
 }
 
 /// Why a convert or cancel was refused; nothing was written except, for
-/// `Expired`, the reservation's own expiry (ended by `conversion`).
+/// `Expired`, the reservation's own expiry (ended by `conversion` when a
+/// convert found it overdue, `cancellation` when a cancel did).
 #[derive(Debug, thiserror::Error)]
 pub enum TransitionError {
     #[error("reservation not found")]

@@ -772,6 +772,97 @@ async fn convert_racing_a_new_order_never_frees_the_machine() {
     }
 }
 
+/// R10/R11: the same race when the reservation is already overdue: the
+/// conversion expires it, or the new order expires it at the point of use
+/// and takes the machine; never both a live service and a new holder. This
+/// is the race the machine row lock (taken first by both) decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn convert_of_an_overdue_hold_racing_a_new_order_gives_the_machine_once() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "overdue-race", true).await;
+    let service = ServiceRef::parse("SRV-1").expect("service ref");
+    let (mut won_by_order, mut refused_both) = (0, 0);
+    for round in 0..100 {
+        let profile = format!("p-{round}");
+        let m = machine(
+            &pool,
+            org.id,
+            &format!("OK-{round}"),
+            SITE,
+            "dell",
+            &profile,
+            "ready",
+        )
+        .await;
+        let r = match allocator::reserve(
+            &pool,
+            org.id,
+            &request_for(&format!("FIRST-{round}"), &profile, None),
+        )
+        .await
+        .expect("reserve")
+        {
+            ReserveOutcome::Created { reservation, .. } => reservation,
+            other => panic!("round {round}: {other:?}"),
+        };
+        sqlx::query(
+            "UPDATE reservations SET created_at = created_at - interval '1 hour',
+                    expires_at = expires_at - interval '1 hour' WHERE id = $1",
+        )
+        .bind(r.id)
+        .execute(&pool)
+        .await
+        .expect("overdue");
+        let barrier = Arc::new(Barrier::new(2));
+        let mut c2 = pool.acquire().await.expect("conn");
+        let (b1, b2) = (barrier.clone(), barrier.clone());
+        let (p1, service, org_id) = (pool.clone(), service.clone(), org.id);
+        let convert = tokio::spawn(async move {
+            b1.wait().await;
+            reservations::convert(&p1, org_id, r.id, r.fence, "test", &service).await
+        });
+        let req = request_for(&format!("SECOND-{round}"), &profile, None);
+        let order = tokio::spawn(async move {
+            b2.wait().await;
+            allocator::reserve_on(&mut c2, org_id, &req)
+                .await
+                .expect("reserve")
+        });
+        let converted = convert.await.expect("task");
+        let second = order.await.expect("task");
+        assert!(
+            matches!(
+                converted,
+                Err(TransitionError::Expired { .. }) | Err(TransitionError::NotHeld { .. })
+            ),
+            "round {round}: an overdue hold was converted: {converted:?}"
+        );
+        match &second {
+            ReserveOutcome::Created { .. } => won_by_order += 1,
+            ReserveOutcome::Contended { .. } => refused_both += 1,
+            other => panic!("round {round}: {other:?}"),
+        }
+        let (holders, live, first_state): (i64, i64, String) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM reservations WHERE machine_id = $1 AND state = 'held'),
+                    (SELECT count(*) FROM service_links WHERE machine_id = $1 AND ended_at IS NULL),
+                    (SELECT state FROM reservations WHERE id = $2)",
+        )
+        .bind(m)
+        .bind(r.id)
+        .fetch_one(&pool)
+        .await
+        .expect("invariants");
+        assert_eq!(live, 0, "round {round}");
+        assert_eq!(first_state, "expired", "round {round}");
+        let created = i64::from(matches!(second, ReserveOutcome::Created { .. }));
+        assert_eq!(holders, created, "round {round}");
+    }
+    eprintln!(
+        "overdue race: new order won {won_by_order}, refused while the conversion held the machine {refused_both}"
+    );
+}
+
 /// R11: an overdue held reservation does not block a new order: the
 /// allocator expires it at the point of use, in the same transaction.
 #[tokio::test]
@@ -1094,4 +1185,26 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
         "without indexes: {scanned} buffers (indexed: {indexed})"
     );
     eprintln!("candidate query: {indexed} buffers on indexes, {scanned} without");
+}
+
+/// `poolkeeper demo` reserves its demo orders through the allocator, once.
+#[tokio::test]
+async fn the_demo_reserves_its_orders_once() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let first = poolkeeper::demo::load(&pool).await.expect("demo");
+    assert_eq!(first.reservations, poolkeeper::demo::RESERVATIONS as i64);
+    let again = poolkeeper::demo::load(&pool).await.expect("demo again");
+    assert_eq!(again.reservations, first.reservations);
+    let (held, machines, with_reason, events): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'held'), count(DISTINCT machine_id),
+                count(*) FILTER (WHERE reason LIKE '%matched site%'),
+                (SELECT count(*) FROM reservation_events WHERE kind = 'created' AND actor = 'demo')
+           FROM reservations WHERE order_ref LIKE 'DEMO-%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("demo reservations");
+    let n = poolkeeper::demo::RESERVATIONS as i64;
+    assert_eq!((held, machines, with_reason, events), (n, n, n, n));
 }
