@@ -281,7 +281,13 @@ pub(crate) async fn login(
     .fetch_one(pool.get_ref())
     .await?;
     if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
-        record_attempt(&pool, None, &account, &addr, false, "login_throttled").await?;
+        // Filed under the account's organization when it exists, so that
+        // its admins see the refusals on /audit.
+        let org_id: Option<i64> = sqlx::query_scalar("SELECT org_id FROM users WHERE email = $1")
+            .bind(&account)
+            .fetch_optional(pool.get_ref())
+            .await?;
+        record_attempt(&pool, org_id, &account, &addr, false, "login_throttled").await?;
         return Err(DashError::Throttled);
     }
     let user: Option<UserRow> = match Email::parse(&form.email) {
