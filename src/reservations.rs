@@ -361,6 +361,8 @@ async fn lock_for_transition(
 }
 
 /// Cancels a held reservation; `actor` is a staff email or a token name.
+/// `reason` is stored as given: callers check it first with `check_reason`
+/// (required, 1 to 500 characters).
 ///
 /// A held reservation past its deadline is not cancelled: it is recorded as
 /// expired, ended by `cancellation` (nobody decided before the deadline,
