@@ -18,15 +18,6 @@ use crate::domain::ServiceRef;
 use crate::reservations::{self, TransitionError};
 use crate::settings::Settings;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/reservations", web::get().to(list))
-        .route("/reservations/{id}", web::get().to(detail))
-        .route("/reservations/{id}/cancel", web::get().to(confirm_cancel))
-        .route("/reservations/{id}/cancel", web::post().to(cancel))
-        .route("/reservations/{id}/convert", web::get().to(confirm_convert))
-        .route("/reservations/{id}/convert", web::post().to(convert));
-}
-
 #[derive(sqlx::FromRow)]
 struct LiveRow {
     id: i64,
@@ -65,7 +56,7 @@ struct ReservationsPage {
 
 const LIVE_LIMIT: i64 = 500;
 
-async fn list(
+pub(crate) async fn list(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,
@@ -179,7 +170,7 @@ async fn load(
     Ok((r, m))
 }
 
-async fn detail(
+pub(crate) async fn detail(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,
@@ -270,7 +261,7 @@ async fn confirm(
     })
 }
 
-async fn confirm_cancel(
+pub(crate) async fn confirm_cancel(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -290,7 +281,7 @@ async fn confirm_cancel(
     .await
 }
 
-async fn confirm_convert(
+pub(crate) async fn confirm_convert(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -379,7 +370,7 @@ fn precheck(staff: &Staff, settings: &Settings, form: &ActionForm) -> Result<i64
     })
 }
 
-async fn cancel(
+pub(crate) async fn cancel(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -415,7 +406,7 @@ async fn cancel(
     Ok(see_other(&format!("/reservations/{id}?flash=cancelled")))
 }
 
-async fn convert(
+pub(crate) async fn convert(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
