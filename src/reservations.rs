@@ -376,8 +376,22 @@ pub async fn cancel(
     reason: &str,
 ) -> Result<Reservation, TransitionError> {
     let mut tx = pool.begin().await?;
-    match lock_for_transition(
-        &mut tx,
+    let outcome = cancel_on(&mut tx, org_id, id, fence, actor, reason).await;
+    settle(tx, outcome).await
+}
+
+/// `cancel` inside the caller's transaction, so that the caller can write
+/// more (an audit row) atomically with it; finish with `settle`.
+pub async fn cancel_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<Reservation, TransitionError> {
+    lock_for_transition(
+        conn,
         org_id,
         id,
         fence,
@@ -385,22 +399,26 @@ pub async fn cancel(
         actor,
         "cancellation requested",
     )
-    .await?
-    {
-        Ok(_) => {}
-        Err(TransitionError::Expired { expires_at }) => {
-            tx.commit().await?;
-            return Err(TransitionError::Expired { expires_at });
-        }
-        Err(refusal) => return Err(refusal),
-    }
-    let cancelled = end(&mut tx, id, "cancelled", actor, reason)
+    .await??;
+    end(conn, id, "cancelled", actor, reason)
         .await?
         .ok_or_else(|| TransitionError::NotHeld {
             state: "unknown".into(),
-        })?;
-    tx.commit().await?;
-    Ok(cancelled)
+        })
+}
+
+/// Ends a transition's transaction: commit on success, and on `Expired`
+/// too (R11: the expiry found at the point of use is recorded even though
+/// the transition is refused); roll back on any other refusal.
+pub async fn settle<T>(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    outcome: Result<T, TransitionError>,
+) -> Result<T, TransitionError> {
+    match &outcome {
+        Ok(_) | Err(TransitionError::Expired { .. }) => tx.commit().await?,
+        Err(_) => tx.rollback().await?,
+    }
+    outcome
 }
 
 /// Converts a held reservation into a service link in one transaction (R10).
@@ -417,8 +435,21 @@ pub async fn convert(
     service_ref: &ServiceRef,
 ) -> Result<(Reservation, ServiceLink), TransitionError> {
     let mut tx = pool.begin().await?;
-    let held = match lock_for_transition(
-        &mut tx,
+    let outcome = convert_on(&mut tx, org_id, id, fence, actor, service_ref).await;
+    settle(tx, outcome).await
+}
+
+/// `convert` inside the caller's transaction; finish with `settle`.
+pub async fn convert_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    service_ref: &ServiceRef,
+) -> Result<(Reservation, ServiceLink), TransitionError> {
+    let held = lock_for_transition(
+        conn,
         org_id,
         id,
         fence,
@@ -426,16 +457,7 @@ pub async fn convert(
         actor,
         "conversion requested",
     )
-    .await?
-    {
-        Ok(held) => held,
-        Err(TransitionError::Expired { expires_at }) => {
-            // R11: the expiry is recorded even though the conversion is refused.
-            tx.commit().await?;
-            return Err(TransitionError::Expired { expires_at });
-        }
-        Err(refusal) => return Err(refusal),
-    };
+    .await??;
     let sql = format!(
         "INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
          VALUES ($1, $2, $3, $4) RETURNING {LINK_COLUMNS}"
@@ -445,10 +467,10 @@ pub async fn convert(
         .bind(held.machine_id)
         .bind(held.id)
         .bind(service_ref.as_str())
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut *conn)
         .await?;
     let converted = end(
-        &mut tx,
+        conn,
         id,
         "converted",
         actor,
@@ -458,7 +480,6 @@ pub async fn convert(
     .ok_or_else(|| TransitionError::NotHeld {
         state: "unknown".into(),
     })?;
-    tx.commit().await?;
     Ok((converted, link))
 }
 

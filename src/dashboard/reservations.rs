@@ -12,7 +12,7 @@ use super::csrf;
 use super::error::DashError;
 use super::gate;
 use super::outcome;
-use super::session::{Staff, audit};
+use super::session::{Staff, audit_on};
 use super::view::{Chrome, fmt_opt_time, fmt_remaining, fmt_time, page, see_other};
 use crate::domain::ServiceRef;
 use crate::reservations::{self, TransitionError};
@@ -380,29 +380,32 @@ pub(crate) async fn cancel(
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
     let fence = precheck(&staff, &settings, &form)?;
-    let reason = form.reason.trim();
-    if reason.is_empty() {
-        return Err(DashError::bad_request(
-            "A reason is required to cancel a reservation; nothing was changed.",
-        ));
+    let reason = reservations::check_reason(&form.reason).map_err(|problem| {
+        let mut sentence = problem.to_owned();
+        sentence[..1].make_ascii_uppercase();
+        DashError::bad_request(format!(
+            "{sentence} to cancel a reservation; nothing was changed."
+        ))
+    })?;
+    // The audit row commits with the cancellation, or not at all.
+    let mut tx = pool.begin().await?;
+    let outcome =
+        reservations::cancel_on(&mut tx, staff.org_id, id, fence, &staff.email, reason).await;
+    if outcome.is_ok() {
+        let object = format!("reservation:{id}");
+        audit_on(
+            &mut tx,
+            &req,
+            &staff,
+            "reservation.cancel",
+            &object,
+            Some(reason),
+        )
+        .await?;
     }
-    if reason.chars().count() > 500 {
-        return Err(DashError::bad_request(
-            "The reason must be at most 500 characters; nothing was changed.",
-        ));
-    }
-    reservations::cancel(&pool, staff.org_id, id, fence, &staff.email, reason)
+    reservations::settle(tx, outcome)
         .await
         .map_err(|e| refused(id, e))?;
-    audit(
-        &pool,
-        &req,
-        &staff,
-        "reservation.cancel",
-        &format!("reservation:{id}"),
-        Some(reason),
-    )
-    .await?;
     Ok(see_other(&format!("/reservations/{id}?flash=cancelled")))
 }
 
@@ -421,17 +424,24 @@ pub(crate) async fn convert(
             "The service reference is not valid: {e}. Nothing was changed."
         ))
     })?;
-    reservations::convert(&pool, staff.org_id, id, fence, &staff.email, &service_ref)
+    let mut tx = pool.begin().await?;
+    let outcome =
+        reservations::convert_on(&mut tx, staff.org_id, id, fence, &staff.email, &service_ref)
+            .await;
+    if outcome.is_ok() {
+        let object = format!("reservation:{id}");
+        audit_on(
+            &mut tx,
+            &req,
+            &staff,
+            "reservation.convert",
+            &object,
+            Some(service_ref.as_str()),
+        )
+        .await?;
+    }
+    reservations::settle(tx, outcome)
         .await
         .map_err(|e| refused(id, e))?;
-    audit(
-        &pool,
-        &req,
-        &staff,
-        "reservation.convert",
-        &format!("reservation:{id}"),
-        Some(service_ref.as_str()),
-    )
-    .await?;
     Ok(see_other(&format!("/reservations/{id}?flash=converted")))
 }
