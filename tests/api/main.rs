@@ -9,5 +9,6 @@ mod inventory;
 mod lease;
 mod migrations;
 mod openapi;
+mod orders;
 mod schema;
 mod sweep;
