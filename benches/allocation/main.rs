@@ -6,6 +6,7 @@
 //! minute and writes under target/bench/ only. See `setup::Config` for the
 //! other knobs.
 
+mod cpu;
 mod growth;
 mod notes;
 mod pages;
@@ -54,6 +55,8 @@ pub struct Throughput {
     pub db_cycles_per_s: f64,
     pub db_reserve: Latency,
     pub db_contended: u64,
+    pub http_cpu: cpu::CpuPerCycle,
+    pub db_cpu: cpu::CpuPerCycle,
     /// HTTP over the database's ceiling.
     pub ratio: f64,
     pub http_runs: Vec<throughput::Run>,
@@ -73,6 +76,8 @@ impl Throughput {
             db_cycles_per_s: db,
             db_reserve: Latency::median_of(&db_runs.iter().map(|r| r.reserve).collect::<Vec<_>>()),
             db_contended: db_runs.iter().map(|r| r.contended).sum(),
+            http_cpu: cpu::CpuPerCycle::median_of(&http_runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
+            db_cpu: cpu::CpuPerCycle::median_of(&db_runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
             ratio: http / db,
             http_runs,
             db_runs,
@@ -133,7 +138,9 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         throughput::create_ceiling_functions(&db).await?;
         db.exec("VACUUM ANALYZE").await?;
         let server = server::Server::start(&db.url, &cluster.dir, &cfg.server_log).await?;
-        let outcome = api_items(cfg, &db, &org, &server.base, &mut results).await;
+        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&db.setup).await?;
+        let meter = cpu::Meter::new(server.pid(), backend);
+        let outcome = api_items(cfg, &db, &org, &server.base, &meter, &mut results).await;
         server.stop().await;
         outcome?;
         db.setup.close().await;
@@ -170,7 +177,7 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
 
 async fn drop_database(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
-    let mut admin = sqlx::PgConnection::connect_with(&cluster.pg.connect_options("postgres")).await?;
+    let mut admin = cluster.admin().await?;
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
         .execute(&mut admin)
         .await?;
@@ -184,24 +191,27 @@ async fn api_items(
     db: &setup::Db,
     org: &setup::Org,
     base: &str,
+    meter: &cpu::Meter,
     results: &mut Results,
 ) -> anyhow::Result<()> {
     let warm = cfg.run_seconds.min(2.0);
     if cfg.runs_item("throughput") {
         // Warm-up: connections, plans, caches; not measured.
-        throughput::http_run(base, &org.token, cfg.sites, 8, warm, "warm-h").await?;
-        throughput::db_run(db, org.id, cfg.sites, 8, warm, "warm-d").await?;
+        throughput::http_run(meter, base, &org.token, cfg.sites, 8, warm, "warm-h").await?;
+        throughput::db_run(meter, db, org.id, cfg.sites, 8, warm, "warm-d").await?;
         for &clients in &cfg.clients {
             let (mut http_runs, mut db_runs) = (Vec::new(), Vec::new());
             // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
             for r in 0..cfg.runs {
-                let h = throughput::http_run(base, &org.token, cfg.sites, clients, cfg.run_seconds, &format!("h{clients}-{r}"))
+                let h = throughput::http_run(meter, base, &org.token, cfg.sites, clients, cfg.run_seconds, &format!("h{clients}-{r}"))
                     .await?;
-                let d = throughput::db_run(db, org.id, cfg.sites, clients, cfg.run_seconds, &format!("d{clients}-{r}"))
+                let d = throughput::db_run(meter, db, org.id, cfg.sites, clients, cfg.run_seconds, &format!("d{clients}-{r}"))
                     .await?;
                 eprintln!(
-                    "  {clients} clients run {r}: http {:.0}/s p50 {:.2} p99 {:.2} ms; ceiling {:.0}/s p50 {:.2} p99 {:.2} ms",
-                    h.cycles_per_s, h.reserve.p50_ms, h.reserve.p99_ms, d.cycles_per_s, d.reserve.p50_ms, d.reserve.p99_ms
+                    "  {clients} clients run {r}: http {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle ms: server {:.2} client {:.2} pg {:.2}; machine {:.0}% busy); ceiling {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle: client {:.2} pg {:.2})",
+                    h.cycles_per_s, h.reserve.p50_ms, h.reserve.p99_ms,
+                    h.cpu.server_ms, h.cpu.client_ms, h.cpu.postgres_ms, h.cpu.machine_busy * 100.0,
+                    d.cycles_per_s, d.reserve.p50_ms, d.reserve.p99_ms, d.cpu.client_ms, d.cpu.postgres_ms
                 );
                 http_runs.push(h);
                 db_runs.push(d);
@@ -250,7 +260,7 @@ async fn api_items(
         let mut load_runs = Vec::new();
         for r in 0..cfg.runs {
             let tag = format!("p{r}");
-            let load = throughput::http_run(base, &org.token, cfg.sites, 8, cfg.run_seconds, &tag);
+            let load = throughput::http_run(meter, base, &org.token, cfg.sites, 8, cfg.run_seconds, &tag);
             let reads = pages::read_run(&http, base, &pages, cfg.page_readers, cfg.run_seconds);
             let (load, reads) = tokio::join!(load, reads);
             let (load, reads) = (load?, reads?);

@@ -67,6 +67,10 @@ impl Server {
         }
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// SIGTERM (the orderly shutdown), then wait.
     pub async fn stop(mut self) {
         if let Some(pid) = self.child.id() {

@@ -96,15 +96,34 @@ impl Config {
 }
 
 /// The private cluster: throwaway (fsync off), in a temporary directory
-/// removed at the end.
+/// removed at the end. With `BENCH_DATABASE_URL` (a superuser URL of an
+/// existing server, e.g. one started with
+/// `-c shared_preload_libraries=pg_stat_statements` for profiling), the
+/// bench creates its databases there instead.
 pub struct Cluster {
-    pub pg: EmbeddedPostgres,
+    pub pg: Option<EmbeddedPostgres>,
+    /// Admin connection options (database `postgres`).
+    admin: PgConnectOptions,
+    /// The URL with `DBNAME` where the database name goes.
+    url_template: String,
     pub dir: PathBuf,
 }
 
 impl Cluster {
     pub async fn start() -> anyhow::Result<Cluster> {
         let dir = std::env::temp_dir().join(format!("poolkeeper-bench-{}", std::process::id()));
+        if let Some(url) = std::env::var("BENCH_DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+            std::fs::create_dir_all(&dir)?;
+            let admin = poolkeeper::db::parse_url(&url)?;
+            let (path, query) = url.split_once('?').map(|(p, q)| (p, format!("?{q}"))).unwrap_or((&url, String::new()));
+            let base = path.rsplit_once('/').map(|(b, _)| b).unwrap_or(path);
+            return Ok(Cluster {
+                pg: None,
+                admin,
+                url_template: format!("{base}/DBNAME{query}"),
+                dir,
+            });
+        }
         poolkeeper::embedded_pg::prepare_private_dir(&dir)?;
         let opts = ClusterOptions {
             data_dir: dir.join("pg"),
@@ -114,17 +133,34 @@ impl Cluster {
         let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts))
             .await
             .context("starting postgres")??;
-        Ok(Cluster { pg, dir })
+        Ok(Cluster {
+            admin: pg.connect_options("postgres"),
+            url_template: pg.url("DBNAME"),
+            pg: Some(pg),
+            dir,
+        })
     }
 
-    /// A fresh database with every migration applied.
+    pub fn external(&self) -> bool {
+        self.pg.is_none()
+    }
+
+    pub async fn admin(&self) -> anyhow::Result<PgConnection> {
+        Ok(PgConnection::connect_with(&self.admin).await?)
+    }
+
+    /// A fresh database with every migration applied (an old one of the
+    /// same name, left by an interrupted run on an external server, is dropped).
     pub async fn database(&self, name: &str) -> anyhow::Result<Db> {
-        let mut admin = PgConnection::connect_with(&self.pg.connect_options("postgres")).await?;
+        let mut admin = self.admin().await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
+            .execute(&mut admin)
+            .await?;
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await?;
         admin.close().await?;
-        let options = self.pg.connect_options(name);
+        let options = self.admin.clone().database(name);
         poolkeeper::db::migrate(&options).await?;
         // Bulk loading and measuring: no statement_timeout here.
         let setup = PgPoolOptions::new()
@@ -134,14 +170,16 @@ impl Cluster {
             .await?;
         Ok(Db {
             name: name.to_owned(),
-            url: self.pg.url(name),
+            url: self.url_template.replace("DBNAME", name),
             options,
             setup,
         })
     }
 
     pub fn stop(self) {
-        self.pg.stop();
+        if let Some(pg) = &self.pg {
+            pg.stop();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Barrier;
 
+use crate::cpu::{CpuPerCycle, Meter};
 use crate::setup::{Db, PROFILE, site};
 use crate::stats::Latency;
 
@@ -23,6 +24,8 @@ pub struct Run {
     pub cancel: Latency,
     /// `contended` answers (409 with Retry-After, or no row from the function).
     pub contended: u64,
+    /// CPU per completed cycle: server, clients, PostgreSQL.
+    pub cpu: CpuPerCycle,
 }
 
 #[derive(Default)]
@@ -33,7 +36,12 @@ struct ClientResult {
     cancel: Vec<Duration>,
 }
 
-fn combine(clients: usize, elapsed: Duration, results: Vec<ClientResult>) -> Run {
+fn combine(
+    clients: usize,
+    elapsed: Duration,
+    results: Vec<ClientResult>,
+    cpu: (crate::cpu::Cpu, f64),
+) -> Run {
     let mut reserve = Vec::new();
     let mut cancel = Vec::new();
     let (mut cycles, mut contended) = (0, 0);
@@ -49,12 +57,14 @@ fn combine(clients: usize, elapsed: Duration, results: Vec<ClientResult>) -> Run
         reserve: Latency::of(&mut reserve),
         cancel: Latency::of(&mut cancel),
         contended,
+        cpu: CpuPerCycle::of(cpu.0, cycles, cpu.1),
     }
 }
 
 /// `clients` HTTP clients, each with its own keep-alive connection, cycling
 /// reserve then cancel on the site of its index for `seconds`.
 pub async fn http_run(
+    meter: &Meter,
     base: &str,
     token: &str,
     sites: i64,
@@ -77,13 +87,15 @@ pub async fn http_run(
             http_client(&http, &base, &token, &site, &prefix, deadline).await
         }));
     }
+    let before = meter.read();
     barrier.wait().await;
     let start = Instant::now();
     let mut results = Vec::new();
     for t in tasks {
         results.push(t.await??);
     }
-    Ok(combine(clients, start.elapsed(), results))
+    let elapsed = start.elapsed();
+    Ok(combine(clients, elapsed, results, meter.read().since(&before)))
 }
 
 async fn http_client(
@@ -245,6 +257,7 @@ pub async fn create_ceiling_functions(db: &Db) -> anyhow::Result<()> {
 
 /// `clients` connections calling the ceiling functions for `seconds`.
 pub async fn db_run(
+    meter: &Meter,
     db: &Db,
     org_id: i64,
     sites: i64,
@@ -267,13 +280,15 @@ pub async fn db_run(
             r
         }));
     }
+    let before = meter.read();
     barrier.wait().await;
     let start = Instant::now();
     let mut results = Vec::new();
     for t in tasks {
         results.push(t.await??);
     }
-    Ok(combine(clients, start.elapsed(), results))
+    let elapsed = start.elapsed();
+    Ok(combine(clients, elapsed, results, meter.read().since(&before)))
 }
 
 async fn db_client(
