@@ -40,7 +40,10 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
             .app_data(state.pool)
             .app_data(state.metrics)
             .configure(crate::ops::configure)
-            .configure(crate::api::configure);
+            .configure(crate::api::configure)
+            // The dashboard and its /static/ assets: explicit paths only,
+            // after the API so that nothing under /api is shadowed.
+            .configure(crate::dashboard::configure);
     }
 }
 

@@ -380,3 +380,237 @@ pub async fn insert_held_reservation(
     .await
     .expect("insert reservation")
 }
+
+// ---- Dashboard helpers (issue 5) ----
+
+/// The password every dashboard test user gets.
+pub const STAFF_PASSWORD: &str = "correct horse battery";
+
+/// A browser-like client: keeps cookies, does not follow redirects (tests
+/// check the 303s themselves).
+pub struct StaffClient {
+    pub http: reqwest::Client,
+    pub jar: std::sync::Arc<reqwest::cookie::Jar>,
+    pub base: String,
+}
+
+impl StaffClient {
+    pub fn new(base: &str) -> StaffClient {
+        let jar = std::sync::Arc::new(reqwest::cookie::Jar::default());
+        let http = reqwest::Client::builder()
+            .cookie_provider(jar.clone())
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("http client");
+        StaffClient {
+            http,
+            jar,
+            base: base.to_owned(),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.http.get(self.url(path)).send().await.expect("GET")
+    }
+
+    /// GET a page: its status and body.
+    pub async fn page(&self, path: &str) -> (u16, String) {
+        let r = self.get(path).await;
+        let status = r.status().as_u16();
+        (status, r.text().await.expect("body"))
+    }
+
+    pub async fn post_form(&self, path: &str, form: &[(&str, &str)]) -> reqwest::Response {
+        self.http
+            .post(self.url(path))
+            .form(form)
+            .send()
+            .await
+            .expect("POST")
+    }
+
+    /// The value of the session cookie this client holds, if any.
+    pub fn session_cookie(&self) -> Option<String> {
+        use reqwest::cookie::CookieStore;
+        let url: reqwest::Url = self.base.parse().expect("base url");
+        let header = self.jar.cookies(&url)?;
+        header
+            .to_str()
+            .ok()?
+            .split(';')
+            .map(str::trim)
+            .find_map(|c| c.strip_prefix("pk_session=").map(str::to_owned))
+            .filter(|v| !v.is_empty())
+    }
+
+    /// The CSRF token of this client's session, read from a page's logout form.
+    pub async fn csrf(&self) -> String {
+        let (status, body) = self.page("/jobs").await;
+        assert_eq!(status, 200, "a logged-in page: {body}");
+        hidden_field(&body, "csrf").expect("a csrf field in the layout")
+    }
+
+    /// Logs in through the form; returns the POST's response.
+    pub async fn login(&self, email: &str, password: &str) -> reqwest::Response {
+        let (status, body) = self.page("/login").await;
+        assert_eq!(status, 200);
+        let csrf = hidden_field(&body, "csrf").expect("login form csrf");
+        self.post_form(
+            "/login",
+            &[("email", email), ("password", password), ("csrf", &csrf)],
+        )
+        .await
+    }
+}
+
+/// The value of the first `<input name=NAME>` in `html`.
+pub fn hidden_field(html: &str, name: &str) -> Option<String> {
+    let doc = scraper::Html::parse_document(html);
+    let sel = scraper::Selector::parse(&format!("input[name=\"{name}\"]")).expect("selector");
+    doc.select(&sel)
+        .next()
+        .and_then(|e| e.value().attr("value"))
+        .map(str::to_owned)
+}
+
+impl TestApp {
+    /// Creates a staff user of `org_id` with STAFF_PASSWORD.
+    pub async fn create_staff(&self, org_id: i64, email: &str, role: &str) {
+        poolkeeper::staff::create(
+            &self.pool,
+            org_id,
+            &poolkeeper::domain::Email::parse(email).expect("email"),
+            poolkeeper::domain::Role::parse(role).expect("role"),
+            STAFF_PASSWORD,
+        )
+        .await
+        .expect("create staff user");
+    }
+
+    /// A staff user of `app.org` with `role`, logged in.
+    pub async fn staff(&self, email: &str, role: &str) -> StaffClient {
+        self.create_staff(self.org.id, email, role).await;
+        self.logged_in(email).await
+    }
+
+    pub async fn logged_in(&self, email: &str) -> StaffClient {
+        let client = StaffClient::new(&self.address);
+        let r = client.login(email, STAFF_PASSWORD).await;
+        assert_eq!(r.status().as_u16(), 303, "login of {email} should succeed");
+        assert!(client.session_cookie().is_some(), "a session cookie");
+        client
+    }
+
+    /// A machine inserted directly (no API token needed).
+    pub async fn insert_machine(
+        &self,
+        org_id: i64,
+        tag: &str,
+        site: &str,
+        vendor: &str,
+        profile: &str,
+        status: &str,
+    ) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
+        )
+        .bind(org_id)
+        .bind(tag)
+        .bind(site)
+        .bind(vendor)
+        .bind(profile)
+        .bind(status)
+        .fetch_one(&self.pool)
+        .await
+        .expect("insert machine")
+    }
+
+    /// A held reservation written directly in SQL, with its 'created'
+    /// event, as the allocator would. Returns (id, fence).
+    pub async fn insert_held(
+        &self,
+        org_id: i64,
+        order_ref: &str,
+        tag: &str,
+        hold_seconds: i32,
+    ) -> (i64, i64) {
+        sqlx::query_as(
+            "WITH r AS (
+                INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                          hold_seconds, expires_at)
+                SELECT $1, $2, m.id,
+                       jsonb_build_object('site', m.site, 'profile', m.profile, 'vendor', m.vendor),
+                       jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
+                                          'profile', m.profile, 'status', m.status),
+                       'first ready ' || m.vendor || ' ' || m.profile || ' at ' || m.site,
+                       $4, clock_timestamp() + make_interval(secs => $4)
+                  FROM machines m WHERE m.org_id = $1 AND m.asset_tag = $3
+                RETURNING id, fence
+             ), e AS (
+                INSERT INTO reservation_events (reservation_id, kind, to_state, actor)
+                SELECT id, 'created', 'held', 'checkout' FROM r
+             )
+             SELECT id, fence FROM r",
+        )
+        .bind(org_id)
+        .bind(order_ref)
+        .bind(tag)
+        .bind(hold_seconds)
+        .fetch_one(&self.pool)
+        .await
+        .expect("insert a held reservation")
+    }
+
+    /// Moves a held reservation's deadline into the past (database clock).
+    pub async fn make_overdue(&self, id: i64) {
+        sqlx::query(
+            "UPDATE reservations SET created_at = clock_timestamp() - interval '1 hour',
+                    expires_at = clock_timestamp() - interval '1 minute' WHERE id = $1",
+        )
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .expect("make overdue");
+    }
+
+    /// A converted reservation with a live service link on machine `tag`.
+    pub async fn insert_in_service(
+        &self,
+        org_id: i64,
+        order_ref: &str,
+        tag: &str,
+        service_ref: &str,
+    ) -> i64 {
+        let (id, _) = self.insert_held(org_id, order_ref, tag, 900).await;
+        sqlx::query(
+            "WITH r AS (
+                UPDATE reservations SET state = 'converted', ended_at = clock_timestamp(), ended_by = 'checkout'
+                 WHERE id = $1 RETURNING id, org_id, machine_id
+             ), e AS (
+                INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+                SELECT id, 'converted', 'held', 'converted', 'checkout', $2 FROM r
+             )
+             INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
+             SELECT org_id, machine_id, id, $2 FROM r",
+        )
+        .bind(id)
+        .bind(service_ref)
+        .execute(&self.pool)
+        .await
+        .expect("convert in SQL");
+        id
+    }
+
+    pub async fn state_of(&self, id: i64) -> String {
+        sqlx::query_scalar("SELECT state FROM reservations WHERE id = $1")
+            .bind(id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("state")
+    }
+}

@@ -3,6 +3,8 @@
 
 mod allocator;
 mod bad_input;
+mod browser;
+mod dashboard;
 mod embedded;
 mod helpers;
 mod inventory;

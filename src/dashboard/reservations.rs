@@ -1,0 +1,446 @@
+//! `/reservations`: every held reservation with a countdown computed by the
+//! database; the detail page with its timeline and the one-sentence answer;
+//! cancel and convert through a GET confirmation page and a POST form.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use sqlx::PgPool;
+
+use super::csrf;
+use super::error::DashError;
+use super::gate;
+use super::outcome;
+use super::session::{Staff, audit};
+use super::view::{Chrome, fmt_opt_time, fmt_remaining, fmt_time, page, see_other};
+use crate::domain::ServiceRef;
+use crate::reservations::{self, TransitionError};
+use crate::settings::Settings;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/reservations", web::get().to(list))
+        .route("/reservations/{id}", web::get().to(detail))
+        .route("/reservations/{id}/cancel", web::get().to(confirm_cancel))
+        .route("/reservations/{id}/cancel", web::post().to(cancel))
+        .route("/reservations/{id}/convert", web::get().to(confirm_convert))
+        .route("/reservations/{id}/convert", web::post().to(convert));
+}
+
+#[derive(sqlx::FromRow)]
+struct LiveRow {
+    id: i64,
+    order_ref: String,
+    asset_tag: String,
+    site: String,
+    fence: i64,
+    reason: String,
+    created_at: DateTime<Utc>,
+    expires_at: DateTime<Utc>,
+    remaining: i64,
+}
+
+pub struct LiveView {
+    pub id: i64,
+    pub order_ref: String,
+    pub asset_tag: String,
+    pub site: String,
+    pub fence: i64,
+    pub reason: String,
+    pub created_at: String,
+    pub expires_at: String,
+    pub remaining: i64,
+    pub remaining_text: String,
+    pub overdue: bool,
+}
+
+#[derive(Template)]
+#[template(path = "reservations.html")]
+struct ReservationsPage {
+    chrome: Chrome,
+    can_act: bool,
+    rows: Vec<LiveView>,
+    truncated: bool,
+}
+
+const LIVE_LIMIT: i64 = 500;
+
+async fn list(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<PgPool>,
+) -> Result<HttpResponse, DashError> {
+    // The remaining seconds come from the database clock (clock_timestamp),
+    // the same clock that judges expiry; the browser only counts down from
+    // it, never reads its own wall clock.
+    let rows: Vec<LiveRow> = sqlx::query_as(
+        "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.reason, r.created_at, r.expires_at,
+                floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining
+           FROM reservations r JOIN machines m ON m.id = r.machine_id
+          WHERE r.org_id = $1 AND r.state = 'held'
+          ORDER BY r.expires_at, r.id
+          LIMIT $2",
+    )
+    .bind(staff.org_id)
+    .bind(LIVE_LIMIT + 1)
+    .fetch_all(pool.get_ref())
+    .await?;
+    let truncated = rows.len() as i64 > LIVE_LIMIT;
+    let rows: Vec<LiveView> = rows
+        .into_iter()
+        .map(|r| LiveView {
+            id: r.id,
+            order_ref: r.order_ref,
+            asset_tag: r.asset_tag,
+            site: r.site,
+            fence: r.fence,
+            reason: r.reason,
+            created_at: fmt_time(&r.created_at),
+            expires_at: fmt_time(&r.expires_at),
+            remaining: r.remaining.max(0),
+            remaining_text: fmt_remaining(r.remaining),
+            overdue: r.remaining <= 0,
+        })
+        .collect();
+    page(&ReservationsPage {
+        chrome: Chrome::new(&req, &staff, "Live reservations", "reservations"),
+        can_act: staff.can_act(),
+        rows: rows.into_iter().take(LIVE_LIMIT as usize).collect(),
+        truncated,
+    })
+}
+
+/// What the detail and confirmation pages need beyond the reservation row.
+#[derive(sqlx::FromRow)]
+struct Extra {
+    asset_tag: String,
+    site: String,
+    vendor: String,
+    profile: String,
+    remaining: i64,
+    service_ref: Option<String>,
+}
+
+async fn extra(pool: &PgPool, org_id: i64, id: i64) -> Result<Option<Extra>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT m.asset_tag, m.site, m.vendor, m.profile,
+                floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining,
+                s.service_ref
+           FROM reservations r
+           JOIN machines m ON m.id = r.machine_id
+           LEFT JOIN service_links s ON s.reservation_id = r.id
+          WHERE r.id = $1 AND r.org_id = $2",
+    )
+    .bind(id)
+    .bind(org_id)
+    .fetch_optional(pool)
+    .await
+}
+
+pub struct EventView {
+    pub at: String,
+    pub kind: String,
+    pub from_state: String,
+    pub to_state: String,
+    pub actor: String,
+    pub detail: String,
+    pub replica: String,
+}
+
+#[derive(Template)]
+#[template(path = "reservation.html")]
+struct ReservationPage {
+    chrome: Chrome,
+    r: reservations::Reservation,
+    m: Extra,
+    sentence: String,
+    created_at: String,
+    expires_at: String,
+    ended_at: String,
+    remaining_text: String,
+    held: bool,
+    overdue: bool,
+    can_act: bool,
+    events: Vec<EventView>,
+}
+
+async fn load(
+    pool: &PgPool,
+    staff: &Staff,
+    id: i64,
+) -> Result<(reservations::Reservation, Extra), DashError> {
+    // Another organization's reservation is absent: 404, never 403.
+    let r = reservations::get(pool, staff.org_id, id)
+        .await?
+        .ok_or(DashError::NotFound("reservation"))?;
+    let m = extra(pool, staff.org_id, id)
+        .await?
+        .ok_or(DashError::NotFound("reservation"))?;
+    Ok((r, m))
+}
+
+async fn detail(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<PgPool>,
+    id: web::Path<i64>,
+) -> Result<HttpResponse, DashError> {
+    let id = id.into_inner();
+    let (r, m) = load(&pool, &staff, id).await?;
+    let events = reservations::events(&pool, staff.org_id, id).await?;
+    let sentence = outcome::sentence(&r, &events, m.service_ref.as_deref(), m.remaining);
+    page(&ReservationPage {
+        chrome: Chrome::new(&req, &staff, format!("Reservation {id}"), "reservations"),
+        sentence,
+        created_at: fmt_time(&r.created_at),
+        expires_at: fmt_time(&r.expires_at),
+        ended_at: fmt_opt_time(&r.ended_at),
+        remaining_text: fmt_remaining(m.remaining),
+        held: r.state == "held",
+        overdue: r.state == "held" && m.remaining <= 0,
+        can_act: staff.can_act(),
+        events: events
+            .into_iter()
+            .map(|e| EventView {
+                at: fmt_time(&e.at),
+                kind: e.kind,
+                from_state: e.from_state.unwrap_or_default(),
+                to_state: e.to_state,
+                actor: e.actor,
+                detail: e.detail.unwrap_or_default(),
+                replica: match (e.replica, e.lease_fence) {
+                    (Some(rep), Some(f)) => format!("{rep} (lease fence {f})"),
+                    (Some(rep), None) => rep,
+                    _ => String::new(),
+                },
+            })
+            .collect(),
+        r,
+        m,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+pub struct FenceQuery {
+    pub fence: Option<i64>,
+}
+
+#[derive(Template)]
+#[template(path = "confirm.html")]
+struct ConfirmPage {
+    chrome: Chrome,
+    action: &'static str,
+    r: reservations::Reservation,
+    m: Extra,
+    fence: i64,
+    remaining_text: String,
+    overdue: bool,
+}
+
+async fn confirm(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    id: i64,
+    fence: Option<i64>,
+    action: &'static str,
+) -> Result<HttpResponse, DashError> {
+    staff.require_actor()?;
+    gate::datacenter(&settings, &staff)?;
+    let (r, m) = load(&pool, &staff, id).await?;
+    if r.state != "held" {
+        return Err(not_held(id, &r.state));
+    }
+    page(&ConfirmPage {
+        chrome: Chrome::new(
+            &req,
+            &staff,
+            format!("Confirm: {action} reservation {id}"),
+            "reservations",
+        ),
+        action,
+        // The fence the page that linked here showed: acting on it later
+        // fails cleanly if the reservation changed in between.
+        fence: fence.unwrap_or(r.fence),
+        remaining_text: fmt_remaining(m.remaining),
+        overdue: m.remaining <= 0,
+        r,
+        m,
+    })
+}
+
+async fn confirm_cancel(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    id: web::Path<i64>,
+    q: web::Query<FenceQuery>,
+) -> Result<HttpResponse, DashError> {
+    confirm(
+        req,
+        staff,
+        settings,
+        pool,
+        id.into_inner(),
+        q.fence,
+        "cancel",
+    )
+    .await
+}
+
+async fn confirm_convert(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    id: web::Path<i64>,
+    q: web::Query<FenceQuery>,
+) -> Result<HttpResponse, DashError> {
+    confirm(
+        req,
+        staff,
+        settings,
+        pool,
+        id.into_inner(),
+        q.fence,
+        "convert",
+    )
+    .await
+}
+
+/// Fields are strings with defaults so that a missing CSRF token is a 403,
+/// checked first, not a 400 from the form parser.
+#[derive(Debug, Deserialize)]
+pub struct ActionForm {
+    #[serde(default)]
+    pub csrf: String,
+    #[serde(default)]
+    pub fence: String,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub service_ref: String,
+}
+
+fn not_held(id: i64, state: &str) -> DashError {
+    DashError::Stale {
+        heading: format!("This reservation is already {state}"),
+        message: format!(
+            "Reservation {id} had already ended ({state}) before your request, so nothing was changed. \
+             Its page shows what happened and who did it."
+        ),
+        link: Some((
+            format!("/reservations/{id}"),
+            format!("Open reservation {id}"),
+        )),
+    }
+}
+
+/// A stale page gets a page saying what happened, never a 500.
+fn refused(id: i64, e: TransitionError) -> DashError {
+    let link = Some((
+        format!("/reservations/{id}"),
+        format!("Open reservation {id}"),
+    ));
+    match e {
+        TransitionError::NotFound => DashError::NotFound("reservation"),
+        TransitionError::StaleFence => DashError::Stale {
+            heading: "This reservation changed since your page was loaded".into(),
+            message: format!(
+                "The form carried an old fence for reservation {id}: someone or something changed it \
+                 after you opened the page. Nothing was changed. Open it again to see its current state."
+            ),
+            link,
+        },
+        TransitionError::NotHeld { state } => not_held(id, &state),
+        TransitionError::Expired { expires_at } => DashError::Stale {
+            heading: "This reservation had already expired".into(),
+            message: format!(
+                "Reservation {id} expired at {} before your request reached it; it is now marked expired \
+                 and nothing else was changed.",
+                fmt_time(&expires_at)
+            ),
+            link,
+        },
+        TransitionError::Database(e) => e.into(),
+    }
+}
+
+/// The order of checks: session (extractor), CSRF, role, module switch
+/// (R12), then the input. Nothing is written before all of them pass.
+fn precheck(staff: &Staff, settings: &Settings, form: &ActionForm) -> Result<i64, DashError> {
+    csrf::check(staff, &form.csrf)?;
+    staff.require_actor()?;
+    gate::datacenter(settings, staff)?;
+    form.fence.trim().parse::<i64>().map_err(|_| {
+        DashError::bad_request("The form's fence is missing or not a number; reload the page.")
+    })
+}
+
+async fn cancel(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    id: web::Path<i64>,
+    form: web::Form<ActionForm>,
+) -> Result<HttpResponse, DashError> {
+    let id = id.into_inner();
+    let fence = precheck(&staff, &settings, &form)?;
+    let reason = form.reason.trim();
+    if reason.is_empty() {
+        return Err(DashError::bad_request(
+            "A reason is required to cancel a reservation; nothing was changed.",
+        ));
+    }
+    if reason.chars().count() > 500 {
+        return Err(DashError::bad_request(
+            "The reason must be at most 500 characters; nothing was changed.",
+        ));
+    }
+    reservations::cancel(&pool, staff.org_id, id, fence, &staff.email, reason)
+        .await
+        .map_err(|e| refused(id, e))?;
+    audit(
+        &pool,
+        &req,
+        &staff,
+        "reservation.cancel",
+        &format!("reservation:{id}"),
+        Some(reason),
+    )
+    .await?;
+    Ok(see_other(&format!("/reservations/{id}?flash=cancelled")))
+}
+
+async fn convert(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    id: web::Path<i64>,
+    form: web::Form<ActionForm>,
+) -> Result<HttpResponse, DashError> {
+    let id = id.into_inner();
+    let fence = precheck(&staff, &settings, &form)?;
+    let service_ref = ServiceRef::parse(form.service_ref.trim()).map_err(|e| {
+        DashError::bad_request(format!(
+            "The service reference is not valid: {e}. Nothing was changed."
+        ))
+    })?;
+    reservations::convert(&pool, staff.org_id, id, fence, &staff.email, &service_ref)
+        .await
+        .map_err(|e| refused(id, e))?;
+    audit(
+        &pool,
+        &req,
+        &staff,
+        "reservation.convert",
+        &format!("reservation:{id}"),
+        Some(service_ref.as_str()),
+    )
+    .await?;
+    Ok(see_other(&format!("/reservations/{id}?flash=converted")))
+}

@@ -1,0 +1,441 @@
+//! Staff sessions, server-side in PostgreSQL: the cookie carries a random
+//! token, the table only its SHA-256. Renewed at login, revoked at logout,
+//! bounded by an idle timeout and an absolute lifetime.
+
+use std::sync::OnceLock;
+
+use actix_web::cookie::{Cookie, SameSite, time::Duration as CookieDuration};
+use actix_web::dev::Payload;
+use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
+use askama::Template;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use futures_util::future::LocalBoxFuture;
+use rand::RngCore;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use super::csrf;
+use super::error::DashError;
+use super::view::{Chrome, page, see_other};
+use crate::domain::{Email, Role};
+use crate::settings::Settings;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.route("/login", web::get().to(login_form))
+        .route("/login", web::post().to(login))
+        .route("/logout", web::post().to(logout));
+}
+
+/// A logged-in staff member, extracted from the session cookie on every
+/// request (and the session's last_seen_at moved forward).
+#[derive(Debug, Clone)]
+pub struct Staff {
+    pub user_id: i64,
+    pub org_id: i64,
+    pub email: String,
+    pub role: Role,
+    pub org_name: String,
+    pub datacenter_enabled: bool,
+    pub csrf_token: String,
+    token_hash: Vec<u8>,
+}
+
+impl Staff {
+    /// Support and admin act on reservations; viewers only look.
+    pub fn can_act(&self) -> bool {
+        matches!(self.role, Role::Support | Role::Admin)
+    }
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+    pub fn require_actor(&self) -> Result<(), DashError> {
+        if self.can_act() {
+            Ok(())
+        } else {
+            Err(DashError::forbidden(
+                "Your role (viewer) can look but not act; ask a support or admin user.",
+            ))
+        }
+    }
+}
+
+pub fn cookie_name(settings: &Settings) -> &'static str {
+    if settings.secure_cookies {
+        "__Host-pk_session"
+    } else {
+        "pk_session"
+    }
+}
+
+pub fn login_cookie_name(settings: &Settings) -> &'static str {
+    if settings.secure_cookies {
+        "__Host-pk_login"
+    } else {
+        "pk_login"
+    }
+}
+
+pub fn random_token() -> String {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+pub fn hash_token(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+fn app_data(req: &HttpRequest) -> Result<(PgPool, web::Data<Settings>), DashError> {
+    let pool = req
+        .app_data::<web::Data<PgPool>>()
+        .ok_or_else(|| DashError::Internal(anyhow::anyhow!("no database pool in app data")))?;
+    let settings = req
+        .app_data::<web::Data<Settings>>()
+        .ok_or_else(|| DashError::Internal(anyhow::anyhow!("no settings in app data")))?;
+    Ok((pool.get_ref().clone(), settings.clone()))
+}
+
+#[derive(sqlx::FromRow)]
+struct SessionRow {
+    user_id: i64,
+    org_id: i64,
+    email: String,
+    role: String,
+    org_name: String,
+    datacenter_enabled: bool,
+    csrf_token: String,
+}
+
+impl FromRequest for Staff {
+    type Error = DashError;
+    type Future = LocalBoxFuture<'static, Result<Staff, DashError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        let req = req.clone();
+        Box::pin(async move {
+            let (pool, settings) = app_data(&req)?;
+            let token = req
+                .cookie(cookie_name(&settings))
+                .map(|c| c.value().to_owned())
+                .ok_or(DashError::LoginRequired)?;
+            let token_hash = hash_token(&token);
+            // One statement checks revocation, the idle timeout and the
+            // absolute lifetime against the database clock, and touches the
+            // session: no window between the check and the touch.
+            let row: Option<SessionRow> = sqlx::query_as(
+                "UPDATE sessions s SET last_seen_at = clock_timestamp()
+                   FROM users u JOIN organizations o ON o.id = u.org_id
+                  WHERE s.token_hash = $1 AND u.id = s.user_id
+                    AND s.revoked_at IS NULL AND u.disabled_at IS NULL
+                    AND s.last_seen_at > clock_timestamp() - make_interval(secs => $2)
+                    AND s.created_at > clock_timestamp() - make_interval(secs => $3)
+                  RETURNING u.id AS user_id, u.org_id, u.email, u.role, o.name AS org_name,
+                            o.datacenter_enabled, s.csrf_token",
+            )
+            .bind(&token_hash)
+            .bind(settings.session_idle.as_secs_f64())
+            .bind(settings.session_max.as_secs_f64())
+            .fetch_optional(&pool)
+            .await?;
+            let row = row.ok_or(DashError::LoginRequired)?;
+            let role = Role::parse(&row.role).map_err(|e| DashError::Internal(e.into()))?;
+            Ok(Staff {
+                user_id: row.user_id,
+                org_id: row.org_id,
+                email: row.email,
+                role,
+                org_name: row.org_name,
+                datacenter_enabled: row.datacenter_enabled,
+                csrf_token: row.csrf_token,
+                token_hash,
+            })
+        })
+    }
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    chrome: Chrome,
+    login_csrf: String,
+    email: String,
+    error: Option<&'static str>,
+}
+
+fn login_cookie(settings: &Settings, value: String) -> Cookie<'static> {
+    let mut c = Cookie::build(login_cookie_name(settings), value)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(settings.secure_cookies)
+        .max_age(CookieDuration::hours(1))
+        .finish();
+    c.set_secure(settings.secure_cookies);
+    c
+}
+
+/// The login form. Login CSRF is a double-submit token: a cookie and a
+/// hidden field that must match.
+async fn login_form(
+    req: HttpRequest,
+    settings: web::Data<Settings>,
+) -> Result<HttpResponse, DashError> {
+    let token = random_token();
+    let mut chrome = Chrome::anonymous("Log in");
+    chrome.flash = super::view::flash_from(&req);
+    let mut resp = page(&LoginPage {
+        chrome,
+        login_csrf: token.clone(),
+        email: String::new(),
+        error: None,
+    })?;
+    resp.add_cookie(&login_cookie(&settings, token))
+        .map_err(|e| DashError::Internal(e.into()))?;
+    Ok(resp)
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+/// A hash to verify against when the account does not exist, so that an
+/// unknown email takes as long as a wrong password.
+fn dummy_hash() -> &'static str {
+    static HASH: OnceLock<String> = OnceLock::new();
+    HASH.get_or_init(|| crate::staff::hash_password("not-a-real-password").unwrap_or_default())
+}
+
+#[derive(sqlx::FromRow)]
+struct UserRow {
+    id: i64,
+    org_id: i64,
+    password_hash: String,
+    disabled: bool,
+}
+
+fn source_addr(req: &HttpRequest) -> String {
+    // The peer address, not a header a client could write.
+    req.peer_addr()
+        .map(|a| a.ip().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Failed logins allowed in the last 15 minutes, shared across replicas
+/// through login_attempts: per account, and (higher, since many people may
+/// share one address) per source address.
+const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
+const MAX_FAILURES_PER_ADDRESS: i64 = 50;
+
+async fn login(
+    req: HttpRequest,
+    pool: web::Data<PgPool>,
+    settings: web::Data<Settings>,
+    form: web::Form<LoginForm>,
+) -> Result<HttpResponse, DashError> {
+    let expected = req
+        .cookie(login_cookie_name(&settings))
+        .map(|c| c.value().to_owned());
+    if !expected
+        .as_deref()
+        .is_some_and(|e| csrf::same(e, &form.csrf))
+    {
+        return Err(DashError::forbidden(
+            "The login form expired or was not sent by this site; reload the login page and try again.",
+        ));
+    }
+    let addr = source_addr(&req);
+    let email_text = form.email.trim().to_ascii_lowercase();
+    let (by_account, by_address): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
+           FROM login_attempts
+          WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
+            AND (email = $1 OR source_addr = $2)",
+    )
+    .bind(&email_text)
+    .bind(&addr)
+    .fetch_one(pool.get_ref())
+    .await?;
+    if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
+        record_attempt(&pool, None, &email_text, &addr, false, "login_throttled").await?;
+        return Err(DashError::Throttled);
+    }
+    let user: Option<UserRow> = match Email::parse(&form.email) {
+        Ok(email) => {
+            sqlx::query_as(
+                "SELECT id, org_id, password_hash, disabled_at IS NOT NULL AS disabled FROM users WHERE email = $1",
+            )
+            .bind(email.as_str())
+            .fetch_optional(pool.get_ref())
+            .await?
+        }
+        Err(_) => None,
+    };
+    let password = form.password.clone();
+    let stored = user
+        .as_ref()
+        .map(|u| u.password_hash.clone())
+        .unwrap_or_else(|| dummy_hash().to_owned());
+    // argon2 is deliberately slow: off the async workers.
+    let ok = web::block(move || crate::staff::verify_password(&stored, &password))
+        .await
+        .map_err(|e| DashError::Internal(e.into()))?;
+    let user = match user {
+        Some(u) if ok && !u.disabled => u,
+        other => {
+            record_attempt(
+                &pool,
+                other.map(|u| u.org_id),
+                &email_text,
+                &addr,
+                false,
+                "login_failed",
+            )
+            .await?;
+            let token = random_token();
+            let mut resp = super::view::html_response(
+                actix_web::http::StatusCode::UNAUTHORIZED,
+                LoginPage {
+                    chrome: Chrome::anonymous("Log in"),
+                    login_csrf: token.clone(),
+                    email: email_text,
+                    error: Some("That email and password do not match an active account."),
+                }
+                .render()?,
+            );
+            resp.add_cookie(&login_cookie(&settings, token))
+                .map_err(|e| DashError::Internal(e.into()))?;
+            return Ok(resp);
+        }
+    };
+    // Renew the session id at login: a cookie planted before login is
+    // revoked, never promoted.
+    if let Some(old) = req.cookie(cookie_name(&settings)) {
+        sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1 AND revoked_at IS NULL")
+            .bind(hash_token(old.value()))
+            .execute(pool.get_ref())
+            .await?;
+    }
+    let token = random_token();
+    sqlx::query("INSERT INTO sessions (token_hash, user_id, csrf_token) VALUES ($1, $2, $3)")
+        .bind(hash_token(&token))
+        .bind(user.id)
+        .bind(random_token())
+        .execute(pool.get_ref())
+        .await?;
+    record_attempt(&pool, Some(user.org_id), &email_text, &addr, true, "login").await?;
+    let session = Cookie::build(cookie_name(&settings), token)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(settings.secure_cookies)
+        .max_age(CookieDuration::seconds(
+            settings.session_max.as_secs() as i64
+        ))
+        .finish();
+    let mut clear_login = login_cookie(&settings, String::new());
+    clear_login.make_removal();
+    let mut resp = see_other("/");
+    resp.add_cookie(&session)
+        .map_err(|e| DashError::Internal(e.into()))?;
+    resp.add_cookie(&clear_login)
+        .map_err(|e| DashError::Internal(e.into()))?;
+    Ok(resp)
+}
+
+/// login_attempts for throttling, audit_log for people; never the password.
+async fn record_attempt(
+    pool: &PgPool,
+    org_id: Option<i64>,
+    email: &str,
+    addr: &str,
+    succeeded: bool,
+    action: &str,
+) -> Result<(), DashError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO login_attempts (email, source_addr, succeeded) VALUES ($1, $2, $3)")
+        .bind(email)
+        .bind(addr)
+        .bind(succeeded)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO audit_log (org_id, actor, action, object, source_addr) VALUES ($1, $2, $3, $4, $5)")
+        .bind(org_id)
+        .bind(email)
+        .bind(action)
+        .bind(format!("user:{email}"))
+        .bind(addr)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+pub async fn audit(
+    pool: &PgPool,
+    req: &HttpRequest,
+    staff: &Staff,
+    action: &str,
+    object: &str,
+    detail: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO audit_log (org_id, actor, action, object, source_addr, detail) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(staff.org_id)
+    .bind(&staff.email)
+    .bind(action)
+    .bind(object)
+    .bind(source_addr(req))
+    .bind(detail)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+#[derive(Deserialize)]
+pub struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+async fn logout(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<PgPool>,
+    settings: web::Data<Settings>,
+    form: web::Form<LogoutForm>,
+) -> Result<HttpResponse, DashError> {
+    csrf::check(&staff, &form.csrf)?;
+    sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1")
+        .bind(&staff.token_hash)
+        .execute(pool.get_ref())
+        .await?;
+    audit(
+        &pool,
+        &req,
+        &staff,
+        "logout",
+        &format!("user:{}", staff.email),
+        None,
+    )
+    .await?;
+    let mut gone = Cookie::build(cookie_name(&settings), "")
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(settings.secure_cookies)
+        .finish();
+    gone.make_removal();
+    let mut resp = see_other("/login?flash=logged_out");
+    resp.add_cookie(&gone)
+        .map_err(|e| DashError::Internal(e.into()))?;
+    Ok(resp)
+}

@@ -1,0 +1,1323 @@
+//! The staff dashboard (issue 5): pages parsed with scraper, every link
+//! followed, forms driven as a browser would (cookies, CSRF), roles, tenant
+//! isolation, the R12 gate, and agreement with the allocator's reasons.
+
+use std::collections::HashSet;
+
+use poolkeeper::allocator::{self, OrderSpec};
+use poolkeeper::domain::{Profile, Site, Vendor};
+use poolkeeper::inventory::MachineFilter;
+use scraper::{Html, Selector};
+
+use crate::helpers::{
+    STAFF_PASSWORD, StaffClient, TestApp, hidden_field, spawn_app, spawn_app_with,
+};
+
+fn sel(s: &str) -> Selector {
+    Selector::parse(s).expect("selector")
+}
+
+fn text_of(html: &str, selector: &str) -> Vec<String> {
+    let doc = Html::parse_document(html);
+    doc.select(&sel(selector))
+        .map(|e| {
+            e.text()
+                .collect::<String>()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect()
+}
+
+/// Same-origin links of a page: a[href], link[href], script[src].
+fn same_origin_links(base: &str, html: &str) -> Vec<String> {
+    let doc = Html::parse_document(html);
+    let mut out = Vec::new();
+    for (s, attr) in [
+        ("a[href]", "href"),
+        ("link[href]", "href"),
+        ("script[src]", "src"),
+    ] {
+        for e in doc.select(&sel(s)) {
+            let Some(href) = e.value().attr(attr) else {
+                continue;
+            };
+            let path = if let Some(rest) = href.strip_prefix(base) {
+                rest.to_owned()
+            } else if href.starts_with('/') && !href.starts_with("//") {
+                href.to_owned()
+            } else {
+                continue;
+            };
+            out.push(path.split('#').next().unwrap_or("").to_owned());
+        }
+    }
+    out
+}
+
+/// The page's own invariants (CSP without inline code, headers on tables),
+/// then every same-origin link on it: none may answer 4xx or 5xx.
+async fn check_page_and_links(c: &StaffClient, path: &str, seen: &mut HashSet<String>) -> String {
+    let r = c.get(path).await;
+    assert_eq!(r.status().as_u16(), 200, "GET {path}");
+    let csp = r
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"),
+        "CSP of {path}: {csp}"
+    );
+    let body = r.text().await.expect("body");
+    {
+        let doc = Html::parse_document(&body);
+        assert_eq!(
+            doc.select(&sel("[style]")).count(),
+            0,
+            "no style attributes on {path}"
+        );
+        assert_eq!(
+            doc.select(&sel("script:not([src])")).count(),
+            0,
+            "no inline script on {path}"
+        );
+        assert_eq!(
+            doc.select(&sel("style")).count(),
+            0,
+            "no style element on {path}"
+        );
+        for table in doc.select(&sel("table")) {
+            assert!(
+                table.select(&sel("th[scope]")).count() > 0,
+                "tables have <th scope> on {path}"
+            );
+        }
+        // Every visible input has a label.
+        for input in doc.select(&sel("input:not([type=hidden]), select, textarea")) {
+            let id = input
+                .value()
+                .attr("id")
+                .unwrap_or_else(|| panic!("an input without id on {path}"));
+            assert!(
+                doc.select(&sel(&format!("label[for=\"{id}\"]"))).count() == 1,
+                "input {id} has a label on {path}"
+            );
+        }
+    }
+    for link in same_origin_links(&c.base, &body) {
+        if link.is_empty() || !seen.insert(link.clone()) {
+            continue;
+        }
+        let r = c.get(&link).await;
+        let status = r.status().as_u16();
+        assert!(status < 400, "link {link} on {path} answered {status}");
+        if status == 303 || status == 302 {
+            let to = r
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            let status = c.get(&to).await.status().as_u16();
+            assert!(
+                status < 400,
+                "link {link} on {path} redirected to {to}, which answered {status}"
+            );
+        }
+    }
+    body
+}
+
+/// A pool at par1 with every exclusion kind for the spec par1/epyc/dell, and
+/// machines at two other sites.
+struct Pool {
+    held_id: i64,
+    held_fence: i64,
+}
+
+async fn every_kind_pool(app: &TestApp) -> Pool {
+    let org = app.org.id;
+    app.insert_machine(org, "PK-001", "par1", "dell", "epyc", "ready")
+        .await; // candidate
+    app.insert_machine(org, "PK-002", "ams1", "dell", "epyc", "ready")
+        .await; // wrong site
+    app.insert_machine(org, "PK-003", "par1", "hpe", "epyc", "ready")
+        .await; // wrong vendor
+    app.insert_machine(org, "PK-004", "par1", "dell", "xeon", "ready")
+        .await; // wrong profile
+    app.insert_machine(org, "PK-005", "par1", "dell", "epyc", "maintenance")
+        .await; // not ready
+    app.insert_machine(org, "PK-006", "par1", "dell", "epyc", "ready")
+        .await; // in service
+    app.insert_machine(org, "PK-007", "par1", "dell", "epyc", "ready")
+        .await; // held
+    app.insert_machine(org, "PK-008", "fra1", "supermicro", "epyc", "broken")
+        .await;
+    app.insert_in_service(org, "ORD-SOLD", "PK-006", "SRV-6")
+        .await;
+    let (held_id, held_fence) = app.insert_held(org, "ORD-HELD", "PK-007", 900).await;
+    Pool {
+        held_id,
+        held_fence,
+    }
+}
+
+#[tokio::test]
+async fn every_page_parses_shows_its_content_and_its_links_work() {
+    let app = spawn_app().await;
+    let pool = every_kind_pool(&app).await;
+    // Another org's objects must never appear.
+    app.insert_machine(app.other.id, "OTHER-1", "par1", "dell", "epyc", "ready")
+        .await;
+    app.insert_held(app.other.id, "ORD-OTHER", "OTHER-1", 900)
+        .await;
+    sqlx::query("INSERT INTO leases (key, holder, expires_at) VALUES ('sweep', 'web-2-abc', clock_timestamp() + interval '1 minute')")
+        .execute(&app.pool)
+        .await
+        .expect("lease");
+    sqlx::query("INSERT INTO sweep_runs (replica, lease_fence, finished_at, expired) VALUES ('web-2-abc', 1, clock_timestamp(), 3)")
+        .execute(&app.pool)
+        .await
+        .expect("sweep run");
+    sqlx::query("INSERT INTO lease_errors (key, replica, message) VALUES ('sweep', 'web-3', 'connection refused')")
+        .execute(&app.pool)
+        .await
+        .expect("lease error");
+    let c = app.staff("admin@acme.example", "admin").await;
+    let mut seen = HashSet::new();
+
+    let body = check_page_and_links(&c, "/", &mut seen).await;
+    assert_eq!(text_of(&body, "section.site h2"), ["ams1", "fra1", "par1"]);
+    let par1 = text_of(&body, "section.site:nth-of-type(3) td").join(" ");
+    // par1: 6 machines; sellable PK-001,003,004; held PK-007; sold PK-006; not ready PK-005.
+    assert_eq!(par1, "6 3 1 1 1 0 0", "par1 counts");
+    assert_eq!(
+        Html::parse_document(&body)
+            .select(&sel("svg.bar text"))
+            .count(),
+        12,
+        "text labels in every bar"
+    );
+    assert!(!body.contains("OTHER-1"));
+
+    let body = check_page_and_links(&c, "/machines", &mut seen).await;
+    assert_eq!(
+        Html::parse_document(&body)
+            .select(&sel("tr[data-asset-tag]"))
+            .count(),
+        8
+    );
+    assert!(
+        !body.contains("OTHER-1"),
+        "another org's machine is not listed"
+    );
+    let body = check_page_and_links(&c, "/machines?status=maintenance", &mut seen).await;
+    assert_eq!(text_of(&body, "tr[data-asset-tag] th"), ["PK-005"]);
+    let body = check_page_and_links(
+        &c,
+        "/machines?spec_site=par1&spec_profile=epyc&spec_vendor=dell",
+        &mut seen,
+    )
+    .await;
+    assert!(body.contains("Candidate"));
+
+    // A filter naming a site and a profile is an order spec too.
+    let body = check_page_and_links(&c, "/machines?site=par1&profile=epyc", &mut seen).await;
+    assert_eq!(
+        text_of(&body, "td.verdict[data-kind=held] .reason").len(),
+        1,
+        "PK-007 is held for this order"
+    );
+    let body = check_page_and_links(&c, "/machines/PK-006", &mut seen).await;
+    assert!(body.contains("SRV-6") && body.contains("ORD-SOLD"));
+
+    let body = check_page_and_links(&c, "/reservations", &mut seen).await;
+    let rows = text_of(&body, "tr[data-reservation]");
+    assert_eq!(rows.len(), 1, "one held reservation in this org: {rows:?}");
+    assert!(rows[0].contains("ORD-HELD") && rows[0].contains("PK-007"));
+    let remaining: i64 = Html::parse_document(&body)
+        .select(&sel("[data-remaining]"))
+        .next()
+        .and_then(|e| e.value().attr("data-remaining").map(str::to_owned))
+        .expect("a countdown")
+        .parse()
+        .expect("seconds");
+    assert!((880..=900).contains(&remaining), "remaining {remaining}");
+    assert!(body.contains(&format!(
+        "/reservations/{}/cancel?fence={}",
+        pool.held_id, pool.held_fence
+    )));
+
+    let body =
+        check_page_and_links(&c, &format!("/reservations/{}", pool.held_id), &mut seen).await;
+    assert!(
+        text_of(&body, "#answer")[0].starts_with("Held until"),
+        "the sentence"
+    );
+    assert!(
+        text_of(&body, "table.timeline td")
+            .iter()
+            .any(|t| t == "created")
+    );
+
+    let body = check_page_and_links(
+        &c,
+        &format!(
+            "/reservations/{}/cancel?fence={}",
+            pool.held_id, pool.held_fence
+        ),
+        &mut seen,
+    )
+    .await;
+    assert_eq!(
+        hidden_field(&body, "fence").as_deref(),
+        Some(pool.held_fence.to_string().as_str())
+    );
+    assert!(body.contains("returns the machine to stock"));
+    check_page_and_links(
+        &c,
+        &format!("/reservations/{}/convert", pool.held_id),
+        &mut seen,
+    )
+    .await;
+
+    let body = check_page_and_links(&c, "/search?q=PK-00", &mut seen).await;
+    assert_eq!(text_of(&body, "table th[scope=row]").len(), 8);
+    let body =
+        check_page_and_links(&c, "/why-not?site=par1&profile=epyc&vendor=dell", &mut seen).await;
+    assert_eq!(text_of(&body, "#answer"), ["Would reserve PK-001."]);
+    check_page_and_links(&c, "/why-not", &mut seen).await;
+
+    let body = check_page_and_links(&c, "/jobs", &mut seen).await;
+    assert!(
+        body.contains("web-2-abc") && body.contains("connection refused") && body.contains("Live")
+    );
+    let body = check_page_and_links(&c, "/settings", &mut seen).await;
+    assert!(body.contains("Deployment switch") && body.contains("checked"));
+    assert!(seen.contains("/static/app.css") && seen.contains("/static/app.js"));
+}
+
+#[tokio::test]
+async fn login_refuses_a_wrong_password_and_records_the_attempt() {
+    let app = spawn_app().await;
+    app.create_staff(app.org.id, "ana@acme.example", "support")
+        .await;
+    let c = StaffClient::new(&app.address);
+    let r = c.login("ana@acme.example", "wrong password").await;
+    assert_eq!(r.status().as_u16(), 401);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("do not match"));
+    assert!(c.session_cookie().is_none());
+    assert_eq!(
+        c.get("/").await.status().as_u16(),
+        303,
+        "still not logged in"
+    );
+    let r = c.login("nobody@acme.example", STAFF_PASSWORD).await;
+    assert_eq!(
+        r.status().as_u16(),
+        401,
+        "an unknown account is refused the same way"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM sessions").await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM login_attempts WHERE NOT succeeded")
+            .await,
+        2
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE action = 'login_failed'")
+            .await,
+        2
+    );
+    // Never the password, anywhere in the audit trail.
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE concat_ws(' ', actor, action, object, detail) LIKE '%wrong password%'")
+            .await,
+        0
+    );
+    // A login form without its double-submit token is refused.
+    let r = c
+        .post_form(
+            "/login",
+            &[("email", "ana@acme.example"), ("password", STAFF_PASSWORD)],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403);
+    let r = c.login("ana@acme.example", STAFF_PASSWORD).await;
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(
+        app.count("SELECT count(*) FROM login_attempts WHERE succeeded")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE action = 'login' AND org_id IS NOT NULL")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn repeated_failures_are_throttled() {
+    let app = spawn_app().await;
+    app.create_staff(app.org.id, "ana@acme.example", "support")
+        .await;
+    sqlx::query("INSERT INTO login_attempts (email, source_addr, succeeded) SELECT 'ana@acme.example', '192.0.2.1', false FROM generate_series(1, 10)")
+        .execute(&app.pool)
+        .await
+        .expect("failures");
+    let c = StaffClient::new(&app.address);
+    let r = c.login("ana@acme.example", STAFF_PASSWORD).await;
+    assert_eq!(r.status().as_u16(), 429, "even the right password waits");
+    assert_eq!(app.count("SELECT count(*) FROM sessions").await, 0);
+
+    // Per address the bound is higher: ana's refused attempt above and 48
+    // failures for other accounts from this client's address still let bob
+    // in; the 50th failure does not.
+    app.create_staff(app.org.id, "bob@acme.example", "support")
+        .await;
+    sqlx::query(
+        "INSERT INTO login_attempts (email, source_addr, succeeded)
+         SELECT 'guess' || i || '@acme.example', '127.0.0.1', false FROM generate_series(1, 48) AS i",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("failures");
+    assert_eq!(
+        c.login("bob@acme.example", STAFF_PASSWORD)
+            .await
+            .status()
+            .as_u16(),
+        303
+    );
+    sqlx::query("INSERT INTO login_attempts (email, source_addr, succeeded) VALUES ('guess@acme.example', '127.0.0.1', false)")
+        .execute(&app.pool)
+        .await
+        .expect("failure");
+    let fresh = StaffClient::new(&app.address);
+    assert_eq!(
+        fresh
+            .login("bob@acme.example", STAFF_PASSWORD)
+            .await
+            .status()
+            .as_u16(),
+        429
+    );
+}
+
+/// A client that sends `cookie` by hand: replays an old session cookie.
+async fn with_cookie(app: &TestApp, cookie: &str, path: &str) -> u16 {
+    app.http
+        .get(app.url(path))
+        .header("cookie", format!("pk_session={cookie}"))
+        .send()
+        .await
+        .expect("GET")
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn logout_revokes_the_session() {
+    let app = spawn_app().await;
+    let c = app.staff("ana@acme.example", "support").await;
+    let cookie = c.session_cookie().expect("cookie");
+    assert_eq!(with_cookie(&app, &cookie, "/").await, 200);
+    let csrf = c.csrf().await;
+    // Logging out needs the CSRF token too.
+    assert_eq!(c.post_form("/logout", &[]).await.status().as_u16(), 403);
+    let r = c.post_form("/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(r.headers()["location"], "/login?flash=logged_out");
+    assert_eq!(c.get("/").await.status().as_u16(), 303);
+    assert_eq!(
+        with_cookie(&app, &cookie, "/").await,
+        303,
+        "the old cookie is dead"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM sessions WHERE revoked_at IS NOT NULL")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE action = 'logout'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn the_session_id_changes_at_login() {
+    let app = spawn_app().await;
+    let c = app.staff("ana@acme.example", "support").await;
+    let first = c.session_cookie().expect("first cookie");
+    let r = c.login("ana@acme.example", STAFF_PASSWORD).await;
+    assert_eq!(r.status().as_u16(), 303);
+    let second = c.session_cookie().expect("second cookie");
+    assert_ne!(first, second, "a new session id at login");
+    assert_eq!(
+        with_cookie(&app, &first, "/").await,
+        303,
+        "the session held before login is revoked"
+    );
+    assert_eq!(with_cookie(&app, &second, "/").await, 200);
+    // The stored value is a hash, not the cookie.
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sessions WHERE token_hash = convert_to($1, 'UTF8')",
+    )
+    .bind(&second)
+    .fetch_one(&app.pool)
+    .await
+    .expect("count");
+    assert_eq!(stored, 0);
+}
+
+#[tokio::test]
+async fn idle_and_old_sessions_end() {
+    let app = spawn_app().await;
+    let c = app.staff("ana@acme.example", "support").await;
+    assert_eq!(c.get("/").await.status().as_u16(), 200);
+    sqlx::query("UPDATE sessions SET last_seen_at = clock_timestamp() - interval '31 minutes'")
+        .execute(&app.pool)
+        .await
+        .expect("idle");
+    assert_eq!(c.get("/").await.status().as_u16(), 303, "idle timeout");
+    let c = app.logged_in("ana@acme.example").await;
+    sqlx::query("UPDATE sessions SET created_at = clock_timestamp() - interval '13 hours' WHERE revoked_at IS NULL")
+        .execute(&app.pool)
+        .await
+        .expect("old");
+    assert_eq!(c.get("/").await.status().as_u16(), 303, "absolute lifetime");
+}
+
+#[tokio::test]
+async fn secure_cookies_use_the_host_prefix() {
+    let app = spawn_app_with(|s| s.secure_cookies = true).await;
+    app.create_staff(app.org.id, "ana@acme.example", "support")
+        .await;
+    let c = StaffClient::new(&app.address);
+    let (_, body) = c.page("/login").await;
+    let csrf = hidden_field(&body, "csrf").expect("csrf");
+    // The test client speaks plain HTTP, so it would not send Secure cookies
+    // back: read the Set-Cookie header itself.
+    let r = app
+        .http
+        .post(app.url("/login"))
+        .header("cookie", format!("__Host-pk_login={csrf}"))
+        .form(&[
+            ("email", "ana@acme.example"),
+            ("password", STAFF_PASSWORD),
+            ("csrf", &csrf),
+        ])
+        .send()
+        .await
+        .expect("login");
+    assert_eq!(r.status().as_u16(), 303);
+    let set: Vec<String> = r
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok().map(str::to_owned))
+        .collect();
+    let session = set
+        .iter()
+        .find(|c| c.starts_with("__Host-pk_session="))
+        .expect("session cookie");
+    for attr in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
+        assert!(session.contains(attr), "{attr} in {session}");
+    }
+    assert!(
+        !session.contains("Domain"),
+        "__Host- cookies have no Domain"
+    );
+}
+
+/// Reads a confirmation page's form: its action and every field.
+fn form_of(html: &str) -> (String, Vec<(String, String)>) {
+    let doc = Html::parse_document(html);
+    let form = doc
+        .select(&sel("main form[method=post]"))
+        .next()
+        .expect("a POST form");
+    let action = form.value().attr("action").expect("action").to_owned();
+    let fields = form
+        .select(&sel("input[type=hidden]"))
+        .map(|i| {
+            (
+                i.value().attr("name").unwrap_or("").to_owned(),
+                i.value().attr("value").unwrap_or("").to_owned(),
+            )
+        })
+        .collect();
+    (action, fields)
+}
+
+fn with(fields: &[(String, String)], extra: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut v = fields.to_vec();
+    v.extend(extra.iter().map(|(k, x)| (k.to_string(), x.to_string())));
+    v
+}
+
+async fn post(c: &StaffClient, action: &str, fields: &[(String, String)]) -> reqwest::Response {
+    c.http
+        .post(c.url(action))
+        .form(fields)
+        .send()
+        .await
+        .expect("POST")
+}
+
+#[tokio::test]
+async fn cancel_and_convert_through_the_forms() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "epyc", "ready")
+        .await;
+    let (a, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let (b, _) = app.insert_held(app.org.id, "ORD-B", "PK-2", 900).await;
+    let c = app.staff("ana@acme.example", "support").await;
+
+    // Cancel: the list links to a confirmation page with the POST form.
+    let (_, list) = c.page("/reservations").await;
+    let confirm = Html::parse_document(&list)
+        .select(&sel(&format!(
+            "tr[data-reservation=\"{a}\"] a[href*=\"/cancel\"]"
+        )))
+        .next()
+        .and_then(|e| e.value().attr("href").map(str::to_owned))
+        .expect("a cancel link");
+    let (status, page) = c.page(&confirm).await;
+    assert_eq!(status, 200);
+    let (action, fields) = form_of(&page);
+    // A reason is required: refused, nothing written.
+    let r = post(&c, &action, &with(&fields, &[("reason", "   ")])).await;
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(
+        r.text()
+            .await
+            .expect("body")
+            .contains("A reason is required")
+    );
+    assert_eq!(app.state_of(a).await, "held");
+    let r = post(
+        &c,
+        &action,
+        &with(&fields, &[("reason", "customer changed plan")]),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 303);
+    let to = r.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    assert_eq!(to, format!("/reservations/{a}?flash=cancelled"));
+    let (_, body) = c.page(&to).await;
+    assert_eq!(text_of(&body, ".flash"), ["The reservation was cancelled."]);
+    let sentence = text_of(&body, "#answer").remove(0);
+    assert!(
+        sentence.starts_with("Cancelled by ana@acme.example at ")
+            && sentence.ends_with(": customer changed plan"),
+        "{sentence}"
+    );
+    assert_eq!(app.state_of(a).await, "cancelled");
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE action = 'reservation.cancel'")
+            .await,
+        1
+    );
+
+    // Convert: an invalid service reference is refused, then a good one.
+    let (_, page) = c.page(&format!("/reservations/{b}/convert")).await;
+    let (action, fields) = form_of(&page);
+    let r = post(&c, &action, &with(&fields, &[("service_ref", "SRV 9!")])).await;
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(app.state_of(b).await, "held");
+    let r = post(&c, &action, &with(&fields, &[("service_ref", "SRV-9")])).await;
+    assert_eq!(r.status().as_u16(), 303);
+    let (_, body) = c.page(&format!("/reservations/{b}")).await;
+    let sentence = text_of(&body, "#answer").remove(0);
+    assert!(
+        sentence.contains("into service SRV-9 by ana@acme.example"),
+        "{sentence}"
+    );
+    assert_eq!(app.state_of(b).await, "converted");
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM service_links WHERE service_ref = 'SRV-9' AND ended_at IS NULL"
+        )
+        .await,
+        1
+    );
+
+    // Both are gone from the live list.
+    let (_, list) = c.page("/reservations").await;
+    assert!(list.contains("No reservation is held right now."));
+}
+
+#[tokio::test]
+async fn missing_or_wrong_csrf_and_viewers_get_403() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, fence) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let fence = fence.to_string();
+    let c = app.staff("ana@acme.example", "support").await;
+    let path = format!("/reservations/{id}/cancel");
+    let r = c
+        .post_form(&path, &[("fence", &fence), ("reason", "x")])
+        .await;
+    assert_eq!(r.status().as_u16(), 403, "missing CSRF");
+    assert!(r.text().await.expect("body").contains("security token"));
+    let r = c
+        .post_form(
+            &path,
+            &[("csrf", "forged"), ("fence", &fence), ("reason", "x")],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403, "wrong CSRF");
+    // Another session's token is wrong for this one.
+    let other = app.staff("bob@acme.example", "support").await;
+    let others_token = other.csrf().await;
+    let r = c
+        .post_form(
+            &path,
+            &[("csrf", &others_token), ("fence", &fence), ("reason", "x")],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403, "someone else's CSRF token");
+    assert_eq!(app.state_of(id).await, "held");
+
+    let viewer = app.staff("vic@acme.example", "viewer").await;
+    let (_, list) = viewer.page("/reservations").await;
+    assert!(list.contains("ORD-A"));
+    assert!(
+        !list.contains("/cancel") && !list.contains("/convert"),
+        "viewers see no buttons"
+    );
+    let (_, detail) = viewer.page(&format!("/reservations/{id}")).await;
+    assert!(!detail.contains("/cancel"));
+    assert_eq!(
+        viewer.get(&path).await.status().as_u16(),
+        403,
+        "no confirmation page either"
+    );
+    let csrf = viewer.csrf().await;
+    let r = viewer
+        .post_form(
+            &path,
+            &[("csrf", &csrf), ("fence", &fence), ("reason", "x")],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403);
+    let r = viewer
+        .post_form(
+            &format!("/reservations/{id}/convert"),
+            &[("csrf", &csrf), ("fence", &fence), ("service_ref", "SRV-1")],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403);
+    assert_eq!(viewer.get("/settings").await.status().as_u16(), 403);
+    assert_eq!(app.state_of(id).await, "held");
+    assert_eq!(
+        app.count("SELECT count(*) FROM reservation_events").await,
+        1,
+        "only 'created'"
+    );
+}
+
+#[tokio::test]
+async fn a_stale_form_gets_a_clear_message_not_a_500() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let c = app.staff("ana@acme.example", "support").await;
+    let (_, page) = c.page(&format!("/reservations/{id}/cancel")).await;
+    let (action, fields) = form_of(&page);
+
+    // The fence changes under the open page.
+    sqlx::query("UPDATE reservations SET fence = nextval('reservation_fence_seq') WHERE id = $1")
+        .bind(id)
+        .execute(&app.pool)
+        .await
+        .expect("new fence");
+    let r = post(
+        &c,
+        &action,
+        &with(&fields, &[("reason", "duplicate order")]),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 409);
+    let body = r.text().await.expect("body");
+    assert!(
+        body.contains("changed since your page was loaded"),
+        "{body}"
+    );
+    assert!(body.contains(&format!("href=\"/reservations/{id}\"")));
+    assert_eq!(app.state_of(id).await, "held");
+
+    // Already cancelled: the second click says so.
+    let (_, page) = c.page(&format!("/reservations/{id}/cancel")).await;
+    let (action, fields) = form_of(&page);
+    let fields = with(&fields, &[("reason", "duplicate order")]);
+    assert_eq!(post(&c, &action, &fields).await.status().as_u16(), 303);
+    let r = post(&c, &action, &fields).await;
+    assert_eq!(r.status().as_u16(), 409);
+    assert!(r.text().await.expect("body").contains("already cancelled"));
+    // The confirmation page of an ended reservation says so too.
+    let r = c.get(&format!("/reservations/{id}/convert")).await;
+    assert_eq!(r.status().as_u16(), 409);
+
+    // Past its deadline: conversion is refused and the reservation expires.
+    let (late, _) = app.insert_held(app.org.id, "ORD-B", "PK-2", 900).await;
+    let (_, page) = c.page(&format!("/reservations/{late}/convert")).await;
+    let (action, fields) = form_of(&page);
+    app.make_overdue(late).await;
+    let r = post(&c, &action, &with(&fields, &[("service_ref", "SRV-9")])).await;
+    assert_eq!(r.status().as_u16(), 409);
+    assert!(
+        r.text()
+            .await
+            .expect("body")
+            .contains("had already expired")
+    );
+    assert_eq!(app.state_of(late).await, "expired");
+    let (_, body) = c.page(&format!("/reservations/{late}")).await;
+    let sentence = text_of(&body, "#answer").remove(0);
+    assert!(
+        sentence.starts_with("Timed out: conversion attempted at"),
+        "{sentence}"
+    );
+}
+
+#[tokio::test]
+async fn another_organizations_objects_are_404() {
+    let app = spawn_app().await;
+    app.insert_machine(app.other.id, "OTHER-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, fence) = app
+        .insert_held(app.other.id, "ORD-OTHER", "OTHER-1", 900)
+        .await;
+    let c = app.staff("ana@acme.example", "admin").await;
+    assert_eq!(
+        c.get(&format!("/reservations/{id}"))
+            .await
+            .status()
+            .as_u16(),
+        404
+    );
+    assert_eq!(
+        c.get(&format!("/reservations/{id}/cancel"))
+            .await
+            .status()
+            .as_u16(),
+        404
+    );
+    assert_eq!(c.get("/machines/OTHER-1").await.status().as_u16(), 404);
+    let csrf = c.csrf().await;
+    let r = c
+        .post_form(
+            &format!("/reservations/{id}/cancel"),
+            &[
+                ("csrf", &csrf),
+                ("fence", &fence.to_string()),
+                ("reason", "x"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 404);
+    assert_eq!(app.state_of(id).await, "held");
+    let (status, body) = c.page("/search?q=ORD-OTHER").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("Nothing found"));
+    let (_, body) = c.page(&format!("/search?q={id}")).await;
+    assert!(body.contains("Nothing found"));
+    assert_eq!(
+        c.get("/reservations/not-a-number").await.status().as_u16(),
+        404
+    );
+}
+
+#[tokio::test]
+async fn search_redirects_on_one_exact_hit() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    app.insert_machine(app.org.id, "PK-10", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, _) = app.insert_held(app.org.id, "ORD-77", "PK-1", 900).await;
+    let c = app.staff("vic@acme.example", "viewer").await;
+    let loc = |r: reqwest::Response| {
+        assert_eq!(r.status().as_u16(), 303);
+        r.headers()["location"]
+            .to_str()
+            .expect("location")
+            .to_owned()
+    };
+    assert_eq!(
+        loc(c.get("/search?q=ORD-77").await),
+        format!("/reservations/{id}")
+    );
+    assert_eq!(
+        loc(c.get(&format!("/search?q={id}")).await),
+        format!("/reservations/{id}")
+    );
+    assert_eq!(loc(c.get("/search?q=PK-10").await), "/machines/PK-10");
+    let (status, body) = c.page("/search?q=PK-1").await;
+    assert_eq!(status, 303, "PK-1 is exact too: {body}");
+    let (status, body) = c.page("/search?q=pk").await;
+    assert_eq!(status, 200);
+    assert_eq!(text_of(&body, "table th[scope=row]").len(), 2);
+    let (_, body) = c.page("/search?q=%3Cscript%3E").await;
+    assert!(!body.contains("<script>"), "escaped");
+    assert!(text_of(&body, "main p").contains(&"Nothing found for “<script>”.".to_owned()));
+}
+
+#[tokio::test]
+async fn the_machines_page_and_the_allocator_agree_on_every_reason() {
+    let app = spawn_app().await;
+    every_kind_pool(&app).await;
+    let c = app.staff("dc@acme.example", "viewer").await;
+    let (status, body) = c
+        .page("/machines?spec_site=par1&spec_profile=epyc&spec_vendor=dell")
+        .await;
+    assert_eq!(status, 200);
+    let doc = Html::parse_document(&body);
+    let mut rendered = std::collections::BTreeMap::new();
+    for row in doc.select(&sel("tr[data-asset-tag]")) {
+        let tag = row.value().attr("data-asset-tag").expect("tag").to_owned();
+        let cell = row
+            .select(&sel("td.verdict"))
+            .next()
+            .expect("a verdict cell");
+        let kind = cell.value().attr("data-kind").expect("kind").to_owned();
+        let reason = cell
+            .select(&sel(".reason"))
+            .next()
+            .map(|r| r.text().collect::<String>());
+        rendered.insert(tag, (kind, reason));
+    }
+    let spec = OrderSpec {
+        site: Site::parse("par1").expect("site"),
+        profile: Profile::parse("epyc").expect("profile"),
+        vendor: Some(Vendor::parse("dell").expect("vendor")),
+    };
+    let verdicts = allocator::explain(
+        &app.pool,
+        app.org.id,
+        &spec,
+        &MachineFilter::default(),
+        None,
+        1000,
+    )
+    .await
+    .expect("explain");
+    assert_eq!(verdicts.len(), rendered.len());
+    let mut kinds = HashSet::new();
+    for v in &verdicts {
+        let (kind, reason) = rendered
+            .get(&v.machine.asset_tag)
+            .expect("every machine is on the page");
+        match &v.exclusion {
+            None => {
+                assert_eq!(kind, "candidate", "{}", v.machine.asset_tag);
+                assert!(reason.is_none());
+            }
+            Some(e) => {
+                assert_eq!(kind, e.key(), "{}", v.machine.asset_tag);
+                assert_eq!(
+                    reason.as_deref(),
+                    Some(e.describe().as_str()),
+                    "{}",
+                    v.machine.asset_tag
+                );
+            }
+        }
+        kinds.insert(kind.clone());
+    }
+    for k in [
+        "candidate",
+        "wrong_site",
+        "wrong_vendor",
+        "wrong_profile",
+        "not_ready",
+        "in_service",
+        "held",
+    ] {
+        assert!(kinds.contains(k), "the pool has a {k} machine: {kinds:?}");
+    }
+}
+
+#[tokio::test]
+async fn why_not_gives_the_three_answers() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "xeon", "broken")
+        .await;
+    let c = app.staff("dc@acme.example", "viewer").await;
+    let (_, body) = c.page("/why-not?site=par1&profile=epyc").await;
+    assert_eq!(text_of(&body, "#answer"), ["Would reserve PK-1."]);
+
+    // Someone else holds the row lock of the only candidate right now.
+    let mut tx = app.pool.begin().await.expect("tx");
+    sqlx::query("SELECT id FROM machines WHERE asset_tag = 'PK-1' FOR UPDATE")
+        .execute(&mut *tx)
+        .await
+        .expect("lock");
+    let (_, body) = c.page("/why-not?site=par1&profile=epyc").await;
+    assert!(
+        text_of(&body, "#answer")[0].starts_with("Contended: retry"),
+        "{body}"
+    );
+    tx.rollback().await.expect("rollback");
+
+    let (_, body) = c.page("/why-not?site=par1&profile=xeon").await;
+    assert!(text_of(&body, "#answer")[0].starts_with("Unavailable: buy hardware"));
+    assert!(body.contains("data-kind=\"not_ready\""));
+    // Half a spec is a clear 400.
+    assert_eq!(c.get("/why-not?site=par1").await.status().as_u16(), 400);
+    assert_eq!(
+        c.get("/why-not?site=par%201&profile=x")
+            .await
+            .status()
+            .as_u16(),
+        400
+    );
+}
+
+#[tokio::test]
+async fn the_module_switch_closes_pages_and_refuses_actions() {
+    // R12, deployment half: the switch off.
+    let app = spawn_app_with(|s| s.datacenter_module = false).await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, fence) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let c = app.staff("ana@acme.example", "admin").await;
+    for path in [
+        "/machines",
+        "/machines/PK-1",
+        "/why-not?site=par1&profile=epyc",
+    ] {
+        let (status, body) = c.page(path).await;
+        assert_eq!(status, 403, "{path}");
+        assert!(body.contains("The datacenter module is off"), "{path}");
+    }
+    let csrf = c.csrf().await;
+    let r = c
+        .post_form(
+            &format!("/reservations/{id}/cancel"),
+            &[
+                ("csrf", &csrf),
+                ("fence", &fence.to_string()),
+                ("reason", "x"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403, "a crafted POST is refused too");
+    assert_eq!(app.state_of(id).await, "held");
+    let (_, body) = c.page("/settings").await;
+    assert!(text_of(&body, "#deployment-switch")[0].contains("Off"));
+
+    // Organization half: the admin turns it off in Settings (deployment on).
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, fence) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let admin = app.staff("root@acme.example", "admin").await;
+    let support = app.staff("ana@acme.example", "support").await;
+    assert_eq!(support.get("/machines").await.status().as_u16(), 200);
+    let csrf = admin.csrf().await;
+    assert_eq!(
+        admin
+            .post_form("/settings", &[("datacenter", "on")])
+            .await
+            .status()
+            .as_u16(),
+        403,
+        "no CSRF"
+    );
+    let support_csrf = support.csrf().await;
+    assert_eq!(
+        support
+            .post_form("/settings", &[("csrf", &support_csrf)])
+            .await
+            .status()
+            .as_u16(),
+        403,
+        "not admin"
+    );
+    let r = admin.post_form("/settings", &[("csrf", &csrf)]).await;
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(r.headers()["location"], "/settings?flash=settings_saved");
+    assert_eq!(
+        app.count("SELECT count(*) FROM organizations WHERE slug = 'acme' AND datacenter_enabled")
+            .await,
+        0
+    );
+    assert_eq!(app.count("SELECT count(*) FROM audit_log WHERE action = 'org.datacenter_enabled' AND detail = 'off'").await, 1);
+    let (status, body) = support.page("/machines").await;
+    assert_eq!(status, 403);
+    assert!(body.contains("off for acme"));
+    let r = support
+        .post_form(
+            &format!("/reservations/{id}/cancel"),
+            &[
+                ("csrf", &support_csrf),
+                ("fence", &fence.to_string()),
+                ("reason", "x"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403);
+    assert_eq!(app.state_of(id).await, "held");
+    // The other organization is untouched.
+    assert_eq!(
+        app.count("SELECT count(*) FROM organizations WHERE slug = 'other' AND datacenter_enabled")
+            .await,
+        1
+    );
+    assert_eq!(
+        admin
+            .post_form("/settings", &[("csrf", &csrf), ("datacenter", "on")])
+            .await
+            .status()
+            .as_u16(),
+        303
+    );
+    assert_eq!(support.get("/machines").await.status().as_u16(), 200);
+}
+
+#[tokio::test]
+async fn static_assets_have_etags_and_answer_304() {
+    let app = spawn_app().await;
+    let r = app
+        .http
+        .get(app.url("/static/app.css"))
+        .send()
+        .await
+        .expect("css");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .expect("ct")
+            .starts_with("text/css")
+    );
+    assert!(
+        r.headers()["cache-control"]
+            .to_str()
+            .expect("cc")
+            .contains("max-age")
+    );
+    let etag = r.headers()["etag"].to_str().expect("etag").to_owned();
+    let r = app
+        .http
+        .get(app.url("/static/app.css"))
+        .header("if-none-match", &etag)
+        .send()
+        .await
+        .expect("css");
+    assert_eq!(r.status().as_u16(), 304);
+    assert_eq!(r.headers()["etag"].to_str().expect("etag"), etag);
+    let r = app
+        .http
+        .get(app.url("/static/app.js"))
+        .send()
+        .await
+        .expect("js");
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.text().await.expect("js").contains("performance.now()"));
+    assert_eq!(
+        app.http
+            .get(app.url("/static/nope.css"))
+            .send()
+            .await
+            .expect("404")
+            .status()
+            .as_u16(),
+        404
+    );
+    assert_eq!(
+        app.http
+            .get(app.url("/static/../Cargo.toml"))
+            .send()
+            .await
+            .expect("404")
+            .status()
+            .as_u16(),
+        404
+    );
+}
+
+#[tokio::test]
+async fn pages_need_a_session() {
+    let app = spawn_app().await;
+    for path in [
+        "/",
+        "/machines",
+        "/reservations",
+        "/reservations/1",
+        "/search?q=x",
+        "/why-not",
+        "/jobs",
+        "/settings",
+    ] {
+        let r = app.http.get(app.url(path)).send().await.expect("GET");
+        assert_eq!(r.status().as_u16(), 303, "{path}");
+        assert_eq!(r.headers()["location"], "/login", "{path}");
+    }
+    let r = app
+        .http
+        .post(app.url("/reservations/1/cancel"))
+        .form(&[("reason", "x")])
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 303);
+}
+
+#[tokio::test]
+async fn the_detail_page_says_who_ended_it_and_how() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "epyc", "ready")
+        .await;
+    let (swept, _) = app.insert_held(app.org.id, "ORD-S", "PK-1", 900).await;
+    // What the sweep writes, with its replica and lease fence.
+    sqlx::query(
+        "WITH r AS (UPDATE reservations SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'sweep'
+                     WHERE id = $1 RETURNING id)
+         INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, replica, lease_fence)
+         SELECT id, 'expired', 'held', 'expired', 'sweep', 'web-2', 17 FROM r",
+    )
+    .bind(swept)
+    .execute(&app.pool)
+    .await
+    .expect("sweep it");
+    let (found, _) = app.insert_held(app.org.id, "ORD-F", "PK-2", 600).await;
+    sqlx::query("UPDATE reservations SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator' WHERE id = $1")
+        .bind(found)
+        .execute(&app.pool)
+        .await
+        .expect("expire at point of use");
+    let c = app.staff("ops@acme.example", "viewer").await;
+    let (_, body) = c.page(&format!("/reservations/{swept}")).await;
+    let sentence = text_of(&body, "#answer").remove(0);
+    assert!(sentence.starts_with("Timed out: expired at "), "{sentence}");
+    assert!(
+        sentence.contains("after a 15-minute hold, marked by the sweep on replica web-2"),
+        "{sentence}"
+    );
+    assert!(
+        text_of(&body, "table.timeline td")
+            .iter()
+            .any(|t| t == "web-2 (lease fence 17)")
+    );
+    let (_, body) = c.page(&format!("/reservations/{found}")).await;
+    let sentence = text_of(&body, "#answer").remove(0);
+    assert!(
+        sentence.contains("after a 10-minute hold; a new order for the machine found it overdue"),
+        "{sentence}"
+    );
+    // The overview counts both as expired in the last 24 hours.
+    let (_, body) = c.page("/").await;
+    assert_eq!(text_of(&body, "td[data-k=expired_24h]"), ["2"]);
+}
+
+#[tokio::test]
+async fn overdue_reservations_are_marked_in_text() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    app.make_overdue(id).await;
+    let c = app.staff("ana@acme.example", "support").await;
+    let (_, body) = c.page("/reservations").await;
+    assert_eq!(
+        text_of(&body, "tr[data-reservation] .badge.overdue"),
+        ["Overdue"]
+    );
+    assert_eq!(
+        Html::parse_document(&body)
+            .select(&sel("[data-remaining]"))
+            .count(),
+        0
+    );
+    let (_, body) = c.page(&format!("/reservations/{id}")).await;
+    assert!(text_of(&body, "#answer")[0].contains("overdue"));
+}
+
+#[tokio::test]
+async fn the_machines_page_pages_through_50000_machines_quickly() {
+    let app = spawn_app().await;
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'M-' || lpad(i::text, 6, '0'), (ARRAY['par1','par2','ams1','fra1'])[1 + i % 4],
+                (ARRAY['dell','hpe'])[1 + i % 2], (ARRAY['epyc','xeon'])[1 + (i / 2) % 2],
+                CASE WHEN i % 10 = 0 THEN 'maintenance' ELSE 'ready' END
+           FROM generate_series(1, 50000) AS i",
+    )
+    .bind(app.org.id)
+    .execute(&app.pool)
+    .await
+    .expect("50,000 machines");
+    sqlx::query("ANALYZE machines")
+        .execute(&app.pool)
+        .await
+        .expect("analyze");
+    let c = app.staff("dc@acme.example", "viewer").await;
+    let mut path = "/machines?site=fra1&status=ready".to_owned();
+    let mut pages = 0;
+    let mut last_first = String::new();
+    let started = std::time::Instant::now();
+    while pages < 5 {
+        let (status, body) = c.page(&path).await;
+        assert_eq!(status, 200);
+        let tags = text_of(&body, "tr[data-asset-tag] th");
+        assert_eq!(tags.len(), 100);
+        assert!(tags[0] > last_first, "keyset pages move forward");
+        last_first = tags[0].clone();
+        let next = Html::parse_document(&body)
+            .select(&sel("a[rel=next]"))
+            .next()
+            .and_then(|a| a.value().attr("href").map(str::to_owned))
+            .expect("a next link");
+        path = next;
+        pages += 1;
+    }
+    let (status, body) = c
+        .page("/machines?spec_site=par1&spec_profile=epyc&after=M-025000")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(text_of(&body, "tr[data-asset-tag] th")[0], "M-025001");
+    // Generous: the point is "an index, not a scan of 50,000 rows per page".
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_database_that_cannot_answer_is_a_503_page() {
+    let app = spawn_app().await;
+    let c = app.staff("ana@acme.example", "support").await;
+    assert_eq!(c.get("/").await.status().as_u16(), 200);
+    // The app shares this pool: closed, every query fails as unavailable.
+    app.pool.close().await;
+    let r = c.get("/reservations").await;
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let body = r.text().await.expect("body");
+    assert!(body.contains("Temporarily unavailable") && body.contains("/static/app.css"));
+}
