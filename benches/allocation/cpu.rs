@@ -37,7 +37,13 @@ pub struct CpuPerCycle {
 
 impl CpuPerCycle {
     pub fn of(cpu: Cpu, cycles: u64, machine_busy: f64) -> CpuPerCycle {
-        let per = |s: f64| if cycles == 0 { 0.0 } else { s * 1000.0 / cycles as f64 };
+        let per = |s: f64| {
+            if cycles == 0 {
+                0.0
+            } else {
+                s * 1000.0 / cycles as f64
+            }
+        };
         CpuPerCycle {
             server_ms: per(cpu.server_s),
             client_ms: per(cpu.client_s),
@@ -48,7 +54,9 @@ impl CpuPerCycle {
     }
 
     pub fn median_of(runs: &[CpuPerCycle]) -> CpuPerCycle {
-        let f = |get: fn(&CpuPerCycle) -> f64| crate::stats::median(&runs.iter().map(get).collect::<Vec<_>>());
+        let f = |get: fn(&CpuPerCycle) -> f64| {
+            crate::stats::median(&runs.iter().map(get).collect::<Vec<_>>())
+        };
         CpuPerCycle {
             server_ms: f(|c| c.server_ms),
             client_ms: f(|c| c.client_ms),
@@ -81,7 +89,11 @@ fn stat(pid: u32) -> Option<(u32, u64, u64)> {
 fn machine() -> Option<(u64, u64)> {
     let s = std::fs::read_to_string("/proc/stat").ok()?;
     let line = s.lines().next()?;
-    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
     let total: u64 = v.iter().take(8).sum();
     let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
     Some((total - idle, total))
@@ -109,8 +121,15 @@ impl Meter {
 
     pub fn read(&self) -> Reading {
         let tps = ticks_per_second();
-        let own = |pid: Option<u32>| pid.and_then(stat).map(|(_, t, _)| t as f64 / tps).unwrap_or(0.0);
-        let postgres = self.postmaster.map(|pm| postgres_ticks(pm) as f64 / tps).unwrap_or(0.0);
+        let own = |pid: Option<u32>| {
+            pid.and_then(stat)
+                .map(|(_, t, _)| t as f64 / tps)
+                .unwrap_or(0.0)
+        };
+        let postgres = self
+            .postmaster
+            .map(|pm| postgres_ticks(pm) as f64 / tps)
+            .unwrap_or(0.0);
         let (machine_busy, machine_total) = machine().unwrap_or((0, 0));
         Reading {
             cpu: Cpu {
@@ -129,7 +148,10 @@ impl Reading {
     pub fn since(&self, before: &Reading) -> (Cpu, f64) {
         let busy = self.machine_busy.saturating_sub(before.machine_busy) as f64;
         let total = self.machine_total.saturating_sub(before.machine_total) as f64;
-        (self.cpu.minus(before.cpu), if total > 0.0 { busy / total } else { 0.0 })
+        (
+            self.cpu.minus(before.cpu),
+            if total > 0.0 { busy / total } else { 0.0 },
+        )
     }
 }
 
@@ -153,4 +175,3 @@ fn postgres_ticks(postmaster: u32) -> u64 {
     }
     total
 }
-

@@ -101,9 +101,16 @@ async fn measure(db: &Db, org_id: i64, sites: i64, n: usize, tag: &str) -> anyho
         let ReserveOutcome::Created { reservation, .. } = outcome else {
             anyhow::bail!("growth reserve {tag}-{i}: {}", outcome.label());
         };
-        poolkeeper::reservations::cancel(&pool, org_id, reservation.id, reservation.fence, "bench", "bench cycle")
-            .await
-            .map_err(|e| anyhow::anyhow!("cancel: {e}"))?;
+        poolkeeper::reservations::cancel(
+            &pool,
+            org_id,
+            reservation.id,
+            reservation.fence,
+            "bench",
+            "bench cycle",
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("cancel: {e}"))?;
     }
     pool.close().await;
     Ok(Latency::of(&mut samples))
@@ -126,7 +133,16 @@ pub async fn run(db: &Db, cfg: &crate::setup::Config) -> anyhow::Result<Vec<Step
         let load_seconds = t.elapsed().as_secs_f64();
         let mut runs = Vec::new();
         for r in 0..cfg.runs {
-            runs.push(measure(db, org.id, cfg.sites, cfg.growth_reserves, &format!("g{target}-{r}")).await?);
+            runs.push(
+                measure(
+                    db,
+                    org.id,
+                    cfg.sites,
+                    cfg.growth_reserves,
+                    &format!("g{target}-{r}"),
+                )
+                .await?,
+            );
         }
         eprintln!(
             "  history {target}: reserve p50 {:.2} ms p99 {:.2} ms (loaded in {load_seconds:.1} s)",

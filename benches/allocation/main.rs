@@ -64,19 +64,31 @@ pub struct Throughput {
 }
 
 impl Throughput {
-    fn of(clients: usize, http_runs: Vec<throughput::Run>, db_runs: Vec<throughput::Run>) -> Throughput {
-        let rate = |runs: &[throughput::Run]| median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>());
+    fn of(
+        clients: usize,
+        http_runs: Vec<throughput::Run>,
+        db_runs: Vec<throughput::Run>,
+    ) -> Throughput {
+        let rate = |runs: &[throughput::Run]| {
+            median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
+        };
         let (http, db) = (rate(&http_runs), rate(&db_runs));
         Throughput {
             clients,
             http_cycles_per_s: http,
-            http_reserve: Latency::median_of(&http_runs.iter().map(|r| r.reserve).collect::<Vec<_>>()),
-            http_cancel: Latency::median_of(&http_runs.iter().map(|r| r.cancel).collect::<Vec<_>>()),
+            http_reserve: Latency::median_of(
+                &http_runs.iter().map(|r| r.reserve).collect::<Vec<_>>(),
+            ),
+            http_cancel: Latency::median_of(
+                &http_runs.iter().map(|r| r.cancel).collect::<Vec<_>>(),
+            ),
             http_contended: http_runs.iter().map(|r| r.contended).sum(),
             db_cycles_per_s: db,
             db_reserve: Latency::median_of(&db_runs.iter().map(|r| r.reserve).collect::<Vec<_>>()),
             db_contended: db_runs.iter().map(|r| r.contended).sum(),
-            http_cpu: cpu::CpuPerCycle::median_of(&http_runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
+            http_cpu: cpu::CpuPerCycle::median_of(
+                &http_runs.iter().map(|r| r.cpu).collect::<Vec<_>>(),
+            ),
             db_cpu: cpu::CpuPerCycle::median_of(&db_runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
             ratio: http / db,
             http_runs,
@@ -90,8 +102,9 @@ pub struct PagesResult {
     pub machines_in_org: i64,
     pub held: i64,
     pub readers: usize,
-    /// Per page: label, path, median over runs of the run's latency summary.
-    pub pages: Vec<(String, String, Latency)>,
+    /// Per page: label, path, size of the HTML in bytes, median over runs of
+    /// the run's latency summary.
+    pub pages: Vec<(String, String, usize, Latency)>,
     /// The 8-client allocation load that ran meanwhile (median rate).
     pub load_cycles_per_s: f64,
     pub load_reserve: Latency,
@@ -114,13 +127,22 @@ async fn run() -> anyhow::Result<()> {
     let load_before = report::loadavg();
     eprintln!("bench: {cfg:?}");
     let cluster = Cluster::start().await?;
+    let external = cluster.external();
     let outcome = run_items(&cfg, &cluster).await;
-    let pg_version = outcome.as_ref().ok().map(|(_, v)| v.clone()).unwrap_or_default();
+    let pg_version = outcome
+        .as_ref()
+        .ok()
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
     cluster.stop();
     let (results, _) = outcome?;
-    let machine = report::Machine::read(pg_version, load_before, report::loadavg());
+    let machine = report::Machine::read(pg_version, external, load_before, report::loadavg());
     let paths = report::write(&cfg, &machine, &results, started.elapsed())?;
-    eprintln!("bench: done in {:.0} s; wrote {}", started.elapsed().as_secs_f64(), paths.join(" and "));
+    eprintln!(
+        "bench: done in {:.0} s; wrote {}",
+        started.elapsed().as_secs_f64(),
+        paths.join(" and ")
+    );
     Ok(())
 }
 
@@ -138,7 +160,9 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         throughput::create_ceiling_functions(&db).await?;
         db.exec("VACUUM ANALYZE").await?;
         let server = server::Server::start(&db.url, &cluster.dir, &cfg.server_log).await?;
-        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&db.setup).await?;
+        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&db.setup)
+            .await?;
         let meter = cpu::Meter::new(server.pid(), backend);
         let outcome = api_items(cfg, &db, &org, &server.base, &meter, &mut results).await;
         server.stop().await;
@@ -148,10 +172,16 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     }
 
     if cfg.runs_item("race") {
-        eprintln!("race: 8 orders on 3 machines, {} rounds per version", cfg.race_rounds);
+        eprintln!(
+            "race: 8 orders on 3 machines, {} rounds per version",
+            cfg.race_rounds
+        );
         let db = cluster.database("bench_race").await?;
         let (first, ours) = race::run(&db, cfg.race_rounds).await?;
-        eprintln!("  first version lost {} of {}; ours lost {} of {}", first.lost, first.possible, ours.lost, ours.possible);
+        eprintln!(
+            "  first version lost {} of {}; ours lost {} of {}",
+            first.lost, first.possible, ours.lost, ours.possible
+        );
         results.race = Some((first, ours));
         db.setup.close().await;
         drop_database(cluster, &db.name).await?;
@@ -178,9 +208,11 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
 async fn drop_database(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
     let mut admin = cluster.admin().await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {name} WITH (FORCE)")))
-        .execute(&mut admin)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await?;
     admin.close().await?;
     Ok(())
 }
@@ -203,20 +235,47 @@ async fn api_items(
             let (mut http_runs, mut db_runs) = (Vec::new(), Vec::new());
             // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
             for r in 0..cfg.runs {
-                let h = throughput::http_run(meter, base, &org.token, cfg.sites, clients, cfg.run_seconds, &format!("h{clients}-{r}"))
-                    .await?;
-                let d = throughput::db_run(meter, db, org.id, cfg.sites, clients, cfg.run_seconds, &format!("d{clients}-{r}"))
-                    .await?;
+                let h = throughput::http_run(
+                    meter,
+                    base,
+                    &org.token,
+                    cfg.sites,
+                    clients,
+                    cfg.run_seconds,
+                    &format!("h{clients}-{r}"),
+                )
+                .await?;
+                let d = throughput::db_run(
+                    meter,
+                    db,
+                    org.id,
+                    cfg.sites,
+                    clients,
+                    cfg.run_seconds,
+                    &format!("d{clients}-{r}"),
+                )
+                .await?;
                 eprintln!(
                     "  {clients} clients run {r}: http {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle ms: server {:.2} client {:.2} pg {:.2}; machine {:.0}% busy); ceiling {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle: client {:.2} pg {:.2})",
-                    h.cycles_per_s, h.reserve.p50_ms, h.reserve.p99_ms,
-                    h.cpu.server_ms, h.cpu.client_ms, h.cpu.postgres_ms, h.cpu.machine_busy * 100.0,
-                    d.cycles_per_s, d.reserve.p50_ms, d.reserve.p99_ms, d.cpu.client_ms, d.cpu.postgres_ms
+                    h.cycles_per_s,
+                    h.reserve.p50_ms,
+                    h.reserve.p99_ms,
+                    h.cpu.server_ms,
+                    h.cpu.client_ms,
+                    h.cpu.postgres_ms,
+                    h.cpu.machine_busy * 100.0,
+                    d.cycles_per_s,
+                    d.reserve.p50_ms,
+                    d.reserve.p99_ms,
+                    d.cpu.client_ms,
+                    d.cpu.postgres_ms
                 );
                 http_runs.push(h);
                 db_runs.push(d);
             }
-            results.throughput.push(Throughput::of(clients, http_runs, db_runs));
+            results
+                .throughput
+                .push(Throughput::of(clients, http_runs, db_runs));
         }
     }
 
@@ -233,7 +292,16 @@ async fn api_items(
         let extra = (cfg.page_machines - cfg.machines).max(0);
         let ready = extra * 4 / 5;
         setup::machines(db, org.id, "x", ready, cfg.sites, "xeon-6430-128g", "ready").await?;
-        setup::machines(db, org.id, "y", extra - ready, cfg.sites, "xeon-6430-128g", "maintenance").await?;
+        setup::machines(
+            db,
+            org.id,
+            "y",
+            extra - ready,
+            cfg.sites,
+            "xeon-6430-128g",
+            "maintenance",
+        )
+        .await?;
         sqlx::query(
             "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds,
                                        created_at, expires_at)
@@ -249,18 +317,33 @@ async fn api_items(
         .await?;
         db.exec("VACUUM ANALYZE").await?;
         let machines_in_org = db
-            .scalar_i64(&format!("SELECT count(*) FROM machines WHERE org_id = {}", org.id))
+            .scalar_i64(&format!(
+                "SELECT count(*) FROM machines WHERE org_id = {}",
+                org.id
+            ))
             .await?;
         pages::create_viewer(db, org.id).await?;
         let http = pages::login(base).await?;
         let pages = pages::pages(&setup::site(2), PROFILE);
-        // Warm-up.
+        // Warm-up, and the size of each page.
         pages::read_run(&http, base, &pages, cfg.page_readers, warm).await?;
+        let mut sizes = Vec::new();
+        for (_, path) in &pages {
+            sizes.push(
+                http.get(format!("{base}{path}"))
+                    .send()
+                    .await?
+                    .bytes()
+                    .await?
+                    .len(),
+            );
+        }
         let mut page_runs: Vec<Vec<Latency>> = Vec::new();
         let mut load_runs = Vec::new();
         for r in 0..cfg.runs {
             let tag = format!("p{r}");
-            let load = throughput::http_run(meter, base, &org.token, cfg.sites, 8, cfg.run_seconds, &tag);
+            let load =
+                throughput::http_run(meter, base, &org.token, cfg.sites, 8, cfg.run_seconds, &tag);
             let reads = pages::read_run(&http, base, &pages, cfg.page_readers, cfg.run_seconds);
             let (load, reads) = tokio::join!(load, reads);
             let (load, reads) = (load?, reads?);
@@ -269,7 +352,10 @@ async fn api_items(
                 reads
                     .iter()
                     .zip(&pages)
-                    .map(|(l, (name, _))| format!("{name}: p50 {:.1} p99 {:.1} ms", l.p50_ms, l.p99_ms))
+                    .map(|(l, (name, _))| format!(
+                        "{name}: p50 {:.1} p99 {:.1} ms",
+                        l.p50_ms, l.p99_ms
+                    ))
                     .collect::<Vec<_>>()
                     .join("; "),
                 load.cycles_per_s
@@ -286,11 +372,20 @@ async fn api_items(
                 .enumerate()
                 .map(|(i, (name, path))| {
                     let runs: Vec<Latency> = page_runs.iter().map(|r| r[i]).collect();
-                    (name.to_string(), path.clone(), Latency::median_of(&runs))
+                    (
+                        name.to_string(),
+                        path.clone(),
+                        sizes[i],
+                        Latency::median_of(&runs),
+                    )
                 })
                 .collect(),
-            load_cycles_per_s: median(&load_runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>()),
-            load_reserve: Latency::median_of(&load_runs.iter().map(|r| r.reserve).collect::<Vec<_>>()),
+            load_cycles_per_s: median(
+                &load_runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>(),
+            ),
+            load_reserve: Latency::median_of(
+                &load_runs.iter().map(|r| r.reserve).collect::<Vec<_>>(),
+            ),
         });
     }
     Ok(())

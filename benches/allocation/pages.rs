@@ -19,7 +19,10 @@ const PASSWORD: &str = "bench-viewer-password";
 /// The pages measured: label and path.
 pub fn pages(site: &str, profile: &str) -> Vec<(&'static str, String)> {
     vec![
-        ("machines, filtered (site, status)", format!("/machines?site={site}&status=ready")),
+        (
+            "machines, filtered (site, status)",
+            format!("/machines?site={site}&status=ready"),
+        ),
         (
             "machines, filtered as an order spec (site, profile: a verdict per machine)",
             format!("/machines?site={site}&profile={profile}"),
@@ -29,7 +32,14 @@ pub fn pages(site: &str, profile: &str) -> Vec<(&'static str, String)> {
 }
 
 pub async fn create_viewer(db: &Db, org_id: i64) -> anyhow::Result<()> {
-    poolkeeper::staff::create(&db.setup, org_id, &Email::parse(EMAIL)?, Role::Viewer, PASSWORD).await?;
+    poolkeeper::staff::create(
+        &db.setup,
+        org_id,
+        &Email::parse(EMAIL)?,
+        Role::Viewer,
+        PASSWORD,
+    )
+    .await?;
     Ok(())
 }
 
@@ -39,13 +49,29 @@ pub async fn login(base: &str) -> anyhow::Result<reqwest::Client> {
         .cookie_store(true)
         .redirect(reqwest::redirect::Policy::none())
         .build()?;
-    let form = http.get(format!("{base}/login")).send().await?.text().await?;
+    let form = http
+        .get(format!("{base}/login"))
+        .send()
+        .await?
+        .text()
+        .await?;
     let marker = "name=\"csrf\" value=\"";
-    let start = form.find(marker).context("no csrf field on the login form")? + marker.len();
-    let csrf = form[start..].split('"').next().unwrap_or_default().to_owned();
+    let start = form
+        .find(marker)
+        .context("no csrf field on the login form")?
+        + marker.len();
+    let csrf = form[start..]
+        .split('"')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
     let resp = http
         .post(format!("{base}/login"))
-        .form(&[("email", EMAIL), ("password", PASSWORD), ("csrf", csrf.as_str())])
+        .form(&[
+            ("email", EMAIL),
+            ("password", PASSWORD),
+            ("csrf", csrf.as_str()),
+        ])
         .send()
         .await?;
     if resp.status() != reqwest::StatusCode::SEE_OTHER {
@@ -87,7 +113,11 @@ pub async fn read_run(
                 let body = resp.bytes().await?;
                 samples[which].push(t.elapsed());
                 if status != 200 {
-                    bail!("{} answered {status}: {}", urls[which], String::from_utf8_lossy(&body));
+                    bail!(
+                        "{} answered {status}: {}",
+                        urls[which],
+                        String::from_utf8_lossy(&body)
+                    );
                 }
             }
             Ok::<_, anyhow::Error>(samples)

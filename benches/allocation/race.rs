@@ -57,7 +57,11 @@ impl Tally {
 /// The article's first version: every candidate locked at once, the insert
 /// on the first row returned. Concurrent orders see every row locked and
 /// are refused while two of the three machines stay unsold.
-async fn whole_set(conn: &mut PgConnection, org_id: i64, order_ref: &str) -> Result<bool, sqlx::Error> {
+async fn whole_set(
+    conn: &mut PgConnection,
+    org_id: i64,
+    order_ref: &str,
+) -> Result<bool, sqlx::Error> {
     let mut tx = conn.begin().await?;
     let ids: Vec<i64> = sqlx::query_scalar(
         "SELECT m.id FROM machines m
@@ -154,8 +158,16 @@ pub async fn run(db: &Db, rounds: usize) -> anyhow::Result<(Tally, Tally)> {
                     "SELECT count(*) FROM reservations WHERE state = 'held' AND order_ref LIKE '{version}-{round}-%'"
                 ))
                 .await?;
-            anyhow::ensure!(held as usize == sold, "{version} round {round}: {sold} sales but {held} held");
-            if version == "first" { &mut first } else { &mut ours }.add(sold, errors);
+            anyhow::ensure!(
+                held as usize == sold,
+                "{version} round {round}: {sold} sales but {held} held"
+            );
+            if version == "first" {
+                &mut first
+            } else {
+                &mut ours
+            }
+            .add(sold, errors);
             // Next round: every machine back in stock.
             db.exec(
                 "UPDATE reservations SET state = 'cancelled', ended_at = clock_timestamp(),

@@ -15,6 +15,8 @@ pub struct Machine {
     pub memory: String,
     pub cpu: String,
     pub postgres: String,
+    /// Ran against BENCH_DATABASE_URL rather than the private cluster.
+    pub external_postgres: bool,
     pub date: String,
     pub load_before: String,
     pub load_after: String,
@@ -27,7 +29,12 @@ pub fn loadavg() -> String {
 }
 
 impl Machine {
-    pub fn read(postgres: String, load_before: String, load_after: String) -> Machine {
+    pub fn read(
+        postgres: String,
+        external_postgres: bool,
+        load_before: String,
+        load_after: String,
+    ) -> Machine {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|s| {
@@ -42,15 +49,26 @@ impl Machine {
             .and_then(|s| {
                 s.lines()
                     .find(|l| l.starts_with("MemTotal:"))
-                    .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<f64>().ok()))
+                    .and_then(|l| {
+                        l.split_whitespace()
+                            .nth(1)
+                            .and_then(|kb| kb.parse::<f64>().ok())
+                    })
             })
             .map(|kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0))
             .unwrap_or_else(|| "unknown".to_owned());
         Machine {
-            nproc: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            nproc: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(0),
             memory,
             cpu,
-            postgres: if postgres.is_empty() { "unknown".to_owned() } else { postgres },
+            postgres: if postgres.is_empty() {
+                "unknown".to_owned()
+            } else {
+                postgres
+            },
+            external_postgres,
             date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
             load_before,
             load_after,
@@ -92,7 +110,10 @@ fn command(cfg: &Config) -> String {
 }
 
 fn is_full(cfg: &Config) -> bool {
-    !cfg.quick && ["throughput", "race", "growth", "sweep", "pages"].iter().all(|i| cfg.runs_item(i))
+    !cfg.quick
+        && ["throughput", "race", "growth", "sweep", "pages"]
+            .iter()
+            .all(|i| cfg.runs_item(i))
 }
 
 fn target_dir() -> PathBuf {
@@ -103,14 +124,25 @@ fn target_dir() -> PathBuf {
 
 /// Writes the report; a quick or partial run writes under target/bench/
 /// only, so that BENCHMARKS.md always holds a full run.
-pub fn write(cfg: &Config, machine: &Machine, results: &Results, took: Duration) -> anyhow::Result<Vec<String>> {
+pub fn write(
+    cfg: &Config,
+    machine: &Machine,
+    results: &Results,
+    took: Duration,
+) -> anyhow::Result<Vec<String>> {
     let dir = target_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
     let full = is_full(cfg);
     let (md_path, json_path) = if full {
-        (PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md"), dir.join("results.json"))
+        (
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md"),
+            dir.join("results.json"),
+        )
     } else {
-        (dir.join("BENCHMARKS-partial.md"), dir.join("results-partial.json"))
+        (
+            dir.join("BENCHMARKS-partial.md"),
+            dir.join("results-partial.json"),
+        )
     };
     let json = serde_json::json!({
         "command": command(cfg),
@@ -121,7 +153,10 @@ pub fn write(cfg: &Config, machine: &Machine, results: &Results, took: Duration)
     });
     std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)?;
     std::fs::write(&md_path, markdown(cfg, machine, results, took))?;
-    Ok(vec![md_path.display().to_string(), json_path.display().to_string()])
+    Ok(vec![
+        md_path.display().to_string(),
+        json_path.display().to_string(),
+    ])
 }
 
 fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) -> String {
@@ -139,8 +174,21 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
     let _ = writeln!(w, "| CPUs (nproc) | {} |", machine.nproc);
     let _ = writeln!(w, "| memory | {} |", machine.memory);
     let _ = writeln!(w, "| CPU model | {} |", machine.cpu);
-    let _ = writeln!(w, "| PostgreSQL | {} (private throwaway cluster: fsync, synchronous_commit and full_page_writes off; shared_buffers 128MB) |", machine.postgres);
-    let _ = writeln!(w, "| load average (1, 5, 15 min) | before: {}; after: {} |", machine.load_before, machine.load_after);
+    let _ = writeln!(
+        w,
+        "| PostgreSQL | {} ({}) |",
+        machine.postgres,
+        if machine.external_postgres {
+            "the server of BENCH_DATABASE_URL"
+        } else {
+            "private throwaway cluster started by the bench: fsync, synchronous_commit and full_page_writes off, shared_buffers 128MB, Unix socket"
+        }
+    );
+    let _ = writeln!(
+        w,
+        "| load average (1, 5, 15 min) | before: {}; after: {} |",
+        machine.load_before, machine.load_after
+    );
     let _ = writeln!(
         w,
         "| server | `poolkeeper serve` as a separate process (release build, pool of 20 connections, RUST_LOG={}), on the same machine as the clients and PostgreSQL |\n",
@@ -153,7 +201,10 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
         "Each figure is the median of {} runs; latencies are p50 / p99 of every call in a run, then the median of the runs.\n",
         cfg.runs
     );
-    let _ = writeln!(w, "| # | measure | result | target | |\n| --- | --- | --- | --- | --- |");
+    let _ = writeln!(
+        w,
+        "| # | measure | result | target | |\n| --- | --- | --- | --- | --- |"
+    );
     for t in &results.throughput {
         throughput_rows(w, t, cfg);
     }
@@ -161,7 +212,13 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
         let _ = writeln!(
             w,
             "| 2 | 8 orders on 3 machines, {} rounds, 8 connections released by a barrier: sales lost | article's first version (whole candidate set locked): {} lost of {} ({} rounds losing; {} orders failed on a unique violation); ours (`allocator::reserve`): {} lost of {} | ours loses none | {} |",
-            first.rounds, first.lost, first.possible, first.rounds_losing, first.errors, ours.lost, ours.possible,
+            first.rounds,
+            first.lost,
+            first.possible,
+            first.rounds_losing,
+            first.errors,
+            ours.lost,
+            ours.possible,
             met(ours.lost == 0 && ours.errors == 0)
         );
     }
@@ -169,7 +226,8 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
         for s in &results.growth {
             let r50 = s.reserve.p50_ms / base.reserve.p50_ms;
             let r99 = s.reserve.p99_ms / base.reserve.p99_ms;
-            let last = s.history == results.growth.last().map(|l| l.history).unwrap_or(0) && s.history > 0;
+            let last =
+                s.history == results.growth.last().map(|l| l.history).unwrap_or(0) && s.history > 0;
             let _ = writeln!(
                 w,
                 "| 3 | reserve latency (one client, `allocator::reserve`) with {} ended reservations in the history | p50 {:.2} ms, p99 {:.2} ms; ratio to empty: p50 ×{:.2}, p99 ×{:.2} | {} | {} |",
@@ -185,8 +243,18 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
     }
     if !results.sweep.is_empty() {
         let total = median(&results.sweep.iter().map(|r| r.total_ms).collect::<Vec<_>>());
-        let longest = results.sweep.iter().map(|r| r.batch.max_ms).fold(0.0, f64::max);
-        let p99 = median(&results.sweep.iter().map(|r| r.batch.p99_ms).collect::<Vec<_>>());
+        let longest = results
+            .sweep
+            .iter()
+            .map(|r| r.batch.max_ms)
+            .fold(0.0, f64::max);
+        let p99 = median(
+            &results
+                .sweep
+                .iter()
+                .map(|r| r.batch.p99_ms)
+                .collect::<Vec<_>>(),
+        );
         let n = results.sweep[0].expired;
         let _ = writeln!(
             w,
@@ -206,10 +274,11 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
         );
     }
     if let Some(p) = &results.pages {
-        for (name, path, l) in &p.pages {
+        for (name, path, size, l) in &p.pages {
             let _ = writeln!(
                 w,
-                "| 5 | page `{path}`: {name}; {} machines, {} held; {} readers during the 8-client allocation load | p50 {:.1} ms, p99 {:.1} ms | p99 < 50 ms | {} |",
+                "| 5 | page `{path}`: {name} ({} kB of HTML); {} machines, {} held; {} readers during the 8-client allocation load | p50 {:.1} ms, p99 {:.1} ms | p99 < 50 ms | {} |",
+                size / 1024,
                 thousands(p.machines_in_org),
                 thousands(p.held),
                 p.readers,
@@ -235,7 +304,7 @@ fn throughput_rows(w: &mut String, t: &Throughput, _cfg: &Config) {
     let is8 = t.clients == 8;
     let _ = writeln!(
         w,
-        "| 1 | {} client{}: HTTP API, reserve then cancel (reservations/s) | {:.0}/s; reserve p50 {:.2} ms, p99 {:.2} ms; cancel p50 {:.2} ms, p99 {:.2} ms{} | {} | {} |",
+        "| 1 | {} client{}: HTTP API, reserve then cancel (reservations/s) | {:.0}/s; reserve p50 {:.2} ms, p99 {:.2} ms; cancel p50 {:.2} ms, p99 {:.2} ms{}; CPU per reservation: server {:.2} ms, clients {:.2} ms, PostgreSQL {:.2} ms | {} | {} |",
         t.clients,
         if t.clients == 1 { "" } else { "s" },
         t.http_cycles_per_s,
@@ -243,19 +312,36 @@ fn throughput_rows(w: &mut String, t: &Throughput, _cfg: &Config) {
         t.http_reserve.p99_ms,
         t.http_cancel.p50_ms,
         t.http_cancel.p99_ms,
-        if t.http_contended > 0 { format!("; {} contended answers", t.http_contended) } else { String::new() },
+        if t.http_contended > 0 {
+            format!("; {} contended answers", t.http_contended)
+        } else {
+            String::new()
+        },
+        t.http_cpu.server_ms,
+        t.http_cpu.client_ms,
+        t.http_cpu.postgres_ms,
         if is8 { "p99 < 25 ms" } else { "" },
-        if is8 { met(t.http_reserve.p99_ms < 25.0) } else { "" }
+        if is8 {
+            met(t.http_reserve.p99_ms < 25.0)
+        } else {
+            ""
+        }
     );
     let _ = writeln!(
         w,
-        "| 1 | {} connection{}: the database's ceiling (the same allocation in PL/pgSQL) | {:.0}/s; reserve p50 {:.2} ms, p99 {:.2} ms{} | | |",
+        "| 1 | {} connection{}: the database's ceiling (the same allocation in PL/pgSQL) | {:.0}/s; reserve p50 {:.2} ms, p99 {:.2} ms{}; CPU per reservation: clients {:.2} ms, PostgreSQL {:.2} ms | | |",
         t.clients,
         if t.clients == 1 { "" } else { "s" },
         t.db_cycles_per_s,
         t.db_reserve.p50_ms,
         t.db_reserve.p99_ms,
-        if t.db_contended > 0 { format!("; {} found nothing to lock", t.db_contended) } else { String::new() },
+        if t.db_contended > 0 {
+            format!("; {} found nothing to lock", t.db_contended)
+        } else {
+            String::new()
+        },
+        t.db_cpu.client_ms,
+        t.db_cpu.postgres_ms,
     );
     let _ = writeln!(
         w,
@@ -272,7 +358,7 @@ fn thousands(n: i64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

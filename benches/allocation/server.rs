@@ -79,7 +79,10 @@ impl Server {
                 libc::kill(pid as i32, libc::SIGTERM);
             }
         }
-        if tokio::time::timeout(Duration::from_secs(20), self.child.wait()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .is_err()
+        {
             let _ = self.child.kill().await;
         }
     }

@@ -76,7 +76,10 @@ impl Config {
             runs: env_or("BENCH_RUNS", 3usize).max(3),
             run_seconds: env_or("BENCH_SECONDS", pick(quick, 8.0, 1.0)),
             race_rounds: env_or("BENCH_RACE_ROUNDS", pick(quick, 50, 10)),
-            history_steps: env_list("BENCH_HISTORY", pick(quick, vec![0, 100_000, 1_000_000], vec![0, 10_000, 50_000])),
+            history_steps: env_list(
+                "BENCH_HISTORY",
+                pick(quick, vec![0, 100_000, 1_000_000], vec![0, 10_000, 50_000]),
+            ),
             growth_reserves: env_or("BENCH_GROWTH_RESERVES", pick(quick, 400, 60)),
             sweep_reservations: env_or("BENCH_SWEEP", pick(quick, 100_000, 10_000)),
             page_machines: env_or("BENCH_PAGE_MACHINES", pick(quick, 50_000, 20_000)),
@@ -85,7 +88,9 @@ impl Config {
             server_log: std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "info".to_owned()),
             only: env_list(
                 "BENCH_ONLY",
-                ["throughput", "race", "growth", "sweep", "pages"].map(String::from).to_vec(),
+                ["throughput", "race", "growth", "sweep", "pages"]
+                    .map(String::from)
+                    .to_vec(),
             ),
         }
     }
@@ -112,10 +117,16 @@ pub struct Cluster {
 impl Cluster {
     pub async fn start() -> anyhow::Result<Cluster> {
         let dir = std::env::temp_dir().join(format!("poolkeeper-bench-{}", std::process::id()));
-        if let Some(url) = std::env::var("BENCH_DATABASE_URL").ok().filter(|u| !u.is_empty()) {
+        if let Some(url) = std::env::var("BENCH_DATABASE_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        {
             std::fs::create_dir_all(&dir)?;
             let admin = poolkeeper::db::parse_url(&url)?;
-            let (path, query) = url.split_once('?').map(|(p, q)| (p, format!("?{q}"))).unwrap_or((&url, String::new()));
+            let (path, query) = url
+                .split_once('?')
+                .map(|(p, q)| (p, format!("?{q}")))
+                .unwrap_or((&url, String::new()));
             let base = path.rsplit_once('/').map(|(b, _)| b).unwrap_or(path);
             return Ok(Cluster {
                 pg: None,
@@ -153,9 +164,11 @@ impl Cluster {
     /// same name, left by an interrupted run on an external server, is dropped).
     pub async fn database(&self, name: &str) -> anyhow::Result<Db> {
         let mut admin = self.admin().await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")))
-            .execute(&mut admin)
-            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await?;
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .execute(&mut admin)
             .await?;

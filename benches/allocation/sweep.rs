@@ -22,7 +22,8 @@ pub struct Run {
 
 /// N held reservations, overdue, one per machine, with their `created` events.
 async fn load(db: &Db, org_id: i64, n: i64) -> anyhow::Result<()> {
-    db.exec("TRUNCATE reservation_events, service_links, reservations, sweep_runs").await?;
+    db.exec("TRUNCATE reservation_events, service_links, reservations, sweep_runs")
+        .await?;
     sqlx::query(
         "WITH ins AS (
             INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
@@ -52,12 +53,23 @@ async fn load(db: &Db, org_id: i64, n: i64) -> anyhow::Result<()> {
 
 pub async fn run(db: &Db, cfg: &setup::Config) -> anyhow::Result<Vec<Run>> {
     let org = setup::org(db, "sweep").await?;
-    setup::machines(db, org.id, "m", cfg.sweep_reservations, cfg.sites, PROFILE, "ready").await?;
+    setup::machines(
+        db,
+        org.id,
+        "m",
+        cfg.sweep_reservations,
+        cfg.sites,
+        PROFILE,
+        "ready",
+    )
+    .await?;
     let pool = db.app_pool(2).await?;
     let replica = "bench-sweep";
     let mandate = match lease::claim(&pool, SWEEP_KEY, replica, Duration::from_secs(3600)).await? {
         Claim::Acquired(m) => m,
-        Claim::HeldByOther => anyhow::bail!("the sweep lease of the bench database is held by another"),
+        Claim::HeldByOther => {
+            anyhow::bail!("the sweep lease of the bench database is held by another")
+        }
     };
     let mut runs = Vec::new();
     for r in 0..cfg.runs {

@@ -95,7 +95,12 @@ pub async fn http_run(
         results.push(t.await??);
     }
     let elapsed = start.elapsed();
-    Ok(combine(clients, elapsed, results, meter.read().since(&before)))
+    Ok(combine(
+        clients,
+        elapsed,
+        results,
+        meter.read().since(&before),
+    ))
 }
 
 async fn http_client(
@@ -143,7 +148,10 @@ async fn http_client(
         let body = resp.bytes().await?;
         out.cancel.push(t.elapsed());
         if status != 200 {
-            bail!("cancel answered {status}: {}", String::from_utf8_lossy(&body));
+            bail!(
+                "cancel answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
         }
         out.cycles += 1;
     }
@@ -288,7 +296,12 @@ pub async fn db_run(
         results.push(t.await??);
     }
     let elapsed = start.elapsed();
-    Ok(combine(clients, elapsed, results, meter.read().since(&before)))
+    Ok(combine(
+        clients,
+        elapsed,
+        results,
+        meter.read().since(&before),
+    ))
 }
 
 async fn db_client(
@@ -317,12 +330,13 @@ async fn db_client(
             continue;
         };
         let t = Instant::now();
-        let outcome: String = sqlx::query_scalar("SELECT bench_cancel($1, $2, $3, 'checkout', 'bench cycle')")
-            .bind(org_id)
-            .bind(id)
-            .bind(fence)
-            .fetch_one(&mut *conn)
-            .await?;
+        let outcome: String =
+            sqlx::query_scalar("SELECT bench_cancel($1, $2, $3, 'checkout', 'bench cycle')")
+                .bind(org_id)
+                .bind(id)
+                .bind(fence)
+                .fetch_one(&mut *conn)
+                .await?;
         out.cancel.push(t.elapsed());
         if outcome != "cancelled" {
             bail!("bench_cancel said {outcome}");
