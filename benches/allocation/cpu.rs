@@ -3,11 +3,17 @@
 //! live children, and the children it has already reaped). On a machine
 //! with few cores, CPU per reservation is what bounds the rate.
 
+use std::collections::HashMap;
+
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Cpu {
     pub server_s: f64,
     pub client_s: f64,
+    /// PostgreSQL backends (client connections) alive at the reading.
     pub postgres_s: f64,
+    /// Everything else of PostgreSQL: checkpointer, writers, autovacuum,
+    /// and processes already gone.
+    pub postgres_bg_s: f64,
 }
 
 impl Cpu {
@@ -16,6 +22,7 @@ impl Cpu {
             server_s: self.server_s - before.server_s,
             client_s: self.client_s - before.client_s,
             postgres_s: self.postgres_s - before.postgres_s,
+            postgres_bg_s: self.postgres_bg_s - before.postgres_bg_s,
         }
     }
 
@@ -30,6 +37,9 @@ pub struct CpuPerCycle {
     pub server_ms: f64,
     pub client_ms: f64,
     pub postgres_ms: f64,
+    /// PostgreSQL's background processes (autovacuum, checkpointer, ...),
+    /// not counted in `total_ms`: they work for every run alike.
+    pub postgres_bg_ms: f64,
     pub total_ms: f64,
     /// Share of the machine's CPUs busy (all processes, from /proc/stat).
     pub machine_busy: f64,
@@ -48,6 +58,7 @@ impl CpuPerCycle {
             server_ms: per(cpu.server_s),
             client_ms: per(cpu.client_s),
             postgres_ms: per(cpu.postgres_s),
+            postgres_bg_ms: per(cpu.postgres_bg_s),
             total_ms: per(cpu.total_s()),
             machine_busy,
         }
@@ -61,6 +72,7 @@ impl CpuPerCycle {
             server_ms: f(|c| c.server_ms),
             client_ms: f(|c| c.client_ms),
             postgres_ms: f(|c| c.postgres_ms),
+            postgres_bg_ms: f(|c| c.postgres_bg_ms),
             total_ms: f(|c| c.total_ms),
             machine_busy: f(|c| c.machine_busy),
         }
@@ -105,9 +117,14 @@ pub struct Meter {
     pub postmaster: Option<u32>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Reading {
     cpu: Cpu,
+    /// Live PostgreSQL backends: pid -> ticks.
+    backends: HashMap<u32, u64>,
+    /// The postmaster's own and reaped children's ticks, and its auxiliary
+    /// processes' ticks.
+    background: u64,
     machine_busy: u64,
     machine_total: u64,
 }
@@ -126,17 +143,17 @@ impl Meter {
                 .map(|(_, t, _)| t as f64 / tps)
                 .unwrap_or(0.0)
         };
-        let postgres = self
-            .postmaster
-            .map(|pm| postgres_ticks(pm) as f64 / tps)
-            .unwrap_or(0.0);
+        let (backends, background) = self.postmaster.map(postgres_ticks).unwrap_or_default();
         let (machine_busy, machine_total) = machine().unwrap_or((0, 0));
         Reading {
             cpu: Cpu {
                 server_s: own(self.server),
                 client_s: own(Some(std::process::id())),
-                postgres_s: postgres,
+                postgres_s: 0.0,
+                postgres_bg_s: 0.0,
             },
+            backends,
+            background,
             machine_busy,
             machine_total,
         }
@@ -145,22 +162,45 @@ impl Meter {
 
 impl Reading {
     /// CPU since `before`, and the share of the machine that was busy.
+    ///
+    /// Backends are followed by pid: one that ended during the interval
+    /// moved its whole CPU into the postmaster's reaped total, so what it
+    /// had at `before` is taken back out of the background's share (its last
+    /// moments are lost, a few ticks at most).
     pub fn since(&self, before: &Reading) -> (Cpu, f64) {
+        let tps = ticks_per_second();
         let busy = self.machine_busy.saturating_sub(before.machine_busy) as f64;
         let total = self.machine_total.saturating_sub(before.machine_total) as f64;
-        (
-            self.cpu.minus(before.cpu),
-            if total > 0.0 { busy / total } else { 0.0 },
-        )
+        let backends: u64 = self
+            .backends
+            .iter()
+            .map(|(pid, t)| t.saturating_sub(before.backends.get(pid).copied().unwrap_or(0)))
+            .sum();
+        let gone: u64 = before
+            .backends
+            .iter()
+            .filter(|(pid, _)| !self.backends.contains_key(pid))
+            .map(|(_, t)| *t)
+            .sum();
+        let background = self
+            .background
+            .saturating_sub(before.background)
+            .saturating_sub(gone);
+        let mut cpu = self.cpu.minus(before.cpu);
+        cpu.postgres_s = backends as f64 / tps;
+        cpu.postgres_bg_s = background as f64 / tps;
+        (cpu, if total > 0.0 { busy / total } else { 0.0 })
     }
 }
 
-/// The postmaster's own CPU, its reaped children's, and its live children's.
-fn postgres_ticks(postmaster: u32) -> u64 {
+/// PostgreSQL's CPU in ticks: live backends by pid, and everything else
+/// (the postmaster, its auxiliary processes, the children it has reaped).
+fn postgres_ticks(postmaster: u32) -> (HashMap<u32, u64>, u64) {
+    let mut backends = HashMap::new();
     let Some((_, own, reaped)) = stat(postmaster) else {
-        return 0;
+        return (backends, 0);
     };
-    let mut total = own + reaped;
+    let mut background = own + reaped;
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for e in entries.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
@@ -169,9 +209,32 @@ fn postgres_ticks(postmaster: u32) -> u64 {
             if let Some((ppid, t, _)) = stat(pid)
                 && ppid == postmaster
             {
-                total += t;
+                if is_auxiliary(pid) {
+                    background += t;
+                } else {
+                    backends.insert(pid, t);
+                }
             }
         }
     }
-    total
+    (backends, background)
+}
+
+/// A PostgreSQL child that serves no client: its title names its job.
+fn is_auxiliary(pid: u32) -> bool {
+    let title = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    [
+        "checkpointer",
+        "background writer",
+        "walwriter",
+        "autovacuum",
+        "logical replication",
+        "stats collector",
+        "archiver",
+        "startup",
+    ]
+    .iter()
+    .any(|job| title.starts_with(&format!("postgres: {job}")))
 }

@@ -22,7 +22,7 @@ pub struct Step {
 
 /// Ended reservations number `from + 1 ..= to`, in batches of 100,000
 /// statements; machines round-robin over the organization's pool.
-async fn add_history(db: &Db, org_id: i64, from: i64, to: i64) -> anyhow::Result<()> {
+pub async fn add_history(db: &Db, org_id: i64, from: i64, to: i64) -> anyhow::Result<()> {
     let mut start = from + 1;
     while start <= to {
         let end = (start + 99_999).min(to);

@@ -158,6 +158,25 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         let org = setup::org(&db, "bench").await?;
         setup::machines(&db, org.id, "m", cfg.machines, cfg.sites, PROFILE, "ready").await?;
         throughput::create_ceiling_functions(&db).await?;
+        // A history, as a database in service has: with an empty
+        // reservations table the planner's statistics say "empty", and the
+        // generic plans the server's connections cache for the whole run
+        // scan the table (seen with auto_explain: a Seq Scan under the
+        // allocator's held probe, costlier with every reservation written).
+        growth::add_history(&db, org.id, 0, cfg.api_history).await?;
+        // Profiling: plans of slow statements into the server log (kept with BENCH_KEEP=1).
+        if let Ok(ms) = std::env::var("BENCH_AUTO_EXPLAIN_MS") {
+            let ms: u32 = ms.parse()?;
+            db.exec(&format!(
+                "ALTER DATABASE {0} SET session_preload_libraries = 'auto_explain';
+                 ALTER DATABASE {0} SET auto_explain.log_min_duration = {ms};
+                 ALTER DATABASE {0} SET auto_explain.log_analyze = on;
+                 ALTER DATABASE {0} SET auto_explain.log_buffers = on;
+                 ALTER DATABASE {0} SET auto_explain.log_nested_statements = on;",
+                db.name
+            ))
+            .await?;
+        }
         db.exec("VACUUM ANALYZE").await?;
         let server = server::Server::start(&db.url, &cluster.dir, &cfg.server_log).await?;
         let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
@@ -205,8 +224,13 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     Ok((results, pg_version))
 }
 
+/// Drops a bench database, unless `BENCH_KEEP=1` on an external server
+/// (to look at it afterwards).
 async fn drop_database(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
+    if cluster.external() && std::env::var("BENCH_KEEP").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
     let mut admin = cluster.admin().await?;
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP DATABASE {name} WITH (FORCE)"
@@ -229,8 +253,10 @@ async fn api_items(
     let warm = cfg.run_seconds.min(2.0);
     if cfg.runs_item("throughput") {
         // Warm-up: connections, plans, caches; not measured.
-        throughput::http_run(meter, base, &org.token, cfg.sites, 8, warm, "warm-h").await?;
-        throughput::db_run(meter, db, org.id, cfg.sites, 8, warm, "warm-d").await?;
+        if std::env::var("BENCH_NO_WARMUP").is_err() {
+            throughput::http_run(meter, base, &org.token, cfg.sites, 8, warm, "warm-h").await?;
+            throughput::db_run(meter, db, org.id, cfg.sites, 8, warm, "warm-d").await?;
+        }
         for &clients in &cfg.clients {
             let (mut http_runs, mut db_runs) = (Vec::new(), Vec::new());
             // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
@@ -245,16 +271,21 @@ async fn api_items(
                     &format!("h{clients}-{r}"),
                 )
                 .await?;
-                let d = throughput::db_run(
-                    meter,
-                    db,
-                    org.id,
-                    cfg.sites,
-                    clients,
-                    cfg.run_seconds,
-                    &format!("d{clients}-{r}"),
-                )
-                .await?;
+                // BENCH_CEILING=0 (profiling only) repeats the HTTP run instead.
+                let d = if std::env::var("BENCH_CEILING").is_ok_and(|v| v == "0") {
+                    h.clone()
+                } else {
+                    throughput::db_run(
+                        meter,
+                        db,
+                        org.id,
+                        cfg.sites,
+                        clients,
+                        cfg.run_seconds,
+                        &format!("d{clients}-{r}"),
+                    )
+                    .await?
+                };
                 eprintln!(
                     "  {clients} clients run {r}: http {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle ms: server {:.2} client {:.2} pg {:.2}; machine {:.0}% busy); ceiling {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle: client {:.2} pg {:.2})",
                     h.cycles_per_s,

@@ -27,6 +27,8 @@ pub struct Config {
     pub run_seconds: f64,
     /// Rounds of the 8-orders-on-3-machines race.
     pub race_rounds: usize,
+    /// Ended reservations in the history of the database of items 1 and 5.
+    pub api_history: i64,
     /// Ended reservations in the history at each growth step.
     pub history_steps: Vec<i64>,
     /// Reserve calls per growth run.
@@ -74,8 +76,9 @@ impl Config {
             sites: env_or("BENCH_SITES", 10),
             clients: env_list("BENCH_CLIENTS", vec![1, 8, 32]),
             runs: env_or("BENCH_RUNS", 3usize).max(3),
-            run_seconds: env_or("BENCH_SECONDS", pick(quick, 8.0, 1.0)),
+            run_seconds: env_or("BENCH_SECONDS", pick(quick, 6.0, 1.0)),
             race_rounds: env_or("BENCH_RACE_ROUNDS", pick(quick, 50, 10)),
+            api_history: env_or("BENCH_API_HISTORY", 20_000),
             history_steps: env_list(
                 "BENCH_HISTORY",
                 pick(quick, vec![0, 100_000, 1_000_000], vec![0, 10_000, 50_000]),
@@ -193,7 +196,11 @@ impl Cluster {
         if let Some(pg) = &self.pg {
             pg.stop();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::env::var("BENCH_KEEP").is_ok_and(|v| v == "1") {
+            eprintln!("bench: kept {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -14,6 +14,10 @@ use crate::stats::{Latency, ms};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Run {
+    /// Batch statements running at once: 1 is `sweep::sweep` as it is; 2
+    /// shows what a sweep running two batches in parallel would do (SKIP
+    /// LOCKED gives each its own rows).
+    pub parallel: usize,
     pub expired: u64,
     pub total_ms: f64,
     pub batches: usize,
@@ -72,43 +76,70 @@ pub async fn run(db: &Db, cfg: &setup::Config) -> anyhow::Result<Vec<Run>> {
         }
     };
     let mut runs = Vec::new();
-    for r in 0..cfg.runs {
-        load(db, org.id, cfg.sweep_reservations).await?;
-        let start = Instant::now();
-        let run_id = sweep::start_run(&pool, replica, mandate.fence).await?;
-        let mut expired = 0u64;
-        let mut batches: Vec<Duration> = Vec::new();
-        loop {
-            let t = Instant::now();
-            let n = sweep::expire_batch(&pool, replica, mandate.fence, run_id, BATCH_SIZE).await?;
-            batches.push(t.elapsed());
-            expired += n;
-            if (n as i64) < BATCH_SIZE {
-                break;
-            }
+    for parallel in [1, 2] {
+        for r in 0..cfg.runs {
+            load(db, org.id, cfg.sweep_reservations).await?;
+            let run = sweep_once(&pool, replica, mandate.fence, parallel).await?;
+            let left = db
+                .scalar_i64("SELECT count(*) FROM reservations WHERE state = 'held'")
+                .await?;
+            anyhow::ensure!(
+                run.expired as i64 == cfg.sweep_reservations && left == 0,
+                "sweep expired {} of {}, {left} left held",
+                run.expired,
+                cfg.sweep_reservations
+            );
+            eprintln!(
+                "  sweep run {r} ({parallel} at once): {} expired in {:.0} ms, {} batches, longest {:.1} ms",
+                run.expired, run.total_ms, run.batches, run.batch.max_ms
+            );
+            runs.push(run);
         }
-        sweep::finish_run(&pool, replica, mandate.fence, run_id).await?;
-        let total = start.elapsed();
-        let left = db
-            .scalar_i64("SELECT count(*) FROM reservations WHERE state = 'held'")
-            .await?;
-        anyhow::ensure!(
-            expired as i64 == cfg.sweep_reservations && left == 0,
-            "sweep expired {expired} of {}, {left} left held",
-            cfg.sweep_reservations
-        );
-        let run = Run {
-            expired,
-            total_ms: ms(total),
-            batches: batches.len(),
-            batch: Latency::of(&mut batches),
-        };
-        eprintln!(
-            "  sweep run {r}: {} expired in {:.0} ms, {} batches, longest {:.1} ms",
-            run.expired, run.total_ms, run.batches, run.batch.max_ms
-        );
-        runs.push(run);
     }
     pool.close().await;
     Ok(runs)
+}
+
+/// One sweep: a run, `parallel` tasks each running batches until one comes
+/// back short, the run closed.
+async fn sweep_once(
+    pool: &sqlx::PgPool,
+    replica: &str,
+    fence: i64,
+    parallel: usize,
+) -> anyhow::Result<Run> {
+    let start = Instant::now();
+    let run_id = sweep::start_run(pool, replica, fence).await?;
+    let mut tasks = Vec::new();
+    for _ in 0..parallel {
+        let (pool, replica) = (pool.clone(), replica.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut expired = 0u64;
+            let mut batches: Vec<Duration> = Vec::new();
+            loop {
+                let t = Instant::now();
+                let n = sweep::expire_batch(&pool, &replica, fence, run_id, BATCH_SIZE).await?;
+                batches.push(t.elapsed());
+                expired += n;
+                if (n as i64) < BATCH_SIZE {
+                    break;
+                }
+            }
+            Ok::<_, anyhow::Error>((expired, batches))
+        }));
+    }
+    let (mut expired, mut batches) = (0, Vec::new());
+    for t in tasks {
+        let (n, b) = t.await??;
+        expired += n;
+        batches.extend(b);
+    }
+    sweep::finish_run(pool, replica, fence, run_id).await?;
+    Ok(Run {
+        parallel,
+        expired,
+        total_ms: ms(start.elapsed()),
+        batches: batches.len(),
+        batch: Latency::of(&mut batches),
+    })
 }

@@ -283,25 +283,28 @@ pub async fn db_run(
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-            let r = db_client(&mut conn, org_id, &site, &prefix, deadline).await;
-            let _ = conn.close().await;
-            r
+            // The connection is closed after the CPU reading: a backend
+            // that exits first would count as PostgreSQL's background.
+            db_client(&mut conn, org_id, &site, &prefix, deadline)
+                .await
+                .map(|r| (r, conn))
         }));
     }
     let before = meter.read();
     barrier.wait().await;
     let start = Instant::now();
-    let mut results = Vec::new();
+    let (mut results, mut conns) = (Vec::new(), Vec::new());
     for t in tasks {
-        results.push(t.await??);
+        let (r, conn) = t.await??;
+        results.push(r);
+        conns.push(conn);
     }
     let elapsed = start.elapsed();
-    Ok(combine(
-        clients,
-        elapsed,
-        results,
-        meter.read().since(&before),
-    ))
+    let cpu = meter.read().since(&before);
+    for c in conns {
+        let _ = c.close().await;
+    }
+    Ok(combine(clients, elapsed, results, cpu))
 }
 
 async fn db_client(
