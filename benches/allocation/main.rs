@@ -273,7 +273,7 @@ async fn api_items(
                 .await?;
                 // BENCH_CEILING=0 (profiling only) repeats the HTTP run instead.
                 let d = if std::env::var("BENCH_CEILING").is_ok_and(|v| v == "0") {
-                    h.clone()
+                    h
                 } else {
                     throughput::db_run(
                         meter,
