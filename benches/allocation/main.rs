@@ -105,6 +105,8 @@ pub struct PagesResult {
     /// Per page: label, path, size of the HTML in bytes, median over runs of
     /// the run's latency summary.
     pub pages: Vec<(String, String, usize, Latency)>,
+    /// The same pages, one reader, no allocation load: the page's own time.
+    pub alone: Vec<Latency>,
     /// The 8-client allocation load that ran meanwhile (median rate).
     pub load_cycles_per_s: f64,
     pub load_reserve: Latency,
@@ -369,6 +371,10 @@ async fn api_items(
                     .len(),
             );
         }
+        let mut alone_runs: Vec<Vec<Latency>> = Vec::new();
+        for _ in 0..cfg.runs {
+            alone_runs.push(pages::read_run(&http, base, &pages, 1, cfg.run_seconds / 2.0).await?);
+        }
         let mut page_runs: Vec<Vec<Latency>> = Vec::new();
         let mut load_runs = Vec::new();
         for r in 0..cfg.runs {
@@ -410,6 +416,9 @@ async fn api_items(
                         Latency::median_of(&runs),
                     )
                 })
+                .collect(),
+            alone: (0..pages.len())
+                .map(|i| Latency::median_of(&alone_runs.iter().map(|r| r[i]).collect::<Vec<_>>()))
                 .collect(),
             load_cycles_per_s: median(
                 &load_runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>(),

@@ -176,16 +176,24 @@ and add their counts. Nothing else changes: each batch still checks the
 fence in the same statement. A larger `BATCH_SIZE` would not help: the cost
 is per row, and a batch of 2,000 would hold its locks four times as long.";
 
-const PAGES: &str = "### Item 5 (pages)
+const PAGES: &str = "### What limits item 5 (pages)
 
 The queries behind the pages are small: pg_stat_statements puts the live
-reservations query at about 2.7 ms (1,000 held, the first 500 shown, each
+reservations query at about 2 to 3 ms (1,000 held, the first 500 shown, each
 joined to its machine), the machine list at about 0.3 ms, the list with a
 verdict per machine at about 0.6 ms, and the session check (an UPDATE of
-`last_seen_at` on every page) at about 0.13 ms. Most of a page's time is
-rendering and sending it (the live page is the largest), and waiting for a
-CPU while 8 readers, 8 ordering clients, the server and PostgreSQL share
-them: the p99 follows the machine's load.";
+`last_seen_at` on every page view) at about 0.13 ms. The column \"one reader,
+no load\" is the page's own time. Under load, the rest is waiting for a
+CPU: 8 readers, 8 ordering clients, the server and PostgreSQL share them,
+and the readers take CPU from the orders as much as the reverse (the
+allocation rate during the page runs is in the table). The live page is the
+heaviest: 500 rows with their frozen reasons, hundreds of kilobytes of HTML
+to render and send (a browser asking for gzip adds the compression). On
+this machine the p99 follows the load, not the page; what would lower it in
+the page itself (`src/dashboard/reservations.rs`, not changed here): a
+smaller first page (e.g. 100 rows with a \"next\" link, as `/machines`
+does) and the reason shown on the reservation's own page rather than in
+every row.";
 
 pub fn notes(results: &Results) -> String {
     let mut out = String::new();
