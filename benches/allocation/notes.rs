@@ -74,7 +74,9 @@ HTTP, PostgreSQL alone spends several times what it spends in the ceiling
 for the same reservation, and the server and the clients come on top.
 
 The reason is round trips, not slow SQL. A reserve+cancel cycle over HTTP is
-2 HTTP exchanges and 20 statements (per request the token lookup; for the
+2 HTTP exchanges and 24 round trips to PostgreSQL: 4 pings (sqlx checks a
+pooled connection with a Sync before handing it out, `test_before_acquire`,
+on by default) and 20 statements (per request the token lookup; for the
 reserve BEGIN, the R9 lookup, the candidates, the lock, the re-check under
 the lock, SAVEPOINT, the expiry at the point of use, the INSERT, its event,
 RELEASE, COMMIT; for the cancel BEGIN, the reservation's machine, the machine
@@ -88,13 +90,17 @@ put 55% of its CPU in the kernel (context switches, and the socket sends that wa
 backend); the Rust code (actix, JSON, sqlx, tracing) is the rest.
 
 So the 50% target is not reachable on this machine by tuning: the ceiling
-needs about 0.6 ms of CPU per reservation, the HTTP path several times that.
-It is what the design costs: the rules live in Rust and run statement by
-statement, each in the same transaction as the write it guards. What would
-reduce the round trips, in files this bench does not own (measured
-separately: each round trip removed saves roughly 0.1 ms of PostgreSQL CPU
-and a few hundredths of server CPU on this VM):
+needs well under a millisecond of CPU per reservation, the HTTP path several
+times that. It is what the design costs: the rules live in Rust and run
+statement by statement, each in the same transaction as the write it
+guards. What would reduce the round trips, in files this bench does not own
+(from the CPU columns, each round trip costs PostgreSQL about (HTTP minus
+ceiling) / 22, some 0.05 ms here, plus the server's side of it):
 
+0. `src/db.rs`, `connect`: `.test_before_acquire(false)` on the pool
+   options: 4 round trips less per cycle. The cost: a connection broken
+   while idle is found on its first statement (a 503, which
+   `db::is_unavailable` already maps) instead of being replaced silently.
 1. `src/allocator.rs`, `try_insert`: the INSERT and its `created` event as
    one statement (`WITH ins AS (INSERT ... RETURNING ...), ev AS (INSERT INTO
    reservation_events ... SELECT ... FROM ins) SELECT ... FROM ins`): one
@@ -108,8 +114,8 @@ and a few hundredths of server CPU on this VM):
    the machine of a reservation never changes): one less per cancel or
    conversion.
 
-Together about 3 of 20 round trips: perhaps 10 to 15% more throughput, not
-three times. Merging the lock with the re-check under it (`walk_candidates`)
+Together about 7 of 24 round trips: perhaps 20 to 30% more throughput, not
+the several times the target asks for. Merging the lock with the re-check under it (`walk_candidates`)
 is NOT one of them: the re-check must run in a statement that starts after
 the lock is held, or a conversion that commits between the statement's
 snapshot and the lock goes unseen (R10 has no constraint for that case).
