@@ -138,7 +138,12 @@ minutes only; `ALTER TABLE reservations SET (autovacuum_analyze_scale_factor
 
 const LATENCY8: &str = "The p99 at 8 clients is time spent waiting for a CPU: 8 clients, the
 server's threads and 8 backends share the CPUs, and any other load on the
-machine (see the load average) lands in the tail.";
+machine (see the load average) lands in the tail. At 32 clients the ceiling
+itself falls below its 8-connection rate: 32 backends time-share the CPUs,
+and the 3 or 4 clients of each site walk past each other's locked first
+candidates; over HTTP the server's pool of 20 connections queues the
+requests, which keeps PostgreSQL's concurrency at 20 and its ratio to the
+ceiling higher.";
 
 const GROWTH: &str = "### Item 3 (growth)
 
