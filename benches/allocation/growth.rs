@@ -20,8 +20,9 @@ pub struct Step {
     pub load_seconds: f64,
 }
 
-/// Ended reservations number `from + 1 ..= to`, in batches of 100,000
-/// statements; machines round-robin over the organization's pool.
+/// Ended reservations number `from + 1 ..= to`, 100,000 per statement;
+/// machines round-robin over the organization's pool. Ends with VACUUM
+/// ANALYZE.
 pub async fn add_history(db: &Db, org_id: i64, from: i64, to: i64) -> anyhow::Result<()> {
     let mut start = from + 1;
     while start <= to {
@@ -116,27 +117,32 @@ async fn measure(db: &Db, org_id: i64, sites: i64, n: usize, tag: &str) -> anyho
     Ok(Latency::of(&mut samples))
 }
 
-pub async fn run(db: &Db, cfg: &crate::setup::Config) -> anyhow::Result<Vec<Step>> {
-    let org = setup::org(db, "growth").await?;
-    setup::machines(db, org.id, "m", cfg.machines, cfg.sites, PROFILE, "ready").await?;
-    db.exec("VACUUM ANALYZE").await?;
-    // Warm-up: plans cached, pages in memory.
-    measure(db, org.id, cfg.sites, 50, "warm").await?;
-    let mut steps = Vec::new();
-    let mut have = 0;
+/// One database per step, loaded up front; then the runs alternate between
+/// the steps (run 1 of every step, then run 2 of every step, ...), so that
+/// a change in the machine's load during the bench hits every step alike.
+pub async fn run(
+    cluster: &crate::setup::Cluster,
+    cfg: &crate::setup::Config,
+) -> anyhow::Result<Vec<Step>> {
+    let mut dbs = Vec::new();
     for &target in &cfg.history_steps {
+        let db = cluster.database(&format!("bench_growth_{target}")).await?;
+        let org = setup::org(&db, "growth").await?;
+        setup::machines(&db, org.id, "m", cfg.machines, cfg.sites, PROFILE, "ready").await?;
         let t = Instant::now();
-        if target > have {
-            add_history(db, org.id, have, target).await?;
-            have = target;
-        }
+        add_history(&db, org.id, 0, target).await?;
         let load_seconds = t.elapsed().as_secs_f64();
-        let mut runs = Vec::new();
-        for r in 0..cfg.runs {
+        eprintln!("  history {target}: loaded in {load_seconds:.1} s");
+        // Warm-up: plans cached, pages in memory.
+        measure(&db, org.id, cfg.sites, 50, "warm").await?;
+        dbs.push((target, db, org.id, load_seconds, Vec::new()));
+    }
+    for r in 0..cfg.runs {
+        for (target, db, org_id, _, runs) in dbs.iter_mut() {
             runs.push(
                 measure(
                     db,
-                    org.id,
+                    *org_id,
                     cfg.sites,
                     cfg.growth_reserves,
                     &format!("g{target}-{r}"),
@@ -144,17 +150,22 @@ pub async fn run(db: &Db, cfg: &crate::setup::Config) -> anyhow::Result<Vec<Step
                 .await?,
             );
         }
+    }
+    let mut steps = Vec::new();
+    for (target, db, _, load_seconds, runs) in dbs {
+        let reserve = Latency::median_of(&runs);
         eprintln!(
-            "  history {target}: reserve p50 {:.2} ms p99 {:.2} ms (loaded in {load_seconds:.1} s)",
-            Latency::median_of(&runs).p50_ms,
-            Latency::median_of(&runs).p99_ms
+            "  history {target}: reserve p50 {:.2} ms p99 {:.2} ms",
+            reserve.p50_ms, reserve.p99_ms
         );
         steps.push(Step {
             history: target,
-            reserve: Latency::median_of(&runs),
+            reserve,
             runs,
             load_seconds,
         });
+        db.setup.close().await;
+        crate::drop_database(cluster, &db.name).await?;
     }
     Ok(steps)
 }

@@ -210,10 +210,7 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
 
     if cfg.runs_item("growth") {
         eprintln!("growth: history steps {:?}", cfg.history_steps);
-        let db = cluster.database("bench_growth").await?;
-        results.growth = growth::run(&db, cfg).await?;
-        db.setup.close().await;
-        drop_database(cluster, &db.name).await?;
+        results.growth = growth::run(cluster, cfg).await?;
     }
 
     if cfg.runs_item("sweep") {
@@ -228,7 +225,7 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
 
 /// Drops a bench database, unless `BENCH_KEEP=1` on an external server
 /// (to look at it afterwards).
-async fn drop_database(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
+pub async fn drop_database(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
     use sqlx::Connection;
     if cluster.external() && std::env::var("BENCH_KEEP").is_ok_and(|v| v == "1") {
         return Ok(());

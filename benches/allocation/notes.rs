@@ -49,7 +49,9 @@ const HOW: &str = "## How it is measured
   ended service link, expired by the sweep, cancelled), each with its
   `created` and ending events, spread over the 10,000 machines, then
   `VACUUM ANALYZE` (what autovacuum does after a bulk insert, done here so
-  that it does not run during the measurement).
+  that it does not run during the measurement). Each step has its own
+  database, loaded before any is measured; the runs then alternate between
+  the steps, so that a change of load on the machine hits every step alike.
 - **4. Sweep.** 100,000 held reservations overdue, on 100,000 distinct
   machines of their own organization, with their `created` events, then
   `VACUUM ANALYZE`; the bench claims the sweep lease and runs
