@@ -1,0 +1,429 @@
+//! `cargo bench --bench allocation`: how fast poolkeeper does its job on this
+//! machine, beside its targets, in one run. Starts a private PostgreSQL
+//! (throwaway: fsync off, as the tests run it), runs `poolkeeper serve` as a
+//! separate process against it, and writes BENCHMARKS.md and
+//! target/bench/results.json. `BENCH_QUICK=1` runs small sizes in under a
+//! minute and writes under target/bench/ only. See `setup::Config` for the
+//! other knobs.
+
+mod cpu;
+mod growth;
+mod notes;
+mod pages;
+mod race;
+mod report;
+mod server;
+mod setup;
+mod stats;
+mod sweep;
+mod throughput;
+
+use std::time::Instant;
+
+use setup::{Cluster, Config, PROFILE};
+use stats::{Latency, median};
+
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench: cannot start a runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bench failed: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Medians over runs, for one client count.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Throughput {
+    pub clients: usize,
+    pub http_cycles_per_s: f64,
+    pub http_reserve: Latency,
+    pub http_cancel: Latency,
+    pub http_contended: u64,
+    pub db_cycles_per_s: f64,
+    pub db_reserve: Latency,
+    pub db_contended: u64,
+    pub http_cpu: cpu::CpuPerCycle,
+    pub db_cpu: cpu::CpuPerCycle,
+    /// HTTP over the database's ceiling.
+    pub ratio: f64,
+    pub http_runs: Vec<throughput::Run>,
+    pub db_runs: Vec<throughput::Run>,
+}
+
+impl Throughput {
+    fn of(
+        clients: usize,
+        http_runs: Vec<throughput::Run>,
+        db_runs: Vec<throughput::Run>,
+    ) -> Throughput {
+        let rate = |runs: &[throughput::Run]| {
+            median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
+        };
+        let (http, db) = (rate(&http_runs), rate(&db_runs));
+        Throughput {
+            clients,
+            http_cycles_per_s: http,
+            http_reserve: Latency::median_of(
+                &http_runs.iter().map(|r| r.reserve).collect::<Vec<_>>(),
+            ),
+            http_cancel: Latency::median_of(
+                &http_runs.iter().map(|r| r.cancel).collect::<Vec<_>>(),
+            ),
+            http_contended: http_runs.iter().map(|r| r.contended).sum(),
+            db_cycles_per_s: db,
+            db_reserve: Latency::median_of(&db_runs.iter().map(|r| r.reserve).collect::<Vec<_>>()),
+            db_contended: db_runs.iter().map(|r| r.contended).sum(),
+            http_cpu: cpu::CpuPerCycle::median_of(
+                &http_runs.iter().map(|r| r.cpu).collect::<Vec<_>>(),
+            ),
+            db_cpu: cpu::CpuPerCycle::median_of(&db_runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
+            ratio: http / db,
+            http_runs,
+            db_runs,
+        }
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PagesResult {
+    pub machines_in_org: i64,
+    pub held: i64,
+    pub readers: usize,
+    /// Per page: label, path, size of the HTML in bytes, median over runs of
+    /// the run's latency summary.
+    pub pages: Vec<(String, String, usize, Latency)>,
+    /// The same pages, one reader, no allocation load: the page's own time.
+    pub alone: Vec<Latency>,
+    /// The 8-client allocation load that ran meanwhile (median rate).
+    pub load_cycles_per_s: f64,
+    pub load_reserve: Latency,
+}
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Results {
+    pub throughput: Vec<Throughput>,
+    pub race: Option<(race::Tally, race::Tally)>,
+    pub growth: Vec<growth::Step>,
+    pub sweep: Vec<sweep::Run>,
+    pub pages: Option<PagesResult>,
+    /// Why an item was left out.
+    pub skipped: Vec<String>,
+}
+
+async fn run() -> anyhow::Result<()> {
+    let cfg = Config::from_env();
+    let started = Instant::now();
+    let load_before = report::loadavg();
+    eprintln!("bench: {cfg:?}");
+    let cluster = Cluster::start().await?;
+    let external = cluster.external();
+    let outcome = run_items(&cfg, &cluster).await;
+    let pg_version = outcome
+        .as_ref()
+        .ok()
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    cluster.stop();
+    let (results, _) = outcome?;
+    let machine = report::Machine::read(pg_version, external, load_before, report::loadavg());
+    let paths = report::write(&cfg, &machine, &results, started.elapsed())?;
+    eprintln!(
+        "bench: done in {:.0} s; wrote {}",
+        started.elapsed().as_secs_f64(),
+        paths.join(" and ")
+    );
+    Ok(())
+}
+
+async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, String)> {
+    let mut results = Results::default();
+    let mut pg_version = String::new();
+
+    if cfg.runs_item("throughput") || cfg.runs_item("pages") {
+        let db = cluster.database("bench_api").await?;
+        pg_version = sqlx::query_scalar("SELECT current_setting('server_version')")
+            .fetch_one(&db.setup)
+            .await?;
+        let org = setup::org(&db, "bench").await?;
+        setup::machines(&db, org.id, "m", cfg.machines, cfg.sites, PROFILE, "ready").await?;
+        throughput::create_ceiling_functions(&db).await?;
+        // A history, as a database in service has: with an empty
+        // reservations table the planner's statistics say "empty", and the
+        // generic plans the server's connections cache for the whole run
+        // scan the table (seen with auto_explain: a Seq Scan under the
+        // allocator's held probe, costlier with every reservation written).
+        growth::add_history(&db, org.id, 0, cfg.api_history).await?;
+        // Profiling: plans of slow statements into the server log (kept with BENCH_KEEP=1).
+        if let Ok(ms) = std::env::var("BENCH_AUTO_EXPLAIN_MS") {
+            let ms: u32 = ms.parse()?;
+            db.exec(&format!(
+                "ALTER DATABASE {0} SET session_preload_libraries = 'auto_explain';
+                 ALTER DATABASE {0} SET auto_explain.log_min_duration = {ms};
+                 ALTER DATABASE {0} SET auto_explain.log_analyze = on;
+                 ALTER DATABASE {0} SET auto_explain.log_buffers = on;
+                 ALTER DATABASE {0} SET auto_explain.log_nested_statements = on;",
+                db.name
+            ))
+            .await?;
+        }
+        db.exec("VACUUM ANALYZE").await?;
+        let server = server::Server::start(&db.url, &cluster.dir, &cfg.server_log).await?;
+        let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&db.setup)
+            .await?;
+        let meter = cpu::Meter::new(server.pid(), backend);
+        let outcome = api_items(cfg, &db, &org, &server.base, &meter, &mut results).await;
+        server.stop().await;
+        outcome?;
+        db.setup.close().await;
+        drop_database(cluster, &db.name).await?;
+    }
+
+    if cfg.runs_item("race") {
+        eprintln!(
+            "race: 8 orders on 3 machines, {} rounds per version",
+            cfg.race_rounds
+        );
+        let db = cluster.database("bench_race").await?;
+        let (first, ours) = race::run(&db, cfg.race_rounds).await?;
+        eprintln!(
+            "  first version lost {} of {}; ours lost {} of {}",
+            first.lost, first.possible, ours.lost, ours.possible
+        );
+        results.race = Some((first, ours));
+        db.setup.close().await;
+        drop_database(cluster, &db.name).await?;
+    }
+
+    if cfg.runs_item("growth") {
+        eprintln!("growth: history steps {:?}", cfg.history_steps);
+        results.growth = growth::run(cluster, cfg).await?;
+    }
+
+    if cfg.runs_item("sweep") {
+        eprintln!("sweep: {} overdue reservations", cfg.sweep_reservations);
+        let db = cluster.database("bench_sweep").await?;
+        results.sweep = sweep::run(&db, cfg).await?;
+        db.setup.close().await;
+        drop_database(cluster, &db.name).await?;
+    }
+    Ok((results, pg_version))
+}
+
+/// Drops a bench database, unless `BENCH_KEEP=1` on an external server
+/// (to look at it afterwards).
+pub async fn drop_database(cluster: &Cluster, name: &str) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    if cluster.external() && std::env::var("BENCH_KEEP").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
+    let mut admin = cluster.admin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await?;
+    admin.close().await?;
+    Ok(())
+}
+
+/// Items 1 and 5, against one running server.
+async fn api_items(
+    cfg: &Config,
+    db: &setup::Db,
+    org: &setup::Org,
+    base: &str,
+    meter: &cpu::Meter,
+    results: &mut Results,
+) -> anyhow::Result<()> {
+    let warm = cfg.run_seconds.min(2.0);
+    if cfg.runs_item("throughput") {
+        // Warm-up: connections, plans, caches; not measured.
+        if std::env::var("BENCH_NO_WARMUP").is_err() {
+            throughput::http_run(meter, base, &org.token, cfg.sites, 8, warm, "warm-h").await?;
+            throughput::db_run(meter, db, org.id, cfg.sites, 8, warm, "warm-d").await?;
+        }
+        for &clients in &cfg.clients {
+            let (mut http_runs, mut db_runs) = (Vec::new(), Vec::new());
+            // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
+            for r in 0..cfg.runs {
+                let h = throughput::http_run(
+                    meter,
+                    base,
+                    &org.token,
+                    cfg.sites,
+                    clients,
+                    cfg.run_seconds,
+                    &format!("h{clients}-{r}"),
+                )
+                .await?;
+                // BENCH_CEILING=0 (profiling only) repeats the HTTP run instead.
+                let d = if std::env::var("BENCH_CEILING").is_ok_and(|v| v == "0") {
+                    h
+                } else {
+                    throughput::db_run(
+                        meter,
+                        db,
+                        org.id,
+                        cfg.sites,
+                        clients,
+                        cfg.run_seconds,
+                        &format!("d{clients}-{r}"),
+                    )
+                    .await?
+                };
+                eprintln!(
+                    "  {clients} clients run {r}: http {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle ms: server {:.2} client {:.2} pg {:.2}; machine {:.0}% busy); ceiling {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle: client {:.2} pg {:.2})",
+                    h.cycles_per_s,
+                    h.reserve.p50_ms,
+                    h.reserve.p99_ms,
+                    h.cpu.server_ms,
+                    h.cpu.client_ms,
+                    h.cpu.postgres_ms,
+                    h.cpu.machine_busy * 100.0,
+                    d.cycles_per_s,
+                    d.reserve.p50_ms,
+                    d.reserve.p99_ms,
+                    d.cpu.client_ms,
+                    d.cpu.postgres_ms
+                );
+                http_runs.push(h);
+                db_runs.push(d);
+            }
+            results
+                .throughput
+                .push(Throughput::of(clients, http_runs, db_runs));
+        }
+    }
+
+    if cfg.runs_item("pages") {
+        let login_page = reqwest::get(format!("{base}/login")).await?.status();
+        if login_page != 200 {
+            results.skipped.push(format!(
+                "5 (dashboard pages): the dashboard has not landed in this build (GET /login answered {login_page})"
+            ));
+            return Ok(());
+        }
+        // The organization grows to `page_machines`: another profile, most
+        // ready, some in maintenance; `page_held` of them held for an hour.
+        let extra = (cfg.page_machines - cfg.machines).max(0);
+        let ready = extra * 4 / 5;
+        setup::machines(db, org.id, "x", ready, cfg.sites, "xeon-6430-128g", "ready").await?;
+        setup::machines(
+            db,
+            org.id,
+            "y",
+            extra - ready,
+            cfg.sites,
+            "xeon-6430-128g",
+            "maintenance",
+        )
+        .await?;
+        sqlx::query(
+            "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds,
+                                       created_at, expires_at)
+             SELECT $1, 'live-' || m.id, m.id, '{\"site\": \"s01\"}', jsonb_build_object('asset_tag', m.asset_tag),
+                    m.asset_tag || ' matched site ' || m.site || ', profile ' || m.profile
+                        || ', any vendor: candidate 1 of 25 in pass one; held for 3600 s',
+                    3600, clock_timestamp(), clock_timestamp() + (3000 + m.id % 600) * interval '1 second'
+               FROM (SELECT * FROM machines WHERE org_id = $1 AND asset_tag LIKE 'x-%' ORDER BY id LIMIT $2) m",
+        )
+        .bind(org.id)
+        .bind(cfg.page_held)
+        .execute(&db.setup)
+        .await?;
+        db.exec("VACUUM ANALYZE").await?;
+        let machines_in_org = db
+            .scalar_i64(&format!(
+                "SELECT count(*) FROM machines WHERE org_id = {}",
+                org.id
+            ))
+            .await?;
+        pages::create_viewer(db, org.id).await?;
+        let http = pages::login(base).await?;
+        let pages = pages::pages(&setup::site(2), PROFILE);
+        // Warm-up, and the size of each page.
+        pages::read_run(&http, base, &pages, cfg.page_readers, warm).await?;
+        let mut sizes = Vec::new();
+        for (_, path) in &pages {
+            sizes.push(
+                http.get(format!("{base}{path}"))
+                    .send()
+                    .await?
+                    .bytes()
+                    .await?
+                    .len(),
+            );
+        }
+        let mut alone_runs: Vec<Vec<Latency>> = Vec::new();
+        for _ in 0..cfg.runs {
+            alone_runs.push(pages::read_run(&http, base, &pages, 1, cfg.run_seconds / 2.0).await?);
+        }
+        let mut page_runs: Vec<Vec<Latency>> = Vec::new();
+        let mut load_runs = Vec::new();
+        for r in 0..cfg.runs {
+            let tag = format!("p{r}");
+            let load =
+                throughput::http_run(meter, base, &org.token, cfg.sites, 8, cfg.run_seconds, &tag);
+            let reads = pages::read_run(&http, base, &pages, cfg.page_readers, cfg.run_seconds);
+            let (load, reads) = tokio::join!(load, reads);
+            let (load, reads) = (load?, reads?);
+            eprintln!(
+                "  pages run {r}: {} ; load {:.0}/s",
+                reads
+                    .iter()
+                    .zip(&pages)
+                    .map(|(l, (name, _))| format!(
+                        "{name}: p50 {:.1} p99 {:.1} ms",
+                        l.p50_ms, l.p99_ms
+                    ))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                load.cycles_per_s
+            );
+            page_runs.push(reads);
+            load_runs.push(load);
+        }
+        results.pages = Some(PagesResult {
+            machines_in_org,
+            held: cfg.page_held,
+            readers: cfg.page_readers,
+            pages: pages
+                .iter()
+                .enumerate()
+                .map(|(i, (name, path))| {
+                    let runs: Vec<Latency> = page_runs.iter().map(|r| r[i]).collect();
+                    (
+                        name.to_string(),
+                        path.clone(),
+                        sizes[i],
+                        Latency::median_of(&runs),
+                    )
+                })
+                .collect(),
+            alone: (0..pages.len())
+                .map(|i| Latency::median_of(&alone_runs.iter().map(|r| r[i]).collect::<Vec<_>>()))
+                .collect(),
+            load_cycles_per_s: median(
+                &load_runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>(),
+            ),
+            load_reserve: Latency::median_of(
+                &load_runs.iter().map(|r| r.reserve).collect::<Vec<_>>(),
+            ),
+        });
+    }
+    Ok(())
+}

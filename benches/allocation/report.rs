@@ -1,0 +1,383 @@
+//! BENCHMARKS.md and results.json: the table, the machine it ran on, and the
+//! command that reproduces it.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::setup::Config;
+use crate::stats::median;
+use crate::{Results, Throughput};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Machine {
+    pub nproc: usize,
+    pub memory: String,
+    pub cpu: String,
+    pub postgres: String,
+    /// Ran against BENCH_DATABASE_URL rather than the private cluster.
+    pub external_postgres: bool,
+    pub date: String,
+    pub load_before: String,
+    pub load_after: String,
+}
+
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "unknown".to_owned())
+}
+
+impl Machine {
+    pub fn read(
+        postgres: String,
+        external_postgres: bool,
+        load_before: String,
+        load_after: String,
+    ) -> Machine {
+        let cpu = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_owned())
+            })
+            .unwrap_or_else(|| "unknown".to_owned());
+        let memory = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| {
+                        l.split_whitespace()
+                            .nth(1)
+                            .and_then(|kb| kb.parse::<f64>().ok())
+                    })
+            })
+            .map(|kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0))
+            .unwrap_or_else(|| "unknown".to_owned());
+        Machine {
+            nproc: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(0),
+            memory,
+            cpu,
+            postgres: if postgres.is_empty() {
+                "unknown".to_owned()
+            } else {
+                postgres
+            },
+            external_postgres,
+            date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
+            load_before,
+            load_after,
+        }
+    }
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok { "met" } else { "**missed**" }
+}
+
+/// The reproducing command for this configuration.
+fn command(cfg: &Config) -> String {
+    let mut vars = Vec::new();
+    for name in [
+        "BENCH_QUICK",
+        "BENCH_ONLY",
+        "BENCH_SECONDS",
+        "BENCH_RUNS",
+        "BENCH_CLIENTS",
+        "BENCH_MACHINES",
+        "BENCH_SITES",
+        "BENCH_HISTORY",
+        "BENCH_SWEEP",
+        "BENCH_RACE_ROUNDS",
+        "BENCH_GROWTH_RESERVES",
+        "BENCH_PAGE_MACHINES",
+        "BENCH_PAGE_HELD",
+        "BENCH_PAGE_READERS",
+        "BENCH_SERVER_LOG",
+    ] {
+        if let Ok(v) = std::env::var(name) {
+            vars.push(format!("{name}={v}"));
+        }
+    }
+    let _ = cfg;
+    vars.push("cargo bench --bench allocation".to_owned());
+    vars.join(" ")
+}
+
+fn is_full(cfg: &Config) -> bool {
+    !cfg.quick
+        && ["throughput", "race", "growth", "sweep", "pages"]
+            .iter()
+            .all(|i| cfg.runs_item(i))
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+/// Writes the report; a quick or partial run writes under target/bench/
+/// only, so that BENCHMARKS.md always holds a full run.
+pub fn write(
+    cfg: &Config,
+    machine: &Machine,
+    results: &Results,
+    took: Duration,
+) -> anyhow::Result<Vec<String>> {
+    let dir = target_dir().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let full = is_full(cfg);
+    let (md_path, json_path) = if full {
+        (
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md"),
+            dir.join("results.json"),
+        )
+    } else {
+        (
+            dir.join("BENCHMARKS-partial.md"),
+            dir.join("results-partial.json"),
+        )
+    };
+    let json = serde_json::json!({
+        "command": command(cfg),
+        "machine": machine,
+        "config": cfg,
+        "seconds": took.as_secs_f64(),
+        "results": results,
+    });
+    std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)?;
+    std::fs::write(&md_path, markdown(cfg, machine, results, took))?;
+    Ok(vec![
+        md_path.display().to_string(),
+        json_path.display().to_string(),
+    ])
+}
+
+fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) -> String {
+    let mut md = String::new();
+    let w = &mut md;
+    let _ = writeln!(w, "# Benchmarks\n");
+    let _ = writeln!(
+        w,
+        "Written by `{}` on {} (took {:.0} s). Do not edit by hand: run the command again.\n",
+        command(cfg),
+        machine.date,
+        took.as_secs_f64()
+    );
+    let _ = writeln!(w, "| machine | |\n| --- | --- |");
+    let _ = writeln!(w, "| CPUs (nproc) | {} |", machine.nproc);
+    let _ = writeln!(w, "| memory | {} |", machine.memory);
+    let _ = writeln!(w, "| CPU model | {} |", machine.cpu);
+    let _ = writeln!(
+        w,
+        "| PostgreSQL | {} ({}) |",
+        machine.postgres,
+        if machine.external_postgres {
+            "the server of BENCH_DATABASE_URL"
+        } else {
+            "private throwaway cluster started by the bench: fsync, synchronous_commit and full_page_writes off, shared_buffers 128MB, Unix socket"
+        }
+    );
+    let _ = writeln!(
+        w,
+        "| load average (1, 5, 15 min) | before: {}; after: {} |",
+        machine.load_before, machine.load_after
+    );
+    let _ = writeln!(
+        w,
+        "| server | `poolkeeper serve` as a separate process (release build, pool of 20 connections, RUST_LOG={}), on the same machine as the clients and PostgreSQL |\n",
+        cfg.server_log
+    );
+
+    let _ = writeln!(w, "## Results\n");
+    let _ = writeln!(
+        w,
+        "Each figure is the median of {} runs; latencies are p50 / p99 of every call in a run, then the median of the runs.\n",
+        cfg.runs
+    );
+    let _ = writeln!(
+        w,
+        "| # | measure | result | target | |\n| --- | --- | --- | --- | --- |"
+    );
+    for t in &results.throughput {
+        throughput_rows(w, t, cfg);
+    }
+    if let Some((first, ours)) = &results.race {
+        let _ = writeln!(
+            w,
+            "| 2 | 8 orders on 3 machines, {} rounds, 8 connections released by a barrier: sales lost | article's first version (whole candidate set locked): {} lost of {} ({} rounds losing; {} orders failed on a unique violation); ours (`allocator::reserve`): {} lost of {} | ours loses none | {} |",
+            first.rounds,
+            first.lost,
+            first.possible,
+            first.rounds_losing,
+            first.errors,
+            ours.lost,
+            ours.possible,
+            met(ours.lost == 0 && ours.errors == 0)
+        );
+    }
+    if let Some(base) = results.growth.first() {
+        for s in &results.growth {
+            let r50 = s.reserve.p50_ms / base.reserve.p50_ms;
+            let r99 = s.reserve.p99_ms / base.reserve.p99_ms;
+            let last =
+                s.history == results.growth.last().map(|l| l.history).unwrap_or(0) && s.history > 0;
+            let _ = writeln!(
+                w,
+                "| 3 | reserve latency (one client, `allocator::reserve`) with {} ended reservations in the history | p50 {:.2} ms, p99 {:.2} ms; ratio to empty: p50 ×{:.2}, p99 ×{:.2} | {} | {} |",
+                thousands(s.history),
+                s.reserve.p50_ms,
+                s.reserve.p99_ms,
+                r50,
+                r99,
+                if last { "≤ ×1.2 at 1,000,000" } else { "" },
+                if last { met(r50 <= 1.2) } else { "" }
+            );
+        }
+    }
+    for parallel in [1, 2] {
+        let runs: Vec<&crate::sweep::Run> = results
+            .sweep
+            .iter()
+            .filter(|r| r.parallel == parallel)
+            .collect();
+        let Some(first) = runs.first() else { continue };
+        let total = median(&runs.iter().map(|r| r.total_ms).collect::<Vec<_>>());
+        let longest = runs.iter().map(|r| r.batch.max_ms).fold(0.0, f64::max);
+        let p99 = median(&runs.iter().map(|r| r.batch.p99_ms).collect::<Vec<_>>());
+        let (what, target) = if parallel == 1 {
+            (
+                "`sweep::sweep` as it is: one batch statement at a time",
+                true,
+            )
+        } else {
+            (
+                "projection, not the shipped sweep: two batch statements at once",
+                false,
+            )
+        };
+        let _ = writeln!(
+            w,
+            "| 4 | sweep: expire {} overdue reservations, batches of {} ({what}) | {:.2} s in {} batches | {} | {} |",
+            thousands(first.expired as i64),
+            poolkeeper::sweep::BATCH_SIZE,
+            total / 1000.0,
+            first.batches,
+            if target { "< 3 s" } else { "" },
+            if target { met(total < 3000.0) } else { "" }
+        );
+        let _ = writeln!(
+            w,
+            "| 4 | sweep ({}): longest time one batch held its locks (its statement, seen from the client) | longest of all runs {:.1} ms; batch p99 {:.1} ms | {} | {} |",
+            if parallel == 1 {
+                "as it is"
+            } else {
+                "two at once"
+            },
+            longest,
+            p99,
+            if target { "≤ 100 ms" } else { "" },
+            if target { met(longest <= 100.0) } else { "" }
+        );
+    }
+    if let Some(p) = &results.pages {
+        for (i, (name, path, size, l)) in p.pages.iter().enumerate() {
+            let alone = p.alone.get(i).copied().unwrap_or_default();
+            let _ = writeln!(
+                w,
+                "| 5 | page `{path}`: {name} ({} kB of HTML); {} machines, {} held; {} readers during the 8-client allocation load | p50 {:.1} ms, p99 {:.1} ms (one reader, no load: p50 {:.1} ms, p99 {:.1} ms) | p99 < 50 ms | {} |",
+                size / 1024,
+                thousands(p.machines_in_org),
+                thousands(p.held),
+                p.readers,
+                l.p50_ms,
+                l.p99_ms,
+                alone.p50_ms,
+                alone.p99_ms,
+                met(l.p99_ms < 50.0)
+            );
+        }
+        let _ = writeln!(
+            w,
+            "| 5 | the allocation load meanwhile (8 HTTP clients) | {:.0} reservations/s, reserve p50 {:.1} ms, p99 {:.1} ms | | |",
+            p.load_cycles_per_s, p.load_reserve.p50_ms, p.load_reserve.p99_ms
+        );
+    }
+    for s in &results.skipped {
+        let _ = writeln!(w, "\nLeft out: {s}.");
+    }
+    let _ = writeln!(w, "\n{}", crate::notes::notes(results));
+    md
+}
+
+fn throughput_rows(w: &mut String, t: &Throughput, _cfg: &Config) {
+    let is8 = t.clients == 8;
+    let _ = writeln!(
+        w,
+        "| 1 | {} client{}: HTTP API, reserve then cancel (reservations/s) | {:.0}/s; reserve p50 {:.2} ms, p99 {:.2} ms; cancel p50 {:.2} ms, p99 {:.2} ms{}; CPU per reservation: server {:.2} ms, clients {:.2} ms, PostgreSQL {:.2} ms | {} | {} |",
+        t.clients,
+        if t.clients == 1 { "" } else { "s" },
+        t.http_cycles_per_s,
+        t.http_reserve.p50_ms,
+        t.http_reserve.p99_ms,
+        t.http_cancel.p50_ms,
+        t.http_cancel.p99_ms,
+        if t.http_contended > 0 {
+            format!("; {} contended answers", t.http_contended)
+        } else {
+            String::new()
+        },
+        t.http_cpu.server_ms,
+        t.http_cpu.client_ms,
+        t.http_cpu.postgres_ms,
+        if is8 { "p99 < 25 ms" } else { "" },
+        if is8 {
+            met(t.http_reserve.p99_ms < 25.0)
+        } else {
+            ""
+        }
+    );
+    let _ = writeln!(
+        w,
+        "| 1 | {} connection{}: the database's ceiling (the same allocation in PL/pgSQL) | {:.0}/s; reserve p50 {:.2} ms, p99 {:.2} ms{}; CPU per reservation: clients {:.2} ms, PostgreSQL {:.2} ms | | |",
+        t.clients,
+        if t.clients == 1 { "" } else { "s" },
+        t.db_cycles_per_s,
+        t.db_reserve.p50_ms,
+        t.db_reserve.p99_ms,
+        if t.db_contended > 0 {
+            format!("; {} found nothing to lock", t.db_contended)
+        } else {
+            String::new()
+        },
+        t.db_cpu.client_ms,
+        t.db_cpu.postgres_ms,
+    );
+    let _ = writeln!(
+        w,
+        "| 1 | {} client{}: HTTP over ceiling | {:.0}% | {} | {} |",
+        t.clients,
+        if t.clients == 1 { "" } else { "s" },
+        t.ratio * 100.0,
+        if is8 { "≥ 50%" } else { "" },
+        if is8 { met(t.ratio >= 0.5) } else { "" }
+    );
+}
+
+fn thousands(n: i64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}

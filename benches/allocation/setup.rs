@@ -1,0 +1,292 @@
+//! The bench's private PostgreSQL, its databases, and the data they start
+//! with. Bulk data goes in with INSERT ... SELECT generate_series on a
+//! connection without the application's statement_timeout.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use poolkeeper::domain::{Scope, Slug};
+use poolkeeper::embedded_pg::{ClusterOptions, EmbeddedPostgres};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
+
+/// Sizes and durations, from the environment (BENCH_QUICK=1 for a run of
+/// under a minute while developing).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Config {
+    pub quick: bool,
+    /// Machines of the allocation pool, spread over `sites` sites.
+    pub machines: i64,
+    pub sites: i64,
+    /// Concurrent clients of the throughput runs.
+    pub clients: Vec<usize>,
+    /// Runs per measurement (the median is reported); at least 3.
+    pub runs: usize,
+    /// Length of one throughput run.
+    pub run_seconds: f64,
+    /// Rounds of the 8-orders-on-3-machines race.
+    pub race_rounds: usize,
+    /// Ended reservations in the history of the database of items 1 and 5.
+    pub api_history: i64,
+    /// Ended reservations in the history at each growth step.
+    pub history_steps: Vec<i64>,
+    /// Reserve calls per growth run.
+    pub growth_reserves: usize,
+    /// Overdue held reservations the sweep expires.
+    pub sweep_reservations: i64,
+    /// Machines of the organization whose pages are read, and its held reservations.
+    pub page_machines: i64,
+    pub page_held: i64,
+    /// Readers of the dashboard pages.
+    pub page_readers: usize,
+    /// Log filter of the server process.
+    pub server_log: String,
+    /// Which items to run: throughput, race, growth, sweep, pages.
+    pub only: Vec<String>,
+}
+
+fn pick<T>(quick: bool, full: T, quick_value: T) -> T {
+    if quick { quick_value } else { full }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_list<T: std::str::FromStr>(name: &str, default: Vec<T>) -> Vec<T> {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => {
+            let parsed: Vec<T> = v.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+            if parsed.is_empty() { default } else { parsed }
+        }
+        _ => default,
+    }
+}
+
+impl Config {
+    pub fn from_env() -> Config {
+        let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        Config {
+            quick,
+            machines: env_or("BENCH_MACHINES", 10_000),
+            sites: env_or("BENCH_SITES", 10),
+            clients: env_list("BENCH_CLIENTS", vec![1, 8, 32]),
+            runs: env_or("BENCH_RUNS", 3usize).max(3),
+            run_seconds: env_or("BENCH_SECONDS", pick(quick, 6.0, 1.0)),
+            race_rounds: env_or("BENCH_RACE_ROUNDS", pick(quick, 50, 10)),
+            api_history: env_or("BENCH_API_HISTORY", 20_000),
+            history_steps: env_list(
+                "BENCH_HISTORY",
+                pick(quick, vec![0, 100_000, 1_000_000], vec![0, 10_000, 50_000]),
+            ),
+            growth_reserves: env_or("BENCH_GROWTH_RESERVES", pick(quick, 400, 60)),
+            sweep_reservations: env_or("BENCH_SWEEP", pick(quick, 100_000, 10_000)),
+            page_machines: env_or("BENCH_PAGE_MACHINES", pick(quick, 50_000, 20_000)),
+            page_held: env_or("BENCH_PAGE_HELD", 1_000),
+            page_readers: env_or("BENCH_PAGE_READERS", 8),
+            server_log: std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "info".to_owned()),
+            only: env_list(
+                "BENCH_ONLY",
+                ["throughput", "race", "growth", "sweep", "pages"]
+                    .map(String::from)
+                    .to_vec(),
+            ),
+        }
+    }
+
+    pub fn runs_item(&self, item: &str) -> bool {
+        self.only.iter().any(|s| s == item)
+    }
+}
+
+/// The private cluster: throwaway (fsync off), in a temporary directory
+/// removed at the end. With `BENCH_DATABASE_URL` (a superuser URL of an
+/// existing server, e.g. one started with
+/// `-c shared_preload_libraries=pg_stat_statements` for profiling), the
+/// bench creates its databases there instead.
+pub struct Cluster {
+    pub pg: Option<EmbeddedPostgres>,
+    /// Admin connection options (database `postgres`).
+    admin: PgConnectOptions,
+    /// The URL with `DBNAME` where the database name goes.
+    url_template: String,
+    pub dir: PathBuf,
+}
+
+impl Cluster {
+    pub async fn start() -> anyhow::Result<Cluster> {
+        let dir = std::env::temp_dir().join(format!("poolkeeper-bench-{}", std::process::id()));
+        if let Some(url) = std::env::var("BENCH_DATABASE_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+        {
+            std::fs::create_dir_all(&dir)?;
+            let admin = poolkeeper::db::parse_url(&url)?;
+            let (path, query) = url
+                .split_once('?')
+                .map(|(p, q)| (p, format!("?{q}")))
+                .unwrap_or((&url, String::new()));
+            let base = path.rsplit_once('/').map(|(b, _)| b).unwrap_or(path);
+            return Ok(Cluster {
+                pg: None,
+                admin,
+                url_template: format!("{base}/DBNAME{query}"),
+                dir,
+            });
+        }
+        poolkeeper::embedded_pg::prepare_private_dir(&dir)?;
+        let opts = ClusterOptions {
+            data_dir: dir.join("pg"),
+            log_file: dir.join("postgres.log"),
+            throwaway: true,
+        };
+        let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts))
+            .await
+            .context("starting postgres")??;
+        Ok(Cluster {
+            admin: pg.connect_options("postgres"),
+            url_template: pg.url("DBNAME"),
+            pg: Some(pg),
+            dir,
+        })
+    }
+
+    pub fn external(&self) -> bool {
+        self.pg.is_none()
+    }
+
+    pub async fn admin(&self) -> anyhow::Result<PgConnection> {
+        Ok(PgConnection::connect_with(&self.admin).await?)
+    }
+
+    /// A fresh database with every migration applied (an old one of the
+    /// same name, left by an interrupted run on an external server, is dropped).
+    pub async fn database(&self, name: &str) -> anyhow::Result<Db> {
+        let mut admin = self.admin().await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        admin.close().await?;
+        let options = self.admin.clone().database(name);
+        poolkeeper::db::migrate(&options).await?;
+        // Bulk loading and measuring: no statement_timeout here.
+        let setup = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with(options.clone())
+            .await?;
+        Ok(Db {
+            name: name.to_owned(),
+            url: self.url_template.replace("DBNAME", name),
+            options,
+            setup,
+        })
+    }
+
+    pub fn stop(self) {
+        if let Some(pg) = &self.pg {
+            pg.stop();
+        }
+        if std::env::var("BENCH_KEEP").is_ok_and(|v| v == "1") {
+            eprintln!("bench: kept {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub struct Db {
+    pub name: String,
+    /// DATABASE_URL for the server process.
+    pub url: String,
+    pub options: PgConnectOptions,
+    /// Unlimited statements, for loading data and reading results.
+    pub setup: PgPool,
+}
+
+impl Db {
+    /// A pool configured as the application's (session limits included).
+    pub async fn app_pool(&self, max: u32) -> anyhow::Result<PgPool> {
+        Ok(poolkeeper::db::connect(self.options.clone(), max).await?)
+    }
+
+    pub async fn connection(&self) -> anyhow::Result<PgConnection> {
+        Ok(PgConnection::connect_with(&self.options).await?)
+    }
+
+    pub async fn exec(&self, sql: &str) -> anyhow::Result<u64> {
+        Ok(sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&self.setup)
+            .await
+            .with_context(|| format!("running {}", sql.lines().next().unwrap_or("")))?
+            .rows_affected())
+    }
+
+    pub async fn scalar_i64(&self, sql: &str) -> anyhow::Result<i64> {
+        Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.setup)
+            .await?)
+    }
+}
+
+/// An organization with the datacenter module on, and a token with both scopes.
+pub struct Org {
+    pub id: i64,
+    pub token: String,
+}
+
+pub async fn org(db: &Db, slug: &str) -> anyhow::Result<Org> {
+    let org = poolkeeper::orgs::create(&db.setup, &Slug::parse(slug)?, slug, true).await?;
+    let (_, token) = poolkeeper::tokens::create(
+        &db.setup,
+        org.id,
+        Some("checkout"),
+        &[Scope::Orders, Scope::Inventory],
+    )
+    .await?;
+    Ok(Org { id: org.id, token })
+}
+
+pub const PROFILE: &str = "epyc-9354-256g";
+
+/// The site of index `i` (0-based): s01, s02, ...
+pub fn site(i: i64) -> String {
+    format!("s{:02}", i + 1)
+}
+
+/// `count` ready machines of `profile` spread round-robin over `sites`
+/// sites, two vendors alternating within each site, tags `{prefix}-000001`...
+pub async fn machines(
+    db: &Db,
+    org_id: i64,
+    prefix: &str,
+    count: i64,
+    sites: i64,
+    profile: &str,
+    status: &str,
+) -> anyhow::Result<()> {
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, $2 || '-' || lpad(g::text, 7, '0'), 's' || lpad((1 + (g - 1) % $4)::text, 2, '0'),
+                CASE WHEN ((g - 1) / $4) % 2 = 0 THEN 'dell' ELSE 'hpe' END, $5, $6
+           FROM generate_series(1, $3) g",
+    )
+    .bind(org_id)
+    .bind(prefix)
+    .bind(count)
+    .bind(sites)
+    .bind(profile)
+    .bind(status)
+    .execute(&db.setup)
+    .await?;
+    Ok(())
+}

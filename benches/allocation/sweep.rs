@@ -1,0 +1,145 @@
+//! Item 4: the sweep expiring N overdue held reservations, batch by batch
+//! with `poolkeeper::sweep::expire_batch` (the worker's own statement) and
+//! `sweep::BATCH_SIZE`. Each batch is one autocommit statement: the time a
+//! batch statement takes, seen from the client, bounds how long it held
+//! its row locks.
+
+use std::time::{Duration, Instant};
+
+use poolkeeper::lease::{self, Claim, SWEEP_KEY};
+use poolkeeper::sweep::{self, BATCH_SIZE};
+
+use crate::setup::{self, Db, PROFILE};
+use crate::stats::{Latency, ms};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Run {
+    /// Batch statements running at once: 1 is `sweep::sweep` as it is; 2
+    /// shows what a sweep running two batches in parallel would do (SKIP
+    /// LOCKED gives each its own rows).
+    pub parallel: usize,
+    pub expired: u64,
+    pub total_ms: f64,
+    pub batches: usize,
+    pub batch: Latency,
+}
+
+/// N held reservations, overdue, one per machine, with their `created` events.
+async fn load(db: &Db, org_id: i64, n: i64) -> anyhow::Result<()> {
+    db.exec("TRUNCATE reservation_events, service_links, reservations, sweep_runs")
+        .await?;
+    sqlx::query(
+        "WITH ins AS (
+            INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                      hold_seconds, created_at, expires_at)
+            SELECT $1, 'due-' || m.id, m.id,
+                   jsonb_build_object('site', m.site, 'profile', m.profile, 'vendor', NULL, 'hold_seconds', 900),
+                   jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
+                                      'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
+                   m.asset_tag || ' matched site ' || m.site || ', profile ' || m.profile
+                       || ', any vendor: candidate 1 of 25 in pass one; held for 900 s',
+                   900, t.at - interval '20 minutes' - m.id * interval '1 millisecond',
+                   t.at - interval '5 minutes' - m.id * interval '1 millisecond'
+              FROM (SELECT * FROM machines WHERE org_id = $1 ORDER BY id LIMIT $2) m,
+                   (SELECT clock_timestamp() AS at) t
+            RETURNING id, created_at
+         )
+         INSERT INTO reservation_events (reservation_id, at, kind, from_state, to_state, actor, detail)
+         SELECT id, created_at, 'created', NULL, 'held', 'checkout', 'order due-' || id FROM ins",
+    )
+    .bind(org_id)
+    .bind(n)
+    .execute(&db.setup)
+    .await?;
+    db.exec("VACUUM ANALYZE").await?;
+    Ok(())
+}
+
+pub async fn run(db: &Db, cfg: &setup::Config) -> anyhow::Result<Vec<Run>> {
+    let org = setup::org(db, "sweep").await?;
+    setup::machines(
+        db,
+        org.id,
+        "m",
+        cfg.sweep_reservations,
+        cfg.sites,
+        PROFILE,
+        "ready",
+    )
+    .await?;
+    let pool = db.app_pool(2).await?;
+    let replica = "bench-sweep";
+    let mandate = match lease::claim(&pool, SWEEP_KEY, replica, Duration::from_secs(3600)).await? {
+        Claim::Acquired(m) => m,
+        Claim::HeldByOther => {
+            anyhow::bail!("the sweep lease of the bench database is held by another")
+        }
+    };
+    let mut runs = Vec::new();
+    for parallel in [1, 2] {
+        for r in 0..cfg.runs {
+            load(db, org.id, cfg.sweep_reservations).await?;
+            let run = sweep_once(&pool, replica, mandate.fence, parallel).await?;
+            let left = db
+                .scalar_i64("SELECT count(*) FROM reservations WHERE state = 'held'")
+                .await?;
+            anyhow::ensure!(
+                run.expired as i64 == cfg.sweep_reservations && left == 0,
+                "sweep expired {} of {}, {left} left held",
+                run.expired,
+                cfg.sweep_reservations
+            );
+            eprintln!(
+                "  sweep run {r} ({parallel} at once): {} expired in {:.0} ms, {} batches, longest {:.1} ms",
+                run.expired, run.total_ms, run.batches, run.batch.max_ms
+            );
+            runs.push(run);
+        }
+    }
+    pool.close().await;
+    Ok(runs)
+}
+
+/// One sweep: a run, `parallel` tasks each running batches until one comes
+/// back short, the run closed.
+async fn sweep_once(
+    pool: &sqlx::PgPool,
+    replica: &str,
+    fence: i64,
+    parallel: usize,
+) -> anyhow::Result<Run> {
+    let start = Instant::now();
+    let run_id = sweep::start_run(pool, replica, fence).await?;
+    let mut tasks = Vec::new();
+    for _ in 0..parallel {
+        let (pool, replica) = (pool.clone(), replica.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut expired = 0u64;
+            let mut batches: Vec<Duration> = Vec::new();
+            loop {
+                let t = Instant::now();
+                let n = sweep::expire_batch(&pool, &replica, fence, run_id, BATCH_SIZE).await?;
+                batches.push(t.elapsed());
+                expired += n;
+                if (n as i64) < BATCH_SIZE {
+                    break;
+                }
+            }
+            Ok::<_, anyhow::Error>((expired, batches))
+        }));
+    }
+    let (mut expired, mut batches) = (0, Vec::new());
+    for t in tasks {
+        let (n, b) = t.await??;
+        expired += n;
+        batches.extend(b);
+    }
+    sweep::finish_run(pool, replica, fence, run_id).await?;
+    Ok(Run {
+        parallel,
+        expired,
+        total_ms: ms(start.elapsed()),
+        batches: batches.len(),
+        batch: Latency::of(&mut batches),
+    })
+}
