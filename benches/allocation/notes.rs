@@ -179,14 +179,12 @@ That is 30 to 45 µs per reservation on one CPU of this machine, hence about
 3 to 4.5 s for 100,000 one batch at a time, depending on what else runs.
 The batch itself stays short (the longest batch is in the table).
 
-The statement uses one CPU; the database has more. The second sweep row is
-a projection measured by this bench, not the shipped code: two batch
-statements at once (each with its own connection; `SKIP LOCKED` gives them
-disjoint rows and the run's counter is the only row they share). To ship it,
-in `src/sweep.rs`, `sweep()`: run the batch loop on two connections of the
-worker's pool (it has 2) concurrently, each until its batch comes back short,
-and add their counts. Nothing else changes: each batch still checks the
-fence in the same statement. A larger `BATCH_SIZE` would not help: the cost
+The statement uses one CPU; the database has more. The shipped sweep runs
+two batch statements at a time on the worker's two connections
+(`sweep::expire_two_batches`): `SKIP LOCKED` gives them disjoint rows and the
+run's counter is the only row they share. Each batch still checks the fence
+in the same statement. The one-at-a-time row is there for comparison. A
+larger `BATCH_SIZE` would not help: the cost
 is per row, and a batch of 2,000 would hold its locks four times as long.";
 
 const PAGES: &str = "### What limits item 5 (pages)

@@ -14,9 +14,8 @@ use crate::stats::{Latency, ms};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Run {
-    /// Batch statements running at once: 1 is `sweep::sweep` as it is; 2
-    /// shows what a sweep running two batches in parallel would do (SKIP
-    /// LOCKED gives each its own rows).
+    /// Batch statements running at once: 2 is the shipped sweep (pairs of
+    /// statements, as `sweep::expire_two_batches`); 1 is for comparison.
     pub parallel: usize,
     pub expired: u64,
     pub total_ms: f64,
@@ -100,8 +99,9 @@ pub async fn run(db: &Db, cfg: &setup::Config) -> anyhow::Result<Vec<Run>> {
     Ok(runs)
 }
 
-/// One sweep: a run, `parallel` tasks each running batches until one comes
-/// back short, the run closed.
+/// One sweep: a run, then rounds of `parallel` batch statements at once
+/// until one comes back short (with 2, what `sweep::expire_two_batches` does
+/// round after round), then the run closed. Each statement is timed alone.
 async fn sweep_once(
     pool: &sqlx::PgPool,
     replica: &str,
@@ -110,29 +110,23 @@ async fn sweep_once(
 ) -> anyhow::Result<Run> {
     let start = Instant::now();
     let run_id = sweep::start_run(pool, replica, fence).await?;
-    let mut tasks = Vec::new();
-    for _ in 0..parallel {
-        let (pool, replica) = (pool.clone(), replica.to_owned());
-        tasks.push(tokio::spawn(async move {
-            let mut expired = 0u64;
-            let mut batches: Vec<Duration> = Vec::new();
-            loop {
-                let t = Instant::now();
-                let n = sweep::expire_batch(&pool, &replica, fence, run_id, BATCH_SIZE).await?;
-                batches.push(t.elapsed());
-                expired += n;
-                if (n as i64) < BATCH_SIZE {
-                    break;
-                }
-            }
-            Ok::<_, anyhow::Error>((expired, batches))
-        }));
-    }
-    let (mut expired, mut batches) = (0, Vec::new());
-    for t in tasks {
-        let (n, b) = t.await??;
-        expired += n;
-        batches.extend(b);
+    let (mut expired, mut batches) = (0u64, Vec::new());
+    loop {
+        let round = (0..parallel).map(|_| async {
+            let t = Instant::now();
+            let n = sweep::expire_batch(pool, replica, fence, run_id, BATCH_SIZE).await?;
+            Ok::<_, sweep::SweepError>((n, t.elapsed()))
+        });
+        let mut short = false;
+        for outcome in futures_util::future::join_all(round).await {
+            let (n, took) = outcome?;
+            expired += n;
+            batches.push(took);
+            short |= (n as i64) < BATCH_SIZE;
+        }
+        if short {
+            break;
+        }
     }
     sweep::finish_run(pool, replica, fence, run_id).await?;
     Ok(Run {
