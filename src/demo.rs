@@ -3,7 +3,8 @@
 
 use sqlx::PgPool;
 
-use crate::domain::{AssetTag, Email, MachineStatus, Profile, Role, Site, Slug, Vendor};
+use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
+use crate::domain::{AssetTag, Email, MachineStatus, OrderRef, Profile, Role, Site, Slug, Vendor};
 use crate::inventory::{self, MachineSpec};
 use crate::orgs::{self, OrgError};
 use crate::staff::{self, StaffError};
@@ -25,6 +26,8 @@ pub const MACHINES: usize = 360;
 pub struct DemoReport {
     pub org: String,
     pub machines: i64,
+    /// Reservations of the demo orders DEMO-0001...
+    pub reservations: i64,
     pub token: Option<String>,
 }
 
@@ -33,6 +36,10 @@ impl DemoReport {
         println!(
             "demo organization: {} ({} machines)",
             self.org, self.machines
+        );
+        println!(
+            "  {} reservations of demo orders (DEMO-0001 and on)",
+            self.reservations
         );
         for (email, role) in USERS {
             println!("  {:<8} {email} / {PASSWORD}", role.as_str());
@@ -99,6 +106,7 @@ pub async fn load(pool: &PgPool) -> anyhow::Result<DemoReport> {
                 .1,
         )
     };
+    let reservations = demo_reservations(pool, org.id).await?;
     let machines: i64 = sqlx::query_scalar("SELECT count(*) FROM machines WHERE org_id = $1")
         .bind(org.id)
         .fetch_one(pool)
@@ -106,6 +114,46 @@ pub async fn load(pool: &PgPool) -> anyhow::Result<DemoReport> {
     Ok(DemoReport {
         org: org.slug,
         machines,
+        reservations,
         token,
     })
+}
+
+/// How many demo orders get a held reservation.
+pub const RESERVATIONS: usize = 12;
+
+/// Held reservations for the demo orders DEMO-0001.., made by the allocator
+/// itself (so each carries a real frozen reason), only when the demo has
+/// none yet. Held for a day, so that the dashboard shows them held.
+async fn demo_reservations(pool: &PgPool, org_id: i64) -> anyhow::Result<i64> {
+    let existing: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-%'",
+    )
+    .bind(org_id)
+    .fetch_one(pool)
+    .await?;
+    if existing > 0 {
+        return Ok(existing);
+    }
+    let mut created = 0;
+    for i in 0..RESERVATIONS {
+        let req = ReserveRequest {
+            order_ref: OrderRef::parse(&format!("DEMO-{:04}", i + 1))?,
+            spec: OrderSpec {
+                site: Site::parse(SITES[i % SITES.len()])?,
+                profile: Profile::parse(PROFILES[(i / SITES.len()) % PROFILES.len()])?,
+                // Every third order names a vendor (dell: every site and
+                // profile has ready dell machines in the demo's mix).
+                vendor: (i % 3 == 2)
+                    .then(|| Vendor::parse(VENDORS[0]))
+                    .transpose()?,
+            },
+            hold: HoldSeconds::new(86_400)?,
+            actor: "demo".to_owned(),
+        };
+        if let ReserveOutcome::Created { .. } = allocator::reserve(pool, org_id, &req).await? {
+            created += 1;
+        }
+    }
+    Ok(created)
 }

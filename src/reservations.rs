@@ -41,13 +41,15 @@ pub struct Reservation {
 }
 
 /// The frozen attributes of the chosen machine (R8).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Every field defaults: a row written by other means (an import, a test)
+/// still reads.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MachineSnapshot {
     pub asset_tag: String,
     pub site: String,
     pub vendor: String,
     pub profile: String,
-    #[serde(default)]
     pub status: String,
 }
 

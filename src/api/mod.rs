@@ -1,6 +1,8 @@
 //! The JSON API of API.md, under `/api/v1`.
 
 pub mod machines;
+pub mod reservations;
+pub mod services;
 
 use actix_web::web;
 
@@ -10,6 +12,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .app_data(crate::error::json_config())
             .app_data(crate::error::path_config())
             .app_data(crate::error::query_config())
-            .configure(machines::configure),
+            .configure(machines::configure)
+            .configure(reservations::configure)
+            .configure(services::configure),
     );
 }

@@ -13,7 +13,15 @@ use poolkeeper::reservations::{self, TransitionError};
 use sqlx::{Connection, PgPool};
 use tokio::sync::Barrier;
 
-use crate::helpers::{create_org, migrated_db};
+use crate::helpers::{TestDb, create_org, migrated_db};
+
+/// A connection with the application's lock and statement timeouts, so that
+/// a test that would wait on a lock fails instead of hanging.
+pub async fn limited_connection(db: &TestDb) -> sqlx::PgConnection {
+    sqlx::PgConnection::connect_with(&poolkeeper::db::with_session_limits(db.options.clone()))
+        .await
+        .expect("connect to the test database")
+}
 
 pub const SITE: &str = "par1";
 pub const PROFILE: &str = "epyc-9354-256g";
@@ -27,9 +35,17 @@ pub fn spec(vendor: Option<&str>) -> OrderSpec {
 }
 
 pub fn request(order_ref: &str, vendor: Option<&str>) -> ReserveRequest {
+    request_for(order_ref, PROFILE, vendor)
+}
+
+pub fn request_for(order_ref: &str, profile: &str, vendor: Option<&str>) -> ReserveRequest {
     ReserveRequest {
         order_ref: OrderRef::parse(order_ref).expect("order ref"),
-        spec: spec(vendor),
+        spec: OrderSpec {
+            site: Site::parse(SITE).expect("site"),
+            profile: Profile::parse(profile).expect("profile"),
+            vendor: vendor.map(|v| Vendor::parse(v).expect("vendor")),
+        },
         hold: HoldSeconds::new(900).expect("hold"),
         actor: "test".to_owned(),
     }
@@ -202,4 +218,902 @@ async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
         sqlx::PgConnection::connect,
     );
     let _ = TransitionError::NotFound;
+}
+
+/// A held reservation written directly (a decoy, or a competitor that
+/// committed behind the allocator's back).
+pub async fn held_directly(pool: &PgPool, org_id: i64, machine_id: i64, order_ref: &str) -> i64 {
+    sqlx::query_scalar(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
+         VALUES ($1, $2, $3, '{}', '{}', 'written by a test', 900, clock_timestamp() + interval '15 minutes')
+         RETURNING id",
+    )
+    .bind(org_id)
+    .bind(order_ref)
+    .bind(machine_id)
+    .fetch_one(pool)
+    .await
+    .expect("insert a held reservation")
+}
+
+/// A live service link on `machine_id`, with the converted reservation it came from.
+pub async fn in_service_directly(pool: &PgPool, org_id: i64, machine_id: i64, order_ref: &str) {
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                   hold_seconds, expires_at, ended_at, ended_by)
+         VALUES ($1, $2, $3, 'converted', '{}', '{}', 'written by a test', 900,
+                 clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test')
+         RETURNING id",
+    )
+    .bind(org_id)
+    .bind(order_ref)
+    .bind(machine_id)
+    .fetch_one(pool)
+    .await
+    .expect("insert a converted reservation");
+    sqlx::query("INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref) VALUES ($1, $2, $3, $4)")
+        .bind(org_id)
+        .bind(machine_id)
+        .bind(id)
+        .bind(format!("SRV-{order_ref}"))
+        .execute(pool)
+        .await
+        .expect("insert a service link");
+}
+
+/// One decoy of every exclusion kind for `request(_, Some("dell"))`:
+/// wrong site, wrong vendor, wrong profile, not ready, in service, held.
+pub async fn decoys(pool: &PgPool, org_id: i64) {
+    machine(pool, org_id, "X-site", "ams1", "dell", PROFILE, "ready").await;
+    machine(pool, org_id, "X-vendor", SITE, "hpe", PROFILE, "ready").await;
+    machine(
+        pool,
+        org_id,
+        "X-profile",
+        SITE,
+        "dell",
+        "xeon-6430-128g",
+        "ready",
+    )
+    .await;
+    machine(pool, org_id, "X-notready", SITE, "dell", PROFILE, "broken").await;
+    let sold = machine(pool, org_id, "X-service", SITE, "dell", PROFILE, "ready").await;
+    in_service_directly(pool, org_id, sold, "DECOY-SOLD").await;
+    let held = machine(pool, org_id, "X-held", SITE, "dell", PROFILE, "ready").await;
+    held_directly(pool, org_id, held, "DECOY-HELD").await;
+}
+
+/// Runs `reserve` for each order on its own connection, all released
+/// together by a barrier.
+async fn race(pool: &PgPool, org_id: i64, orders: Vec<ReserveRequest>) -> Vec<ReserveOutcome> {
+    let barrier = Arc::new(Barrier::new(orders.len()));
+    let mut tasks = Vec::new();
+    for req in orders {
+        let mut conn = pool.acquire().await.expect("a connection per order");
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            allocator::reserve_on(&mut conn, org_id, &req)
+                .await
+                .expect("reserve")
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("task"));
+    }
+    out
+}
+
+/// Checks one round of N orders on `eligible` machines among decoys.
+async fn check_round(
+    pool: &PgPool,
+    org_id: i64,
+    outcomes: &[ReserveOutcome],
+    eligible: i64,
+    round: usize,
+) {
+    let created = outcomes
+        .iter()
+        .filter(|o| matches!(o, ReserveOutcome::Created { .. }))
+        .count() as i64;
+    assert_eq!(
+        created,
+        eligible.min(outcomes.len() as i64),
+        "round {round}: {outcomes:#?}"
+    );
+    let total_machines: i64 = sqlx::query_scalar("SELECT count(*) FROM machines WHERE org_id = $1")
+        .bind(org_id)
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    for o in outcomes {
+        match o {
+            ReserveOutcome::Created { reservation, .. } => {
+                assert!(
+                    reservation.machine.asset_tag.starts_with("OK-"),
+                    "round {round}: a decoy was chosen"
+                );
+            }
+            ReserveOutcome::Unavailable { excluded } => {
+                // Honest only when nothing was left: every eligible machine
+                // is held by now, next to the held decoy.
+                assert_eq!(excluded.candidates, 0, "round {round}");
+                assert_eq!(excluded.held, eligible + 1, "round {round}: {excluded:?}");
+                assert_eq!(
+                    (
+                        excluded.wrong_site,
+                        excluded.wrong_vendor,
+                        excluded.wrong_profile,
+                        excluded.not_ready,
+                        excluded.in_service
+                    ),
+                    (1, 1, 1, 1, 1),
+                    "round {round}"
+                );
+                let sum = excluded.wrong_site
+                    + excluded.wrong_vendor
+                    + excluded.wrong_profile
+                    + excluded.not_ready
+                    + excluded.in_service
+                    + excluded.held;
+                assert_eq!(
+                    sum, total_machines,
+                    "round {round}: every machine has one reason"
+                );
+            }
+            ReserveOutcome::Contended { walk, .. } => {
+                assert!(
+                    walk.scanned >= 1 && walk.scanned <= allocator::MAX_SCANNED,
+                    "round {round}"
+                );
+            }
+            ReserveOutcome::Existing(_) => panic!("round {round}: distinct orders cannot replay"),
+        }
+    }
+    // The invariants, in SQL: one holder per machine, all on eligible machines.
+    let (held, machines, on_eligible): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(DISTINCT r.machine_id), count(*) FILTER (WHERE m.asset_tag LIKE 'OK-%')
+           FROM reservations r JOIN machines m ON m.id = r.machine_id
+          WHERE r.org_id = $1 AND r.state = 'held' AND r.order_ref LIKE 'ORD-%'",
+    )
+    .bind(org_id)
+    .fetch_one(pool)
+    .await
+    .expect("invariants");
+    assert_eq!(
+        (held, machines, on_eligible),
+        (eligible, eligible, eligible),
+        "round {round}"
+    );
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
+          WHERE r.org_id = $1 AND e.kind = 'created'",
+    )
+    .bind(org_id)
+    .fetch_one(pool)
+    .await
+    .expect("events");
+    assert_eq!(
+        events, eligible,
+        "round {round}: one created event per reservation"
+    );
+}
+
+/// R3: 8 concurrent orders, 3 eligible machines among decoys of every
+/// exclusion kind: 3 reservations on 3 machines and 5 honest refusals; and
+/// 2 orders on 1 machine: 1 and 1. 20 rounds each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_orders_three_machines_and_two_orders_one_machine() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    for (orders, eligible) in [(8usize, 3i64), (2, 1)] {
+        for round in 0..20 {
+            let org = create_org(&pool, &format!("r{orders}-{round}"), true).await;
+            decoys(&pool, org.id).await;
+            for i in 0..eligible {
+                machine(
+                    &pool,
+                    org.id,
+                    &format!("OK-{i}"),
+                    SITE,
+                    "dell",
+                    PROFILE,
+                    "ready",
+                )
+                .await;
+            }
+            let reqs = (0..orders)
+                .map(|i| request(&format!("ORD-{i}"), Some("dell")))
+                .collect();
+            let outcomes = race(&pool, org.id, reqs).await;
+            check_round(&pool, org.id, &outcomes, eligible, round).await;
+        }
+    }
+}
+
+/// R9: 5 concurrent requests with one order_ref on 4 machines: one
+/// reservation; every answer is that reservation or `contended`. 20 rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_requests_one_order_ref_give_one_reservation() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    for round in 0..20 {
+        let org = create_org(&pool, &format!("idem-{round}"), true).await;
+        for i in 0..4 {
+            machine(
+                &pool,
+                org.id,
+                &format!("OK-{i}"),
+                SITE,
+                "dell",
+                PROFILE,
+                "ready",
+            )
+            .await;
+        }
+        let reqs = (0..5).map(|_| request("ORD-SAME", None)).collect();
+        let outcomes = race(&pool, org.id, reqs).await;
+        let (count, held): (i64, i64) = sqlx::query_as(
+            "SELECT count(*), count(*) FILTER (WHERE state = 'held') FROM reservations WHERE org_id = $1",
+        )
+        .bind(org.id)
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+        assert_eq!((count, held), (1, 1), "round {round}: {outcomes:#?}");
+        let id: i64 = sqlx::query_scalar("SELECT id FROM reservations WHERE org_id = $1")
+            .bind(org.id)
+            .fetch_one(&pool)
+            .await
+            .expect("the reservation");
+        let mut created = 0;
+        for o in &outcomes {
+            match o {
+                ReserveOutcome::Created { reservation, .. } => {
+                    created += 1;
+                    assert_eq!(reservation.id, id);
+                }
+                ReserveOutcome::Existing(r) => assert_eq!(r.id, id, "round {round}"),
+                ReserveOutcome::Contended { .. } => {}
+                ReserveOutcome::Unavailable { .. } => {
+                    panic!("round {round}: machines were left: {outcomes:#?}")
+                }
+            }
+        }
+        assert_eq!(created, 1, "round {round}");
+    }
+}
+
+/// R4: with 30 candidates row-locked by other open transactions, reserve
+/// answers `contended` at once, after scanning 25, without waiting on a lock
+/// and without an insert attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_walk_stops_after_25_locked_candidates_without_waiting() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "bound", true).await;
+    let mut machines = Vec::new();
+    for i in 0..30 {
+        machines.push(
+            machine(
+                &pool,
+                org.id,
+                &format!("OK-{i:02}"),
+                SITE,
+                "dell",
+                PROFILE,
+                "ready",
+            )
+            .await,
+        );
+    }
+    // Three other transactions hold ten machine rows each, and stay open.
+    let mut holders = Vec::new();
+    for k in 0..3i64 {
+        let mut conn = limited_connection(&db).await;
+        sqlx::query("BEGIN")
+            .execute(&mut conn)
+            .await
+            .expect("begin");
+        // By key: a scan with OFFSET would lock the rows it skips too.
+        let ids: Vec<i64> = machines[(k * 10) as usize..(k * 10 + 10) as usize].to_vec();
+        let locked: Vec<i64> =
+            sqlx::query_scalar("SELECT id FROM machines WHERE id = ANY($1) FOR UPDATE")
+                .bind(&ids)
+                .fetch_all(&mut conn)
+                .await
+                .expect("lock ten machines");
+        assert_eq!(locked.len(), 10);
+        holders.push(conn);
+    }
+    let started = std::time::Instant::now();
+    let outcome = allocator::reserve(&pool, org.id, &request("ORD-1", None))
+        .await
+        .expect("reserve");
+    let elapsed = started.elapsed();
+    match outcome {
+        ReserveOutcome::Contended { walk, candidates } => {
+            assert_eq!(walk.scanned, 25, "{walk:?}");
+            assert_eq!(walk.locked_by_others, 25);
+            assert_eq!(
+                walk.attempts, 0,
+                "a locked candidate is skipped, not an attempt"
+            );
+            assert_eq!(candidates, 30);
+        }
+        other => panic!("expected contended, got {other:?}"),
+    }
+    // lock_timeout is 5 s: waiting on any of those locks would show.
+    assert!(
+        elapsed < std::time::Duration::from_secs(2),
+        "reserve waited: {elapsed:?}"
+    );
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM reservations")
+            .fetch_one(&pool)
+            .await
+            .expect("count"),
+        0
+    );
+    for mut conn in holders {
+        sqlx::query("ROLLBACK")
+            .execute(&mut conn)
+            .await
+            .expect("rollback");
+    }
+    // Released, the same order gets a machine.
+    let r = reserved(&pool, org.id, "ORD-1", None).await;
+    assert_eq!(r.machine.asset_tag, "OK-00");
+}
+
+/// R5/R6: a collision on the first attempt (a competitor committed a held
+/// reservation on the first candidate after pass one) is rolled back to its
+/// savepoint; the same transaction goes on to insert on the next candidate.
+#[tokio::test]
+async fn a_lost_insert_race_is_rolled_back_to_its_savepoint_and_the_next_candidate_wins() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "savepoint", true).await;
+    let first = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
+    let second = machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
+    let mut conn = limited_connection(&db).await;
+    let mut tx = conn.begin().await.expect("begin");
+    sqlx::query("SELECT 1")
+        .execute(&mut *tx)
+        .await
+        .expect("the transaction is open");
+    // Pass one (as the allocator saw it) had both; now a competitor commits
+    // a hold on the first from another connection.
+    let competitor = held_directly(&pool, org.id, first, "ORD-FASTER").await;
+    let req = request("ORD-1", None);
+    let mut walk = WalkStats::default();
+    let walked = allocator::walk_candidates(&mut tx, org.id, &req, &[first, second], &mut walk)
+        .await
+        .expect("the walk survives the violation");
+    let r = match walked {
+        Walked::Created(r) => r,
+        other => panic!("expected a reservation, got {other:?}"),
+    };
+    assert_eq!(r.machine_id, second);
+    assert_eq!(walk.attempts, 2, "the lost race was an attempt: {walk:?}");
+    // Same transaction, still healthy: it sees its own insert and commits.
+    let mine: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM reservations WHERE order_ref = 'ORD-1'")
+            .fetch_one(&mut *tx)
+            .await
+            .expect("the transaction is not aborted");
+    assert_eq!(mine, 1);
+    tx.commit().await.expect("commit");
+    let held: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT id, machine_id FROM reservations WHERE state = 'held' ORDER BY machine_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("held");
+    assert_eq!(held, vec![(competitor, first), (r.id, second)]);
+}
+
+/// R6: the two unique rules are told apart by the constraint's name, and
+/// the allocator answers each as it means.
+#[tokio::test]
+async fn both_unique_constraints_are_told_apart_by_name() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "names", true).await;
+    let a = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
+    let b = machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
+    held_directly(&pool, org.id, a, "ORD-A").await;
+    let insert = |machine_id: i64, order_ref: &'static str| {
+        sqlx::query(
+            "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
+             VALUES ($1, $2, $3, '{}', '{}', 'x', 900, clock_timestamp() + interval '1 hour')",
+        )
+        .bind(org.id)
+        .bind(order_ref)
+        .bind(machine_id)
+        .execute(&pool)
+    };
+    let machine_taken = insert(a, "ORD-B").await.expect_err("machine taken");
+    assert_eq!(
+        poolkeeper::db::violated_unique(&machine_taken),
+        Some("reservations_one_holder_per_machine")
+    );
+    let order_taken = insert(b, "ORD-A").await.expect_err("order taken");
+    assert_eq!(
+        poolkeeper::db::violated_unique(&order_taken),
+        Some("reservations_order_ref_unique_per_org")
+    );
+    // Through an error of our own wrapping it, too (the cause chain).
+    let wrapped = anyhow::Error::from(order_taken).context("reserving");
+    assert_eq!(
+        poolkeeper::db::violated_unique(wrapped.as_ref()),
+        Some("reservations_order_ref_unique_per_org")
+    );
+
+    // The allocator: an order that got a reservation behind its back (after
+    // its first R9 ask) gets that reservation, not a second one.
+    let mut conn = limited_connection(&db).await;
+    let mut tx = conn.begin().await.expect("begin");
+    let mut walk = WalkStats::default();
+    match allocator::walk_candidates(&mut tx, org.id, &request("ORD-A", None), &[b], &mut walk)
+        .await
+        .expect("walk")
+    {
+        Walked::Existing(r) => {
+            assert_eq!(r.order_ref, "ORD-A");
+            assert_eq!(r.machine_id, a);
+        }
+        other => panic!("expected the existing reservation, got {other:?}"),
+    }
+    tx.commit().await.expect("commit");
+    // And a machine taken is the next candidate's turn, then the bound.
+    let mut tx = conn.begin().await.expect("begin");
+    let mut walk = WalkStats::default();
+    let walked = allocator::walk_candidates(
+        &mut tx,
+        org.id,
+        &request("ORD-C", None),
+        &[a, a, a, a, a, a],
+        &mut walk,
+    )
+    .await
+    .expect("walk");
+    assert!(matches!(walked, Walked::Nothing), "{walked:?}");
+    assert_eq!(
+        walk.attempts,
+        allocator::MAX_ATTEMPTS,
+        "at most 5 attempts: {walk:?}"
+    );
+    tx.rollback().await.expect("rollback");
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM reservations")
+            .fetch_one(&pool)
+            .await
+            .expect("count"),
+        1
+    );
+}
+
+/// R10: a conversion racing a new order for the same machine, 200 times:
+/// the new order never gets the machine, and it never has two holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn convert_racing_a_new_order_never_frees_the_machine() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "promote", true).await;
+    let service = ServiceRef::parse("SRV-1").expect("service ref");
+    for round in 0..200 {
+        let profile = format!("p-{round}");
+        let m = machine(
+            &pool,
+            org.id,
+            &format!("OK-{round}"),
+            SITE,
+            "dell",
+            &profile,
+            "ready",
+        )
+        .await;
+        let r = match allocator::reserve(
+            &pool,
+            org.id,
+            &request_for(&format!("FIRST-{round}"), &profile, None),
+        )
+        .await
+        .expect("reserve")
+        {
+            ReserveOutcome::Created { reservation, .. } => reservation,
+            other => panic!("round {round}: {other:?}"),
+        };
+        let barrier = Arc::new(Barrier::new(2));
+        let mut c2 = pool.acquire().await.expect("conn");
+        let b1 = barrier.clone();
+        let p1 = pool.clone();
+        let service = service.clone();
+        let org_id = org.id;
+        let convert = tokio::spawn(async move {
+            b1.wait().await;
+            reservations::convert(&p1, org_id, r.id, r.fence, "test", &service).await
+        });
+        let b2 = barrier.clone();
+        let req = request_for(&format!("SECOND-{round}"), &profile, None);
+        let order = tokio::spawn(async move {
+            b2.wait().await;
+            allocator::reserve_on(&mut c2, org_id, &req)
+                .await
+                .expect("reserve")
+        });
+        let converted = convert.await.expect("task");
+        let second = order.await.expect("task");
+        assert!(converted.is_ok(), "round {round}: {converted:?}");
+        match &second {
+            ReserveOutcome::Unavailable { excluded } => {
+                assert_eq!(
+                    excluded.held + excluded.in_service,
+                    1,
+                    "round {round}: {excluded:?}"
+                )
+            }
+            other => panic!(
+                "round {round}: the new order got an answer other than unavailable: {other:?}"
+            ),
+        }
+        let (holders, live, second_rows): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM reservations WHERE machine_id = $1 AND state = 'held'),
+                    (SELECT count(*) FROM service_links WHERE machine_id = $1 AND ended_at IS NULL),
+                    (SELECT count(*) FROM reservations WHERE machine_id = $1 AND order_ref LIKE 'SECOND-%')",
+        )
+        .bind(m)
+        .fetch_one(&pool)
+        .await
+        .expect("invariants");
+        assert_eq!((holders, live, second_rows), (0, 1, 0), "round {round}");
+    }
+}
+
+/// R11: an overdue held reservation does not block a new order: the
+/// allocator expires it at the point of use, in the same transaction.
+#[tokio::test]
+async fn an_overdue_hold_is_expired_at_the_point_of_use() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "overdue", true).await;
+    let m = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
+    let old = reserved(&pool, org.id, "ORD-OLD", None).await;
+    sqlx::query(
+        "UPDATE reservations SET created_at = created_at - interval '1 hour', expires_at = expires_at - interval '1 hour'
+          WHERE id = $1",
+    )
+    .bind(old.id)
+    .execute(&pool)
+    .await
+    .expect("make it overdue");
+    // Pass one already counts it as a candidate.
+    let verdicts = allocator::explain(
+        &pool,
+        org.id,
+        &spec(None),
+        &MachineFilter::default(),
+        None,
+        10,
+    )
+    .await
+    .expect("explain");
+    assert_eq!(verdicts[0].exclusion, None);
+    let new = reserved(&pool, org.id, "ORD-NEW", None).await;
+    assert_eq!(new.machine_id, m);
+    assert!(
+        new.reason
+            .contains(&format!("reservation {} was overdue", old.id)),
+        "{}",
+        new.reason
+    );
+    let old = reservations::get(&pool, org.id, old.id)
+        .await
+        .expect("get")
+        .expect("exists");
+    assert_eq!(old.state, "expired");
+    assert_eq!(old.ended_by.as_deref(), Some("allocator"));
+    let events = reservations::events(&pool, org.id, old.id)
+        .await
+        .expect("events");
+    let last = events.last().expect("an event");
+    assert_eq!(
+        (
+            last.kind.as_str(),
+            last.actor.as_str(),
+            last.from_state.as_deref()
+        ),
+        ("expired", "allocator", Some("held"))
+    );
+}
+
+/// R11/R10 on the library: convert and cancel judge the deadline by the
+/// database clock whether or not a sweep ran, and record the expiry.
+#[tokio::test]
+async fn overdue_convert_and_cancel_record_an_expiry_and_refuse() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "deadline", true).await;
+    machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
+    machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
+    let a = reserved(&pool, org.id, "ORD-A", None).await;
+    let b = reserved(&pool, org.id, "ORD-B", None).await;
+    sqlx::query(
+        "UPDATE reservations SET created_at = created_at - interval '1 hour', expires_at = expires_at - interval '1 hour'",
+    )
+    .execute(&pool)
+    .await
+    .expect("make them overdue");
+    let service = ServiceRef::parse("SRV-1").expect("ref");
+    let err = reservations::convert(&pool, org.id, a.id, a.fence, "checkout", &service)
+        .await
+        .expect_err("overdue");
+    assert!(matches!(err, TransitionError::Expired { .. }), "{err:?}");
+    let err = reservations::cancel(
+        &pool,
+        org.id,
+        b.id,
+        b.fence,
+        "support@x.example",
+        "customer left",
+    )
+    .await
+    .expect_err("overdue");
+    assert!(matches!(err, TransitionError::Expired { .. }), "{err:?}");
+    let a = reservations::get(&pool, org.id, a.id)
+        .await
+        .expect("get")
+        .expect("a");
+    let b = reservations::get(&pool, org.id, b.id)
+        .await
+        .expect("get")
+        .expect("b");
+    assert_eq!(
+        (a.state.as_str(), a.ended_by.as_deref()),
+        ("expired", Some("conversion"))
+    );
+    assert_eq!(
+        (b.state.as_str(), b.ended_by.as_deref()),
+        ("expired", Some("cancellation"))
+    );
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM service_links")
+            .fetch_one(&pool)
+            .await
+            .expect("count"),
+        0
+    );
+    // Now ended: the same calls say so, with the state.
+    let err = reservations::convert(&pool, org.id, a.id, a.fence, "checkout", &service)
+        .await
+        .expect_err("ended");
+    assert!(
+        matches!(err, TransitionError::NotHeld { ref state } if state == "expired"),
+        "{err:?}"
+    );
+    let err = reservations::cancel(&pool, org.id, a.id, a.fence + 1000, "x", "y")
+        .await
+        .expect_err("stale");
+    assert!(matches!(err, TransitionError::StaleFence), "{err:?}");
+    let err = reservations::cancel(&pool, org.id + 1000, a.id, a.fence, "x", "y")
+        .await
+        .expect_err("not found");
+    assert!(matches!(err, TransitionError::NotFound), "{err:?}");
+}
+
+/// Pass two on its own: what is locked by someone else is reported as such,
+/// and the look itself leaves nothing locked.
+#[tokio::test]
+async fn lockable_now_tells_locked_from_lockable_and_locks_nothing() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "passtwo", true).await;
+    let a = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
+    machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
+    let mut holder = limited_connection(&db).await;
+    sqlx::query("BEGIN")
+        .execute(&mut holder)
+        .await
+        .expect("begin");
+    sqlx::query("SELECT id FROM machines WHERE id = $1 FOR UPDATE")
+        .bind(a)
+        .execute(&mut holder)
+        .await
+        .expect("lock");
+    let two = allocator::lockable_now(&pool, org.id, &spec(None))
+        .await
+        .expect("pass two");
+    let tags = |ms: &[poolkeeper::inventory::Machine]| {
+        ms.iter().map(|m| m.asset_tag.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(tags(&two.locked_by_others), vec!["OK-1"]);
+    assert_eq!(tags(&two.lockable), vec!["OK-2"]);
+    // Nothing of ours is left locked: another transaction can lock OK-2 at once.
+    let free: Option<i64> = sqlx::query_scalar(
+        "SELECT id FROM machines WHERE asset_tag = 'OK-2' FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_optional(&pool)
+    .await
+    .expect("probe");
+    assert!(free.is_some());
+    sqlx::query("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .expect("rollback");
+    for e in [
+        Exclusion::WrongSite,
+        Exclusion::WrongVendor,
+        Exclusion::WrongProfile,
+        Exclusion::NotReady {
+            status: poolkeeper::domain::MachineStatus::Maintenance,
+        },
+        Exclusion::InService {
+            service_ref: "SRV-9".into(),
+        },
+    ] {
+        assert!(!e.describe().is_empty());
+    }
+    assert!(
+        Exclusion::NotReady {
+            status: poolkeeper::domain::MachineStatus::Maintenance
+        }
+        .describe()
+        .contains("maintenance")
+    );
+}
+
+async fn explain_plan(
+    conn: &mut sqlx::PgConnection,
+    explain: &str,
+    org_id: i64,
+) -> serde_json::Value {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(explain.to_owned()))
+        .bind(org_id)
+        .bind(SITE)
+        .bind(PROFILE)
+        .bind(None::<String>)
+        .bind(allocator::MAX_SCANNED as i64)
+        .fetch_one(conn)
+        .await
+        .expect("explain")
+}
+
+/// The total shared buffers an EXPLAIN (ANALYZE, BUFFERS) plan touched.
+fn buffers(plan: &serde_json::Value) -> i64 {
+    let p = &plan[0]["Plan"];
+    p["Shared Hit Blocks"].as_i64().unwrap_or(0) + p["Shared Read Blocks"].as_i64().unwrap_or(0)
+}
+
+/// The candidate query stays on its indexes as history grows: with 50,000
+/// ended reservations it touches a bounded number of buffers, and the same
+/// query without index scans exceeds that bound (so the bound can fail).
+#[tokio::test]
+async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "history", true).await;
+    // 20 candidates, and 2,000 machines of other sites and profiles.
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'M-' || g, CASE WHEN g <= 20 THEN 'par1' ELSE 'ams1' END, 'dell',
+                CASE WHEN g <= 20 THEN 'epyc-9354-256g' ELSE 'xeon-6430-128g' END,
+                CASE WHEN g % 7 = 0 AND g > 20 THEN 'broken' ELSE 'ready' END
+           FROM generate_series(1, 2020) g",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("machines");
+    // 50,000 ended reservations, most of them on the candidates.
+    sqlx::query(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason, hold_seconds,
+                                   created_at, expires_at, ended_at, ended_by, end_reason)
+         SELECT $1, 'H-' || g, ids.ids[1 + g % 40], CASE WHEN g % 3 = 0 THEN 'cancelled' ELSE 'expired' END,
+                '{\"site\": \"par1\"}', '{\"asset_tag\": \"M-1\"}', 'history of a busy pool', 900,
+                clock_timestamp() - interval '2 days', clock_timestamp() - interval '2 days' + interval '15 minutes',
+                clock_timestamp() - interval '2 days' + interval '15 minutes', 'sweep', 'history'
+           FROM generate_series(1, 50000) g,
+                (SELECT array_agg(id ORDER BY id) AS ids FROM machines WHERE org_id = $1) ids",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("history");
+    // A third of them were converted, and their service links have ended since.
+    sqlx::query(
+        "UPDATE reservations SET state = 'converted' WHERE org_id = $1 AND state = 'cancelled'",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("converted history");
+    sqlx::query(
+        "INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at, ended_at, ended_by)
+         SELECT org_id, machine_id, id, 'SRV-' || id, ended_at, ended_at + interval '1 hour', 'test'
+           FROM reservations WHERE org_id = $1 AND state = 'converted'",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("ended service links");
+    sqlx::query("ANALYZE")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let mut conn = limited_connection(&db).await;
+    let explain = format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+        allocator::candidate_query()
+    );
+    let plan = explain_plan(&mut conn, &explain, org.id).await;
+    let rows = plan[0]["Plan"]["Actual Rows"].as_f64().unwrap_or(0.0);
+    assert_eq!(rows, 20.0, "every candidate is found: {plan}");
+    let indexed = buffers(&plan);
+    const BOUND: i64 = 250;
+    assert!(
+        indexed <= BOUND,
+        "the candidate query touched {indexed} buffers: {plan:#}"
+    );
+    let text = plan.to_string();
+    assert!(
+        !text.contains("\"Seq Scan\""),
+        "a sequential scan: {plan:#}"
+    );
+    assert!(
+        text.contains("reservations_one_holder_per_machine"),
+        "{plan:#}"
+    );
+    assert!(
+        text.contains("service_links_one_live_per_machine"),
+        "{plan:#}"
+    );
+    assert!(text.contains("machines_candidates_idx"), "{plan:#}");
+    // The same query, forbidden its indexes, blows through the bound.
+    sqlx::query("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    sqlx::query("SET LOCAL enable_indexscan = off")
+        .execute(&mut conn)
+        .await
+        .expect("set");
+    sqlx::query("SET LOCAL enable_bitmapscan = off")
+        .execute(&mut conn)
+        .await
+        .expect("set");
+    let plan = explain_plan(&mut conn, &explain, org.id).await;
+    sqlx::query("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("rollback");
+    let scanned = buffers(&plan);
+    assert!(
+        scanned > BOUND * 4,
+        "without indexes: {scanned} buffers (indexed: {indexed})"
+    );
+    eprintln!("candidate query: {indexed} buffers on indexes, {scanned} without");
+}
+
+/// `poolkeeper demo` reserves its demo orders through the allocator, once.
+#[tokio::test]
+async fn the_demo_reserves_its_orders_once() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let first = poolkeeper::demo::load(&pool).await.expect("demo");
+    assert_eq!(first.reservations, poolkeeper::demo::RESERVATIONS as i64);
+    let again = poolkeeper::demo::load(&pool).await.expect("demo again");
+    assert_eq!(again.reservations, first.reservations);
+    let (held, machines, with_reason, events): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'held'), count(DISTINCT machine_id),
+                count(*) FILTER (WHERE reason LIKE '%matched site%'),
+                (SELECT count(*) FROM reservation_events WHERE kind = 'created' AND actor = 'demo')
+           FROM reservations WHERE order_ref LIKE 'DEMO-%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("demo reservations");
+    let n = poolkeeper::demo::RESERVATIONS as i64;
+    assert_eq!((held, machines, with_reason, events), (n, n, n, n));
 }

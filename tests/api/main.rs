@@ -11,5 +11,6 @@ mod inventory;
 mod lease;
 mod migrations;
 mod openapi;
+mod orders;
 mod schema;
 mod sweep;

@@ -1,0 +1,249 @@
+//! Order endpoints (scope `orders`): reserve, read, convert, cancel.
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
+use crate::domain::{OrderRef, Profile, Scope, ServiceRef, Site, Vendor};
+use crate::error::{ApiError, conflict, invalid, not_found};
+use crate::metrics::Metrics;
+use crate::reservations::{self, Reservation, TransitionError};
+use crate::settings::Settings;
+use crate::tokens::ApiClient;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::resource("/reservations")
+            .route(web::post().to(reserve))
+            .route(web::get().to(by_order_ref)),
+    )
+    .service(web::resource("/reservations/{id}").route(web::get().to(get)))
+    .service(web::resource("/reservations/{id}/events").route(web::get().to(events)))
+    .service(web::resource("/reservations/{id}/convert").route(web::post().to(convert)))
+    .service(web::resource("/reservations/{id}/cancel").route(web::post().to(cancel)));
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReserveBody {
+    order_ref: OrderRef,
+    site: Site,
+    profile: Profile,
+    #[serde(default)]
+    vendor: Option<Vendor>,
+    #[serde(default)]
+    hold_seconds: Option<i64>,
+}
+
+/// Bodies and path ids are parsed in the handler, after the module check,
+/// so that with the module off every request is refused the same way (R12);
+/// anything malformed is `400 invalid` and writes nothing.
+pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| invalid(format!("invalid JSON body: {e}")))
+}
+
+/// A numeric id from the path.
+pub(crate) fn path_id(raw: &str) -> Result<i64, ApiError> {
+    raw.parse::<i64>()
+        .map_err(|_| invalid(format!("{raw:?} is not an id: ids are whole numbers")))
+}
+
+/// The API's view of a reservation: the row (with its frozen machine, R8)
+/// and, once converted, its service link.
+async fn body(pool: &PgPool, org_id: i64, r: &Reservation) -> Result<Value, ApiError> {
+    let mut value = serde_json::to_value(r).map_err(anyhow::Error::from)?;
+    if r.state == "converted"
+        && let Some(link) = reservations::service_of(pool, org_id, r.id).await?
+        && let Value::Object(map) = &mut value
+    {
+        map.insert(
+            "service".into(),
+            serde_json::to_value(link).map_err(anyhow::Error::from)?,
+        );
+    }
+    Ok(value)
+}
+
+async fn reserve(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    metrics: web::Data<Metrics>,
+    payload: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let b: ReserveBody = json_body(&payload)?;
+    let hold = HoldSeconds::new(b.hold_seconds.unwrap_or(i64::from(settings.hold_seconds)))
+        .map_err(|e| invalid(e.to_string()))?;
+    let req = ReserveRequest {
+        order_ref: b.order_ref,
+        spec: OrderSpec {
+            site: b.site,
+            profile: b.profile,
+            vendor: b.vendor,
+        },
+        hold,
+        actor: client.token_name.clone(),
+    };
+    let outcome = allocator::reserve(&pool, client.org_id, &req).await?;
+    metrics
+        .reservations
+        .with_label_values(&[outcome.label()])
+        .inc();
+    match outcome {
+        ReserveOutcome::Created { reservation, .. } => {
+            Ok(HttpResponse::Created().json(body(&pool, client.org_id, &reservation).await?))
+        }
+        ReserveOutcome::Existing(reservation) => {
+            Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &reservation).await?))
+        }
+        ReserveOutcome::Contended { walk, candidates } => Err(conflict(
+            "contended",
+            "machines match this order but faster orders are taking them; retry in a moment",
+        )
+        .with("scanned", json!(walk.scanned))
+        .with("candidates", json!(candidates))
+        .retry_after(allocator::RETRY_AFTER_SECONDS)),
+        ReserveOutcome::Unavailable { excluded } => Err(conflict(
+            "unavailable",
+            "no machine matches this order; more hardware is needed",
+        )
+        .with("excluded", json!(excluded))),
+    }
+}
+
+async fn get(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let r = reservations::get(&pool, client.org_id, path_id(&path)?)
+        .await?
+        .ok_or(not_found("reservation"))?;
+    Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ByOrderRef {
+    order_ref: Option<String>,
+}
+
+async fn by_order_ref(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let query = web::Query::<ByOrderRef>::from_query(req.query_string())
+        .map_err(|e| invalid(format!("invalid query string: {e}")))?;
+    let order_ref = query
+        .order_ref
+        .as_deref()
+        .ok_or_else(|| invalid("order_ref is required"))
+        .and_then(|s| OrderRef::parse(s).map_err(|e| invalid(e.to_string())))?;
+    let mut conn = pool.acquire().await?;
+    let r = reservations::by_order_ref(&mut conn, client.org_id, order_ref.as_str())
+        .await?
+        .ok_or(not_found("reservation"))?;
+    drop(conn);
+    Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
+}
+
+async fn events(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let id = path_id(&path)?;
+    reservations::get(&pool, client.org_id, id)
+        .await?
+        .ok_or(not_found("reservation"))?;
+    let events = reservations::events(&pool, client.org_id, id).await?;
+    Ok(HttpResponse::Ok().json(json!({ "events": events })))
+}
+
+/// A refused transition, in API.md's codes.
+fn refusal(e: TransitionError) -> ApiError {
+    match e {
+        TransitionError::NotFound => not_found("reservation"),
+        TransitionError::StaleFence => conflict("stale_fence", e.to_string()),
+        TransitionError::NotHeld { state } => conflict(
+            "not_held",
+            format!("the reservation has already ended: {state}"),
+        )
+        .with("state", json!(state)),
+        TransitionError::Expired { expires_at } => {
+            conflict("expired", e.to_string()).with("expires_at", json!(expires_at))
+        }
+        TransitionError::Database(db) => db.into(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvertBody {
+    fence: i64,
+    service_ref: ServiceRef,
+}
+
+async fn convert(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    path: web::Path<String>,
+    payload: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let id = path_id(&path)?;
+    let b: ConvertBody = json_body(&payload)?;
+    let (r, _link) = reservations::convert(
+        &pool,
+        client.org_id,
+        id,
+        b.fence,
+        &client.token_name,
+        &b.service_ref,
+    )
+    .await
+    .map_err(refusal)?;
+    Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    fence: i64,
+    reason: String,
+}
+
+async fn cancel(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    path: web::Path<String>,
+    payload: web::Bytes,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let id = path_id(&path)?;
+    let b: CancelBody = json_body(&payload)?;
+    let reason = reservations::check_reason(&b.reason).map_err(invalid)?;
+    let r = reservations::cancel(
+        &pool,
+        client.org_id,
+        id,
+        b.fence,
+        &client.token_name,
+        reason,
+    )
+    .await
+    .map_err(refusal)?;
+    Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
+}

@@ -1,0 +1,33 @@
+//! Service links (scope `orders`): ending one returns its machine to the
+//! datacenter team as `provisioning`.
+
+use actix_web::{HttpResponse, web};
+use sqlx::PgPool;
+
+use crate::api::reservations::path_id;
+use crate::domain::Scope;
+use crate::error::{ApiError, conflict, not_found};
+use crate::reservations::{self, EndServiceError};
+use crate::settings::Settings;
+use crate::tokens::ApiClient;
+
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    cfg.service(web::resource("/services/{id}/end").route(web::post().to(end)));
+}
+
+async fn end(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let link = reservations::end_service(&pool, client.org_id, path_id(&path)?, &client.token_name)
+        .await
+        .map_err(|e| match e {
+            EndServiceError::NotFound => not_found("service"),
+            EndServiceError::NotLive => conflict("not_live", "the service link has already ended"),
+            EndServiceError::Database(db) => db.into(),
+        })?;
+    Ok(HttpResponse::Ok().json(link))
+}
