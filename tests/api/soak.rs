@@ -1129,3 +1129,68 @@ async fn check_invariants(pool: &PgPool, created: &[Created], report: &mut SoakR
         *report.ended.entry(key).or_default() += n;
     }
 }
+
+/// The checker is not blind: each kind of damage it claims to find is found.
+#[tokio::test]
+async fn the_invariant_checks_find_what_they_claim() {
+    let app = crate::helpers::spawn_app().await;
+    for tag in ["INV-1", "INV-2", "INV-3"] {
+        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            .await;
+    }
+    // Two holds on INV-1: the first "ended" an hour from now.
+    let (first, _) = app.insert_held(app.org.id, "ORD-I1", "INV-1", 600).await;
+    sqlx::query(
+        "WITH r AS (UPDATE reservations SET state = 'cancelled', ended_at = clock_timestamp() + interval '1 hour',
+                           ended_by = 'x' WHERE id = $1 RETURNING id)
+         INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, at)
+         SELECT id, 'cancelled', 'held', 'cancelled', 'x', clock_timestamp() + interval '1 hour' FROM r",
+    )
+    .bind(first)
+    .execute(&app.pool)
+    .await
+    .expect("end in the future");
+    let (_, fence) = app.insert_held(app.org.id, "ORD-I2", "INV-1", 600).await;
+    // A link dated after the deadline, on a reservation still held, naming
+    // the machine INV-1 that another order holds.
+    let (late, _) = app.insert_held(app.org.id, "ORD-I3", "INV-2", 600).await;
+    sqlx::query(
+        "INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+         SELECT org_id, (SELECT id FROM machines WHERE asset_tag = 'INV-1'), id, 'SRV-LATE',
+                expires_at + interval '1 second'
+           FROM reservations WHERE id = $1",
+    )
+    .bind(late)
+    .execute(&app.pool)
+    .await
+    .expect("late link");
+    // An ending without its event.
+    let (silent, _) = app.insert_held(app.org.id, "ORD-I4", "INV-3", 600).await;
+    sqlx::query(
+        "UPDATE reservations SET state = 'expired', ended_at = expires_at, ended_by = 'sweep' WHERE id = $1",
+    )
+    .bind(silent)
+    .execute(&app.pool)
+    .await
+    .expect("silent end");
+    // A 201 whose fence the database does not know.
+    let created = [Created {
+        id: first + 1,
+        order_ref: "ORD-I2".into(),
+        asset_tag: "INV-1".into(),
+        fence: fence + 1000,
+    }];
+    let mut report = SoakReport::default();
+    check_invariants(&app.pool, &created, &mut report).await;
+    let all = report.violations.join("\n");
+    for expected in [
+        "two holds on one machine at once: 1",
+        "a machine held while in live service",
+        "a conversion after its deadline: 1",
+        "a converted reservation without exactly one service link",
+        "an ended reservation without exactly one terminal event",
+        "does not match the database",
+    ] {
+        assert!(all.contains(expected), "{expected} not found in:\n{all}");
+    }
+}
