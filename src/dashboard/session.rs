@@ -252,7 +252,7 @@ async fn login(
         ));
     }
     let addr = source_addr(&req);
-    let email_text = form.email.trim().to_ascii_lowercase();
+    let email_text = attempt_key(&form.email);
     let (by_account, by_address): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
            FROM login_attempts
@@ -351,6 +351,20 @@ async fn login(
 }
 
 /// login_attempts for throttling, audit_log for people; never the password.
+/// The email as login_attempts and the audit log record it: whatever was
+/// typed, lower-cased, cut to the longest valid address (254) and without
+/// NUL, which PostgreSQL text refuses. An unbounded value would overflow the
+/// btree index on login_attempts.email and turn a bad login into a 500.
+fn attempt_key(typed: &str) -> String {
+    typed
+        .trim()
+        .chars()
+        .filter(|c| *c != '\0')
+        .take(254)
+        .collect::<String>()
+        .to_ascii_lowercase()
+}
+
 async fn record_attempt(
     pool: &PgPool,
     org_id: Option<i64>,
