@@ -334,6 +334,7 @@ fn id_segment(real: i64) -> impl Strategy<Value = String> {
         1 => Just("-1".to_owned()),
         1 => Just("1.0".to_owned()),
         2 => "\\PC{1,40}".prop_map(|s| s.bytes().map(|b| format!("%{b:02X}")).collect()),
+        1 => "[\\x00-\\x1f]{1,3}".prop_map(|s| s.bytes().map(|b| format!("%{b:02X}")).collect()),
     ]
 }
 
@@ -392,7 +393,7 @@ fn order_call(held: i64, fence: i64, service: i64) -> impl Strategy<Value = Orde
     let query_key = prop::sample::select(vec!["order_ref", "bogus", "order_ref[]", ""]);
     let query = prop::collection::btree_map(
         query_key,
-        prop_oneof!["ORD-[0-9]{1,3}", "\\PC{0,200}"],
+        prop_oneof!["ORD-[0-9]{1,3}", "\\PC{0,200}", "[\\x00-\\x1f]{1,3}"],
         0..3,
     )
     .prop_map(|m| {

@@ -53,6 +53,29 @@ async fn every_pooled_connection_has_the_session_limits() {
         .await
         .expect("show");
     assert_eq!(app_name, "poolkeeper");
+    // The sweep's own pool is built from these options (sweep::worker_pool
+    // clones pool.connect_options() and renames the application): the
+    // limits survive that clone.
+    let sweep_like = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(
+            (*pool.connect_options())
+                .clone()
+                .application_name("poolkeeper-sweep"),
+        )
+        .await
+        .expect("sweep-like pool");
+    let (lock, idle, name): (String, String, String) = sqlx::query_as(
+        "SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout'),
+                current_setting('application_name')",
+    )
+    .fetch_one(&sweep_like)
+    .await
+    .expect("settings");
+    assert_eq!(
+        (lock.as_str(), idle.as_str(), name.as_str()),
+        ("5s", "30s", "poolkeeper-sweep")
+    );
 }
 
 /// lock_timeout bounds a transaction that waits on a row lock: a cancel
