@@ -239,6 +239,10 @@ struct SoakReport {
     replica_stops: u64,
     replica_restarts: u64,
     ended: BTreeMap<String, i64>,
+    /// Answered requests' latencies, in milliseconds.
+    latencies_ms: Vec<u32>,
+    /// (distinct lease fences that swept, distinct replicas that swept, sweep runs)
+    sweep: (i64, i64, i64),
     violations: Vec<String>,
 }
 
@@ -271,6 +275,25 @@ impl std::fmt::Display for SoakReport {
             self.holder_kills,
             self.replica_stops,
             self.replica_restarts
+        )?;
+        let mut l = self.latencies_ms.clone();
+        l.sort_unstable();
+        let pct = |p: f64| {
+            l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0)
+        };
+        writeln!(
+            f,
+            "latency of answered requests (ms): p50 {}, p99 {}, max {}",
+            pct(0.5),
+            pct(0.99),
+            l.last().copied().unwrap_or(0)
+        )?;
+        writeln!(
+            f,
+            "sweep: {} runs under {} lease fences by {} replicas",
+            self.sweep.2, self.sweep.0, self.sweep.1
         )?;
         writeln!(f, "invariant violations: {}", self.violations.len())?;
         for v in self.violations.iter().take(50) {
@@ -633,6 +656,7 @@ async fn run_soak(load: Duration) -> SoakReport {
             *report.by_status.entry(k).or_default() += v;
         }
         report.violations.extend(r.violations);
+        report.latencies_ms.extend(r.latencies_ms);
         created.extend(r.created);
     }
     report.load = started.elapsed();
@@ -686,6 +710,7 @@ struct ClientReport {
     by_status: BTreeMap<u16, u64>,
     violations: Vec<String>,
     created: Vec<Created>,
+    latencies_ms: Vec<u32>,
 }
 
 struct Order {
@@ -718,6 +743,7 @@ impl ClientReport {
     ) -> Answer {
         self.requests += 1;
         *self.by_op.entry(op).or_default() += 1;
+        let sent = Instant::now();
         let resp = match req.timeout(Duration::from_secs(20)).send().await {
             Ok(r) => r,
             Err(_) => {
@@ -735,6 +761,8 @@ impl ClientReport {
             }
         };
         *self.by_status.entry(status).or_default() += 1;
+        self.latencies_ms
+            .push(sent.elapsed().as_millis().min(u32::MAX as u128) as u32);
         if !allowed.contains(&status) {
             self.violations
                 .push(format!("{op}: undocumented status {status}: {body}"));
@@ -789,7 +817,12 @@ async fn client(
                 open: true,
             };
             match me.call("reserve", req, &[201, 409, 503]).await {
-                Answer::Status(201, b, _) => learn_created(&mut me, &mut order, &b),
+                Answer::Status(201, b, _) => {
+                    learn_created(&mut me, &mut order, &b);
+                    // A third of the customers walk away: only the sweep or a
+                    // later order ends their hold.
+                    order.open = rng.random_bool(0.67);
+                }
                 Answer::Status(409, b, retry) => {
                     order.open = false;
                     check_409_reserve(&mut me, &b, retry);
@@ -1028,7 +1061,17 @@ fn check_409_transition(me: &mut ClientReport, op: &str, b: &Value) {
 
 /// The invariants, in SQL and against the clients' 201s.
 async fn check_invariants(pool: &PgPool, created: &[Created], report: &mut SoakReport) {
-    let checks: [(&str, &str); 10] = [
+    let checks: [(&str, &str); 12] = [
+        (
+            "one lease fence used by two replicas",
+            "SELECT count(*) FROM (SELECT lease_fence FROM sweep_runs GROUP BY lease_fence
+                                    HAVING count(DISTINCT replica) > 1) f",
+        ),
+        (
+            "a sweep expiry written under another replica's fence",
+            "SELECT count(*) FROM reservation_events e JOIN sweep_runs s ON s.lease_fence = e.lease_fence
+              WHERE e.actor = 'sweep' AND s.replica <> e.replica",
+        ),
         (
             "two holds on one machine at once",
             // A hold runs from its `created` event (written after the insert
@@ -1138,6 +1181,12 @@ async fn check_invariants(pool: &PgPool, created: &[Created], report: &mut SoakR
         }
     }
 
+    report.sweep = sqlx::query_as(
+        "SELECT count(DISTINCT lease_fence), count(DISTINCT replica), count(*) FROM sweep_runs",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("sweep runs");
     let ended: Vec<(String, Option<String>, i64)> = sqlx::query_as(
         "SELECT state, ended_by, count(*) FROM reservations GROUP BY state, ended_by ORDER BY state, ended_by",
     )
