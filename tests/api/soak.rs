@@ -241,6 +241,7 @@ struct SoakReport {
     ended: BTreeMap<String, i64>,
     /// Answered requests' latencies, in milliseconds.
     latencies_ms: Vec<u32>,
+    by_code: BTreeMap<String, u64>,
     /// (distinct lease fences that swept, distinct replicas that swept, sweep runs)
     sweep: (i64, i64, i64),
     violations: Vec<String>,
@@ -260,6 +261,7 @@ impl std::fmt::Display for SoakReport {
         )?;
         writeln!(f, "by operation: {:?}", self.by_op)?;
         writeln!(f, "by status: {:?}", self.by_status)?;
+        writeln!(f, "refusals by code: {:?}", self.by_code)?;
         writeln!(f, "201 received: {}", self.created_201)?;
         writeln!(
             f,
@@ -645,6 +647,7 @@ async fn run_soak(load: Duration) -> SoakReport {
         ..SoakReport::default()
     };
     let mut created = Vec::new();
+    let mut told = Vec::new();
     for c in clients {
         let r = c.await.expect("client task");
         report.requests += r.requests;
@@ -658,6 +661,10 @@ async fn run_soak(load: Duration) -> SoakReport {
         report.violations.extend(r.violations);
         report.latencies_ms.extend(r.latencies_ms);
         created.extend(r.created);
+        told.extend(r.told);
+        for (k, v) in r.by_code {
+            *report.by_code.entry(k).or_default() += v;
+        }
     }
     report.load = started.elapsed();
     terminator.await.expect("terminator");
@@ -684,6 +691,7 @@ async fn run_soak(load: Duration) -> SoakReport {
         .await
         .expect("pool");
     check_invariants(&pool, &created, &mut report).await;
+    check_told(&pool, &told, &mut report).await;
     pool.close().await;
     cluster.stop().await;
     if report.violations.is_empty() {
@@ -711,6 +719,10 @@ struct ClientReport {
     violations: Vec<String>,
     created: Vec<Created>,
     latencies_ms: Vec<u32>,
+    /// Reservations a 200 said were converted or cancelled.
+    told: Vec<(i64, &'static str)>,
+    /// Answers other than 2xx, by status and error code.
+    by_code: BTreeMap<String, u64>,
 }
 
 struct Order {
@@ -761,6 +773,10 @@ impl ClientReport {
             }
         };
         *self.by_status.entry(status).or_default() += 1;
+        if status >= 300 {
+            let code = body["error"].as_str().unwrap_or("-");
+            *self.by_code.entry(format!("{status} {code}")).or_default() += 1;
+        }
         self.latencies_ms
             .push(sent.elapsed().as_millis().min(u32::MAX as u128) as u32);
         if !allowed.contains(&status) {
@@ -900,6 +916,7 @@ async fn client(
                     if b["state"] != "converted" || b["id"].as_i64() != Some(id) {
                         me.violations.push(format!("convert {id} answered {b}"));
                     }
+                    me.told.push((id, "converted"));
                     learn_service(&mut services, &mut known_services, &b);
                 }
                 Answer::Status(409, b, _) => {
@@ -922,6 +939,7 @@ async fn client(
                     if b["state"] != "cancelled" || b["id"].as_i64() != Some(id) {
                         me.violations.push(format!("cancel {id} answered {b}"));
                     }
+                    me.told.push((id, "cancelled"));
                 }
                 Answer::Status(409, b, _) => {
                     orders[i].open = false;
@@ -1056,6 +1074,26 @@ fn check_409_transition(me: &mut ClientReport, op: &str, b: &Value) {
     // stale_fence would mean the fence of a 201 was not the reservation's.
     if !matches!(b["error"].as_str(), Some("expired" | "not_held")) {
         me.violations.push(format!("{op}: 409 {b}"));
+    }
+}
+
+/// Every convert or cancel a client was told succeeded is in the database.
+async fn check_told(pool: &PgPool, told: &[(i64, &'static str)], report: &mut SoakReport) {
+    let ids: Vec<i64> = told.iter().map(|(id, _)| *id).collect();
+    let rows: Vec<(i64, String)> =
+        sqlx::query_as("SELECT id, state FROM reservations WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(pool)
+            .await
+            .expect("told rows");
+    let states: std::collections::HashMap<i64, String> = rows.into_iter().collect();
+    for (id, state) in told {
+        if states.get(id).map(String::as_str) != Some(*state) {
+            report.violations.push(format!(
+                "reservation {id} was answered {state} but is {:?}",
+                states.get(id)
+            ));
+        }
     }
 }
 
