@@ -111,6 +111,9 @@ pub struct Verdict {
 /// The two lookups are single-row probes of the partial unique indexes
 /// `service_links_one_live_per_machine` and
 /// `reservations_one_holder_per_machine`: ended history is never read.
+/// (`LIMIT 1` changes nothing, the indexes allow one row, but it keeps each
+/// lookup a per-machine probe instead of a join the planner may turn into a
+/// walk over every held reservation.)
 fn classified(scope: &str) -> String {
     format!(
         "SELECT m.id, m.asset_tag, m.site, m.vendor, m.profile, m.status, m.created_at, m.updated_at,
@@ -127,11 +130,11 @@ fn classified(scope: &str) -> String {
            FROM machines m
            LEFT JOIN LATERAL (
                 SELECT s.service_ref FROM service_links s
-                 WHERE s.machine_id = m.id AND s.ended_at IS NULL) live ON true
+                 WHERE s.machine_id = m.id AND s.ended_at IS NULL LIMIT 1) live ON true
            LEFT JOIN LATERAL (
                 SELECT r.id, r.expires_at FROM reservations r
                  WHERE r.machine_id = m.id AND r.state = 'held'
-                   AND r.expires_at > clock_timestamp()) hold ON true
+                   AND r.expires_at > clock_timestamp() LIMIT 1) hold ON true
           WHERE m.org_id = $1 AND ({scope})"
     )
 }

@@ -3,6 +3,7 @@
 
 pub mod allocator;
 pub mod api;
+pub mod audit;
 pub mod cli;
 pub mod dashboard;
 pub mod db;

@@ -7,10 +7,11 @@ use sqlx::PgPool;
 use crate::metrics::Metrics;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/healthz", web::get().to(healthz))
-        .route("/readyz", web::get().to(readyz))
-        .route("/metrics", web::get().to(metrics))
-        .route("/api/openapi.json", web::get().to(openapi));
+    // One resource per path: another method is 405, not 404.
+    cfg.service(web::resource("/healthz").route(web::get().to(healthz)))
+        .service(web::resource("/readyz").route(web::get().to(readyz)))
+        .service(web::resource("/metrics").route(web::get().to(metrics)))
+        .service(web::resource("/api/openapi.json").route(web::get().to(openapi)));
 }
 
 async fn healthz() -> HttpResponse {

@@ -1,6 +1,6 @@
 //! Organizations (tenants) and their half of the R12 switch.
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::domain::Slug;
 
@@ -67,6 +67,21 @@ pub async fn set_datacenter_enabled(
         .bind(org_id)
         .bind(enabled)
         .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// As `set_datacenter_enabled`, on a caller's transaction (the settings page
+/// writes its audit row in the same transaction).
+pub async fn set_datacenter_enabled_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    enabled: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE organizations SET datacenter_enabled = $2 WHERE id = $1")
+        .bind(org_id)
+        .bind(enabled)
+        .execute(conn)
         .await?;
     Ok(())
 }

@@ -79,7 +79,8 @@ pub struct Event {
 }
 
 /// Why a convert or cancel was refused; nothing was written except, for
-/// `Expired`, the reservation's own expiry (ended by `conversion`).
+/// `Expired`, the reservation's own expiry (ended by `conversion` when a
+/// convert found it overdue, `cancellation` when a cancel did).
 #[derive(Debug, thiserror::Error)]
 pub enum TransitionError {
     #[error("reservation not found")]
@@ -360,6 +361,8 @@ async fn lock_for_transition(
 }
 
 /// Cancels a held reservation; `actor` is a staff email or a token name.
+/// `reason` is stored as given: callers check it first with `check_reason`
+/// (required, 1 to 500 characters).
 ///
 /// A held reservation past its deadline is not cancelled: it is recorded as
 /// expired, ended by `cancellation` (nobody decided before the deadline,
@@ -373,8 +376,22 @@ pub async fn cancel(
     reason: &str,
 ) -> Result<Reservation, TransitionError> {
     let mut tx = pool.begin().await?;
-    match lock_for_transition(
-        &mut tx,
+    let outcome = cancel_on(&mut tx, org_id, id, fence, actor, reason).await;
+    settle(tx, outcome).await
+}
+
+/// `cancel` inside the caller's transaction, so that the caller can write
+/// more (an audit row) atomically with it; finish with `settle`.
+pub async fn cancel_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<Reservation, TransitionError> {
+    lock_for_transition(
+        conn,
         org_id,
         id,
         fence,
@@ -382,22 +399,26 @@ pub async fn cancel(
         actor,
         "cancellation requested",
     )
-    .await?
-    {
-        Ok(_) => {}
-        Err(TransitionError::Expired { expires_at }) => {
-            tx.commit().await?;
-            return Err(TransitionError::Expired { expires_at });
-        }
-        Err(refusal) => return Err(refusal),
-    }
-    let cancelled = end(&mut tx, id, "cancelled", actor, reason)
+    .await??;
+    end(conn, id, "cancelled", actor, reason)
         .await?
         .ok_or_else(|| TransitionError::NotHeld {
             state: "unknown".into(),
-        })?;
-    tx.commit().await?;
-    Ok(cancelled)
+        })
+}
+
+/// Ends a transition's transaction: commit on success, and on `Expired`
+/// too (R11: the expiry found at the point of use is recorded even though
+/// the transition is refused); roll back on any other refusal.
+pub async fn settle<T>(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    outcome: Result<T, TransitionError>,
+) -> Result<T, TransitionError> {
+    match &outcome {
+        Ok(_) | Err(TransitionError::Expired { .. }) => tx.commit().await?,
+        Err(_) => tx.rollback().await?,
+    }
+    outcome
 }
 
 /// Converts a held reservation into a service link in one transaction (R10).
@@ -414,8 +435,21 @@ pub async fn convert(
     service_ref: &ServiceRef,
 ) -> Result<(Reservation, ServiceLink), TransitionError> {
     let mut tx = pool.begin().await?;
-    let held = match lock_for_transition(
-        &mut tx,
+    let outcome = convert_on(&mut tx, org_id, id, fence, actor, service_ref).await;
+    settle(tx, outcome).await
+}
+
+/// `convert` inside the caller's transaction; finish with `settle`.
+pub async fn convert_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    service_ref: &ServiceRef,
+) -> Result<(Reservation, ServiceLink), TransitionError> {
+    let held = lock_for_transition(
+        conn,
         org_id,
         id,
         fence,
@@ -423,16 +457,7 @@ pub async fn convert(
         actor,
         "conversion requested",
     )
-    .await?
-    {
-        Ok(held) => held,
-        Err(TransitionError::Expired { expires_at }) => {
-            // R11: the expiry is recorded even though the conversion is refused.
-            tx.commit().await?;
-            return Err(TransitionError::Expired { expires_at });
-        }
-        Err(refusal) => return Err(refusal),
-    };
+    .await??;
     // R11: the link's creation time and the deadline check are one reading
     // of the database's clock, so no link is ever dated after the deadline
     // (the deadline may pass between the check above and this statement).
@@ -447,21 +472,21 @@ pub async fn convert(
         .bind(held.machine_id)
         .bind(held.id)
         .bind(service_ref.as_str())
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&mut *conn)
         .await?;
     let Some(link) = link else {
         let detail = format!(
             "conversion requested by {actor} reached the deadline ({}); nobody decided in time",
             held.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
         );
-        end(&mut tx, id, "expired", ENDED_BY_CONVERSION, &detail).await?;
-        tx.commit().await?;
+        // Committed by `settle`, like every expiry found at the point of use.
+        end(conn, id, "expired", ENDED_BY_CONVERSION, &detail).await?;
         return Err(TransitionError::Expired {
             expires_at: held.expires_at,
         });
     };
     let converted = end(
-        &mut tx,
+        conn,
         id,
         "converted",
         actor,
@@ -471,7 +496,6 @@ pub async fn convert(
     .ok_or_else(|| TransitionError::NotHeld {
         state: "unknown".into(),
     })?;
-    tx.commit().await?;
     Ok((converted, link))
 }
 

@@ -7,9 +7,10 @@ use std::pin::Pin;
 
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 use base64::Engine;
+use chrono::{DateTime, Utc};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use crate::domain::Scope;
 use crate::error::ApiError;
@@ -46,6 +47,18 @@ pub async fn create(
     name: Option<&str>,
     scopes: &[Scope],
 ) -> Result<(String, String), TokenError> {
+    let mut conn = pool.acquire().await?;
+    create_on(&mut conn, org_id, name, scopes).await
+}
+
+/// As `create`, on a caller's connection or transaction (the tokens page
+/// writes its audit row in the same transaction).
+pub async fn create_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    name: Option<&str>,
+    scopes: &[Scope],
+) -> Result<(String, String), TokenError> {
     let token = generate();
     let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
     let default_name = format!(
@@ -63,13 +76,52 @@ pub async fn create(
     .bind(&name)
     .bind(digest(&token))
     .bind(&scopes)
-    .execute(pool)
+    .execute(conn)
     .await
     .map_err(|e| match crate::db::violated_unique(&e) {
         Some("api_tokens_name_unique_per_org") => TokenError::NameTaken(name.clone()),
         _ => TokenError::Database(e),
     })?;
     Ok((name, token))
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TokenInfo {
+    pub id: i64,
+    pub name: String,
+    pub scopes: Vec<String>,
+    pub created_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// An organization's tokens, live first, newest first; never the secret
+/// (only its digest is stored anyway).
+pub async fn list(pool: &PgPool, org_id: i64) -> Result<Vec<TokenInfo>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, name, scopes, created_at, revoked_at FROM api_tokens WHERE org_id = $1
+          ORDER BY revoked_at IS NOT NULL, created_at DESC, id DESC",
+    )
+    .bind(org_id)
+    .fetch_all(pool)
+    .await
+}
+
+/// Revokes a token of `org_id` in the caller's transaction; the bearer
+/// extractor refuses it from the next request on. Returns its name, or None
+/// when absent, another organization's, or already revoked.
+pub async fn revoke_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    token_id: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE api_tokens SET revoked_at = clock_timestamp()
+          WHERE id = $1 AND org_id = $2 AND revoked_at IS NULL RETURNING name",
+    )
+    .bind(token_id)
+    .bind(org_id)
+    .fetch_optional(conn)
+    .await
 }
 
 /// The caller of an API request, resolved from its bearer token.

@@ -44,6 +44,24 @@ pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<
     serde_json::from_slice(bytes).map_err(|e| invalid(format!("invalid JSON body: {e}")))
 }
 
+/// The largest request body the orders API reads, as for inventory.
+const MAX_BODY: usize = 64 * 1024;
+
+/// Reads the body (after the module check, see `json_body`); too large is
+/// `400 invalid` like any other bad body.
+pub(crate) async fn read_body(mut payload: web::Payload) -> Result<web::BytesMut, ApiError> {
+    use futures_util::StreamExt;
+    let mut body = web::BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| invalid(format!("could not read the body: {e}")))?;
+        if body.len() + chunk.len() > MAX_BODY {
+            return Err(invalid("the body is larger than 64 KiB"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// A numeric id from the path.
 pub(crate) fn path_id(raw: &str) -> Result<i64, ApiError> {
     raw.parse::<i64>()
@@ -71,10 +89,10 @@ async fn reserve(
     settings: web::Data<Settings>,
     pool: web::Data<PgPool>,
     metrics: web::Data<Metrics>,
-    payload: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
-    let b: ReserveBody = json_body(&payload)?;
+    let b: ReserveBody = json_body(&read_body(payload).await?)?;
     let hold = HoldSeconds::new(b.hold_seconds.unwrap_or(i64::from(settings.hold_seconds)))
         .map_err(|e| invalid(e.to_string()))?;
     let req = ReserveRequest {
@@ -199,11 +217,11 @@ async fn convert(
     settings: web::Data<Settings>,
     pool: web::Data<PgPool>,
     path: web::Path<String>,
-    payload: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
     let id = path_id(&path)?;
-    let b: ConvertBody = json_body(&payload)?;
+    let b: ConvertBody = json_body(&read_body(payload).await?)?;
     let (r, _link) = reservations::convert(
         &pool,
         client.org_id,
@@ -229,11 +247,11 @@ async fn cancel(
     settings: web::Data<Settings>,
     pool: web::Data<PgPool>,
     path: web::Path<String>,
-    payload: web::Bytes,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
     let id = path_id(&path)?;
-    let b: CancelBody = json_body(&payload)?;
+    let b: CancelBody = json_body(&read_body(payload).await?)?;
     let reason = reservations::check_reason(&b.reason).map_err(invalid)?;
     let r = reservations::cancel(
         &pool,

@@ -9,10 +9,6 @@ use rust_embed::RustEmbed;
 #[folder = "static/"]
 struct Assets;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/static/{path:.*}", web::get().to(serve));
-}
-
 fn etag_of(hash: &[u8; 32]) -> String {
     let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
     format!("\"{hex}\"")
@@ -26,7 +22,7 @@ fn matches(if_none_match: &str, etag: &str) -> bool {
         .any(|t| t == etag || t == "*")
 }
 
-async fn serve(req: HttpRequest, path: web::Path<String>) -> HttpResponse {
+pub(crate) async fn serve(req: HttpRequest, path: web::Path<String>) -> HttpResponse {
     let Some(file) = Assets::get(&path) else {
         return HttpResponse::NotFound()
             .content_type("text/plain; charset=utf-8")

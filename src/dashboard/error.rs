@@ -26,6 +26,12 @@ pub enum DashError {
     /// 404: absent, or another organization's (never 403).
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// 405: the path exists but not with this method.
+    #[error("this address does not accept that kind of request")]
+    MethodNotAllowed,
+    /// 413: the request body is larger than any form needs.
+    #[error("the request is too large; nothing was changed")]
+    TooLarge,
     /// 409: a stale page acted on something that has changed since.
     #[error("{message}")]
     Stale {
@@ -88,6 +94,8 @@ impl DashError {
             DashError::ModuleOff(_) => "The datacenter module is off".into(),
             DashError::NotFound(_) => "Not found".into(),
             DashError::Stale { heading, .. } => heading.clone(),
+            DashError::MethodNotAllowed => "Method not allowed".into(),
+            DashError::TooLarge => "Request too large".into(),
             DashError::Throttled => "Too many attempts".into(),
             DashError::Unavailable(_) => "Temporarily unavailable".into(),
             DashError::Internal(_) => "Something went wrong".into(),
@@ -113,6 +121,8 @@ impl ResponseError for DashError {
             DashError::Forbidden(_) | DashError::ModuleOff(_) => StatusCode::FORBIDDEN,
             DashError::NotFound(_) => StatusCode::NOT_FOUND,
             DashError::Stale { .. } => StatusCode::CONFLICT,
+            DashError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            DashError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             DashError::Throttled => StatusCode::TOO_MANY_REQUESTS,
             DashError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             DashError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -157,13 +167,24 @@ impl ResponseError for DashError {
     }
 }
 
-/// A form, query or path that does not parse is a 400 page, not a bare body.
+/// The largest form the dashboard accepts: its forms carry a token, a
+/// fence, a reason of at most 500 characters, an email and a password.
+pub const FORM_LIMIT: usize = 16 * 1024;
+
+/// A form, query or path that does not parse is a 400 page, not a bare body;
+/// an oversize one is a 413 page.
 pub fn form_config() -> actix_web::web::FormConfig {
     actix_web::web::FormConfig::default()
-        .limit(16 * 1024)
-        .error_handler(|err, _req| {
-            DashError::bad_request(format!("the form could not be read: {err}")).into()
+        .limit(FORM_LIMIT)
+        .error_handler(|err, _req| match err {
+            actix_web::error::UrlencodedError::Overflow { .. } => DashError::TooLarge.into(),
+            err => DashError::bad_request(format!("the form could not be read: {err}")).into(),
         })
+}
+
+/// Raw payloads (Bytes, String) on dashboard routes: the same bound.
+pub fn payload_config() -> actix_web::web::PayloadConfig {
+    actix_web::web::PayloadConfig::new(FORM_LIMIT)
 }
 
 pub fn query_config() -> actix_web::web::QueryConfig {

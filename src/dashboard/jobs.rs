@@ -10,10 +10,6 @@ use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, fmt_opt_time, fmt_time, page};
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/jobs", web::get().to(jobs));
-}
-
 #[derive(sqlx::FromRow)]
 struct LeaseRow {
     holder: String,
@@ -65,7 +61,7 @@ struct JobsPage {
     errors: Vec<(String, String, String, String)>,
 }
 
-async fn jobs(
+pub(crate) async fn jobs(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,

@@ -19,11 +19,6 @@ use crate::settings::Settings;
 
 pub const PAGE_SIZE: i64 = 100;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/machines", web::get().to(list))
-        .route("/machines/{asset_tag}", web::get().to(detail));
-}
-
 #[derive(Debug, Default, Deserialize)]
 pub struct MachinesQuery {
     pub site: Option<String>,
@@ -104,7 +99,7 @@ struct MachinesPage {
     first: Option<String>,
 }
 
-async fn list(
+pub(crate) async fn list(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -243,7 +238,7 @@ struct SvcRow {
     ended_by: Option<String>,
 }
 
-async fn detail(
+pub(crate) async fn detail(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,

@@ -2,6 +2,7 @@
 //! plain HTML forms. Every page works without JavaScript; `static/app.js`
 //! only adds the live countdown.
 
+pub mod admin;
 pub mod assets;
 pub mod csrf;
 pub mod error;
@@ -22,22 +23,80 @@ use actix_web::web;
 pub use error::DashError;
 pub use session::Staff;
 
+/// Every dashboard route, in one table: the table registers the routes AND
+/// exports `ROUTES` (path, methods), which the access matrix test compares
+/// with its own rows, so a route added here without a matrix row fails.
+/// Each path is one `web::resource`, so a method it does not serve is 405
+/// (with an Allow header), never a 404.
+macro_rules! routes {
+    ($( $path:literal => [ $( $method:ident => $handler:path ),+ ] ),+ $(,)?) => {
+        pub const ROUTES: &[(&str, &[&str])] = &[
+            $( ($path, &[ $( stringify!($method) ),+ ]) ),+
+        ];
+        fn register(cfg: &mut web::ServiceConfig) {
+            $(
+                cfg.service(
+                    web::resource($path)
+                        $( .route(web::$method().to($handler)) )+
+                        .default_service(web::to(method_not_allowed)),
+                );
+            )+
+        }
+    };
+}
+
+routes! {
+    "/" => [get => overview::overview],
+    "/login" => [get => session::login_form, post => session::login],
+    "/logout" => [post => session::logout],
+    "/machines" => [get => machines::list],
+    "/machines/{asset_tag}" => [get => machines::detail],
+    "/reservations" => [get => reservations::list],
+    "/reservations/{id}" => [get => reservations::detail],
+    "/reservations/{id}/cancel" => [get => reservations::confirm_cancel, post => reservations::cancel],
+    "/reservations/{id}/convert" => [get => reservations::confirm_convert, post => reservations::convert],
+    "/search" => [get => search::search],
+    "/why-not" => [get => why_not::why_not],
+    "/jobs" => [get => jobs::jobs],
+    "/settings" => [get => org_settings::show, post => org_settings::save],
+    "/audit" => [get => admin::audit_log],
+    "/users" => [get => admin::users, post => admin::add_user],
+    "/users/{id}/disable" => [post => admin::disable_user],
+    "/tokens" => [get => admin::tokens, post => admin::add_token],
+    "/tokens/{id}/revoke" => [post => admin::revoke_token],
+    "/static/{path:.*}" => [get => assets::serve],
+}
+
 /// The dashboard's routes. Registered after the API and ops routes; every
 /// path here is explicit, so none shadows another module's.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.app_data(error::form_config())
         .app_data(error::query_config())
         .app_data(error::path_config())
-        .configure(assets::configure)
-        .configure(session::configure)
-        .configure(overview::configure)
-        .configure(machines::configure)
-        .configure(reservations::configure)
-        .configure(search::configure)
-        .configure(why_not::configure)
-        .configure(jobs::configure)
-        .configure(org_settings::configure)
+        .app_data(error::payload_config())
+        .configure(register)
         .default_service(web::to(not_found));
+}
+
+/// A known path with a method it does not serve: 405 with the methods it
+/// does, as a page (or a bare 405 under /api/).
+async fn method_not_allowed(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
+    let allow = req
+        .match_pattern()
+        .and_then(|p| ROUTES.iter().find(|(path, _)| *path == p))
+        .map(|(_, methods)| {
+            methods
+                .iter()
+                .map(|m| m.to_ascii_uppercase())
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let mut resp = actix_web::ResponseError::error_response(&DashError::MethodNotAllowed);
+    if let Ok(v) = actix_web::http::header::HeaderValue::from_str(&allow) {
+        resp.headers_mut().insert(actix_web::http::header::ALLOW, v);
+    }
+    resp
 }
 
 /// Unknown paths get the dashboard's 404 page; under /api/ the answer stays

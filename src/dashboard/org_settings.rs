@@ -8,16 +8,11 @@ use sqlx::PgPool;
 
 use super::csrf;
 use super::error::DashError;
-use super::session::{Staff, audit};
+use super::session::{Staff, audit_on};
 use super::view::{Chrome, page, see_other};
 use crate::settings::Settings;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/settings", web::get().to(show))
-        .route("/settings", web::post().to(save));
-}
-
-fn require_admin(staff: &Staff) -> Result<(), DashError> {
+pub(crate) fn require_admin(staff: &Staff) -> Result<(), DashError> {
     if staff.is_admin() {
         Ok(())
     } else {
@@ -35,7 +30,7 @@ struct SettingsPage {
     deployment_on: bool,
 }
 
-async fn show(
+pub(crate) async fn show(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -56,7 +51,7 @@ pub struct SettingsForm {
     datacenter: Option<String>,
 }
 
-async fn save(
+pub(crate) async fn save(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,
@@ -73,9 +68,11 @@ async fn save(
             ));
         }
     };
-    crate::orgs::set_datacenter_enabled(&pool, staff.org_id, enabled).await?;
-    audit(
-        &pool,
+    // The audit row commits with the change, or neither does.
+    let mut tx = pool.begin().await?;
+    crate::orgs::set_datacenter_enabled_on(&mut tx, staff.org_id, enabled).await?;
+    audit_on(
+        &mut tx,
         &req,
         &staff,
         "org.datacenter_enabled",
@@ -83,5 +80,6 @@ async fn save(
         Some(if enabled { "on" } else { "off" }),
     )
     .await?;
+    tx.commit().await?;
     Ok(see_other("/settings?flash=settings_saved"))
 }

@@ -8,10 +8,6 @@ use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, page};
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/", web::get().to(overview));
-}
-
 #[derive(sqlx::FromRow)]
 struct SiteCounts {
     site: String,
@@ -82,7 +78,7 @@ struct OverviewPage {
     sites: Vec<SiteView>,
 }
 
-async fn overview(
+pub(crate) async fn overview(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,

@@ -12,20 +12,11 @@ use super::csrf;
 use super::error::DashError;
 use super::gate;
 use super::outcome;
-use super::session::{Staff, audit};
+use super::session::{Staff, audit_on};
 use super::view::{Chrome, fmt_opt_time, fmt_remaining, fmt_time, page, see_other};
 use crate::domain::ServiceRef;
 use crate::reservations::{self, TransitionError};
 use crate::settings::Settings;
-
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/reservations", web::get().to(list))
-        .route("/reservations/{id}", web::get().to(detail))
-        .route("/reservations/{id}/cancel", web::get().to(confirm_cancel))
-        .route("/reservations/{id}/cancel", web::post().to(cancel))
-        .route("/reservations/{id}/convert", web::get().to(confirm_convert))
-        .route("/reservations/{id}/convert", web::post().to(convert));
-}
 
 #[derive(sqlx::FromRow)]
 struct LiveRow {
@@ -65,7 +56,7 @@ struct ReservationsPage {
 
 const LIVE_LIMIT: i64 = 500;
 
-async fn list(
+pub(crate) async fn list(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,
@@ -179,7 +170,7 @@ async fn load(
     Ok((r, m))
 }
 
-async fn detail(
+pub(crate) async fn detail(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,
@@ -270,7 +261,7 @@ async fn confirm(
     })
 }
 
-async fn confirm_cancel(
+pub(crate) async fn confirm_cancel(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -290,7 +281,7 @@ async fn confirm_cancel(
     .await
 }
 
-async fn confirm_convert(
+pub(crate) async fn confirm_convert(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -379,7 +370,7 @@ fn precheck(staff: &Staff, settings: &Settings, form: &ActionForm) -> Result<i64
     })
 }
 
-async fn cancel(
+pub(crate) async fn cancel(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -389,33 +380,36 @@ async fn cancel(
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
     let fence = precheck(&staff, &settings, &form)?;
-    let reason = form.reason.trim();
-    if reason.is_empty() {
-        return Err(DashError::bad_request(
-            "A reason is required to cancel a reservation; nothing was changed.",
-        ));
+    let reason = reservations::check_reason(&form.reason).map_err(|problem| {
+        let mut sentence = problem.to_owned();
+        sentence[..1].make_ascii_uppercase();
+        DashError::bad_request(format!(
+            "{sentence} to cancel a reservation; nothing was changed."
+        ))
+    })?;
+    // The audit row commits with the cancellation, or not at all.
+    let mut tx = pool.begin().await?;
+    let outcome =
+        reservations::cancel_on(&mut tx, staff.org_id, id, fence, &staff.email, reason).await;
+    if outcome.is_ok() {
+        let object = format!("reservation:{id}");
+        audit_on(
+            &mut tx,
+            &req,
+            &staff,
+            "reservation.cancel",
+            &object,
+            Some(reason),
+        )
+        .await?;
     }
-    if reason.chars().count() > 500 {
-        return Err(DashError::bad_request(
-            "The reason must be at most 500 characters; nothing was changed.",
-        ));
-    }
-    reservations::cancel(&pool, staff.org_id, id, fence, &staff.email, reason)
+    reservations::settle(tx, outcome)
         .await
         .map_err(|e| refused(id, e))?;
-    audit(
-        &pool,
-        &req,
-        &staff,
-        "reservation.cancel",
-        &format!("reservation:{id}"),
-        Some(reason),
-    )
-    .await?;
     Ok(see_other(&format!("/reservations/{id}?flash=cancelled")))
 }
 
-async fn convert(
+pub(crate) async fn convert(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
@@ -430,17 +424,24 @@ async fn convert(
             "The service reference is not valid: {e}. Nothing was changed."
         ))
     })?;
-    reservations::convert(&pool, staff.org_id, id, fence, &staff.email, &service_ref)
+    let mut tx = pool.begin().await?;
+    let outcome =
+        reservations::convert_on(&mut tx, staff.org_id, id, fence, &staff.email, &service_ref)
+            .await;
+    if outcome.is_ok() {
+        let object = format!("reservation:{id}");
+        audit_on(
+            &mut tx,
+            &req,
+            &staff,
+            "reservation.convert",
+            &object,
+            Some(service_ref.as_str()),
+        )
+        .await?;
+    }
+    reservations::settle(tx, outcome)
         .await
         .map_err(|e| refused(id, e))?;
-    audit(
-        &pool,
-        &req,
-        &staff,
-        "reservation.convert",
-        &format!("reservation:{id}"),
-        Some(service_ref.as_str()),
-    )
-    .await?;
     Ok(see_other(&format!("/reservations/{id}?flash=converted")))
 }

@@ -10,10 +10,6 @@ use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, fmt_time, page, see_other};
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/search", web::get().to(search));
-}
-
 #[derive(Deserialize)]
 pub struct SearchQuery {
     #[serde(default)]
@@ -57,7 +53,7 @@ struct SearchPage {
 
 const LIMIT: i64 = 50;
 
-async fn search(
+pub(crate) async fn search(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,

@@ -22,12 +22,6 @@ use super::view::{Chrome, page, see_other};
 use crate::domain::{Email, Role};
 use crate::settings::Settings;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/login", web::get().to(login_form))
-        .route("/login", web::post().to(login))
-        .route("/logout", web::post().to(logout));
-}
-
 /// A logged-in staff member, extracted from the session cookie on every
 /// request (and the session's last_seen_at moved forward).
 #[derive(Debug, Clone)]
@@ -49,6 +43,17 @@ impl Staff {
     }
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
+    }
+    /// Settings, users, tokens and the audit log are the admin's.
+    pub fn require_admin(&self) -> Result<(), DashError> {
+        if self.is_admin() {
+            Ok(())
+        } else {
+            Err(DashError::forbidden(format!(
+                "Your role ({}) cannot see or change this; only an admin can.",
+                self.role.as_str()
+            )))
+        }
     }
     pub fn require_actor(&self) -> Result<(), DashError> {
         if self.can_act() {
@@ -178,7 +183,7 @@ fn login_cookie(settings: &Settings, value: String) -> Cookie<'static> {
 
 /// The login form. Login CSRF is a double-submit token: a cookie and a
 /// hidden field that must match.
-async fn login_form(
+pub(crate) async fn login_form(
     req: HttpRequest,
     settings: web::Data<Settings>,
 ) -> Result<HttpResponse, DashError> {
@@ -221,20 +226,25 @@ struct UserRow {
     disabled: bool,
 }
 
-fn source_addr(req: &HttpRequest) -> String {
+pub fn source_addr(req: &HttpRequest) -> String {
     // The peer address, not a header a client could write.
     req.peer_addr()
         .map(|a| a.ip().to_string())
         .unwrap_or_else(|| "unknown".into())
 }
 
+/// Recorded instead of whatever was typed when it is not an email.
+const NOT_AN_EMAIL: &str = "(not an email)";
+
 /// Failed logins allowed in the last 15 minutes, shared across replicas
-/// through login_attempts: per account, and (higher, since many people may
-/// share one address) per source address.
+/// through login_attempts: per account (10: the 11th attempt is refused even
+/// with the right password), and per source address (50: higher, since many
+/// people may share an office address, yet it stops spraying many accounts
+/// from one address; SECURITY.md says what a reverse proxy changes).
 const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
 const MAX_FAILURES_PER_ADDRESS: i64 = 50;
 
-async fn login(
+pub(crate) async fn login(
     req: HttpRequest,
     pool: web::Data<PgPool>,
     settings: web::Data<Settings>,
@@ -252,19 +262,32 @@ async fn login(
         ));
     }
     let addr = source_addr(&req);
-    let email_text = attempt_key(&form.email);
+    let email_text = form.email.trim().to_ascii_lowercase();
+    // What is recorded (throttling, audit): the account name when the field
+    // holds an email, else a fixed word, so that a password typed into the
+    // email field never reaches the audit log.
+    let account = match Email::parse(&form.email) {
+        Ok(e) => e.as_str().to_owned(),
+        Err(_) => NOT_AN_EMAIL.to_owned(),
+    };
     let (by_account, by_address): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
            FROM login_attempts
           WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
             AND (email = $1 OR source_addr = $2)",
     )
-    .bind(&email_text)
+    .bind(&account)
     .bind(&addr)
     .fetch_one(pool.get_ref())
     .await?;
     if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
-        record_attempt(&pool, None, &email_text, &addr, false, "login_throttled").await?;
+        // Filed under the account's organization when it exists, so that
+        // its admins see the refusals on /audit.
+        let org_id: Option<i64> = sqlx::query_scalar("SELECT org_id FROM users WHERE email = $1")
+            .bind(&account)
+            .fetch_optional(pool.get_ref())
+            .await?;
+        record_attempt(&pool, org_id, &account, &addr, false, "login_throttled").await?;
         return Err(DashError::Throttled);
     }
     let user: Option<UserRow> = match Email::parse(&form.email) {
@@ -293,7 +316,7 @@ async fn login(
             record_attempt(
                 &pool,
                 other.map(|u| u.org_id),
-                &email_text,
+                &account,
                 &addr,
                 false,
                 "login_failed",
@@ -330,7 +353,7 @@ async fn login(
         .bind(random_token())
         .execute(pool.get_ref())
         .await?;
-    record_attempt(&pool, Some(user.org_id), &email_text, &addr, true, "login").await?;
+    record_attempt(&pool, Some(user.org_id), &account, &addr, true, "login").await?;
     let session = Cookie::build(cookie_name(&settings), token)
         .path("/")
         .http_only(true)
@@ -351,20 +374,6 @@ async fn login(
 }
 
 /// login_attempts for throttling, audit_log for people; never the password.
-/// The email as login_attempts and the audit log record it: whatever was
-/// typed, lower-cased, cut to the longest valid address (254) and without
-/// NUL, which PostgreSQL text refuses. An unbounded value would overflow the
-/// btree index on login_attempts.email and turn a bad login into a 500.
-fn attempt_key(typed: &str) -> String {
-    typed
-        .trim()
-        .chars()
-        .filter(|c| *c != '\0')
-        .take(254)
-        .collect::<String>()
-        .to_ascii_lowercase()
-}
-
 async fn record_attempt(
     pool: &PgPool,
     org_id: Option<i64>,
@@ -414,13 +423,37 @@ pub async fn audit(
     Ok(())
 }
 
+/// As `audit`, on the caller's transaction: the row commits with the action.
+pub async fn audit_on(
+    conn: &mut sqlx::PgConnection,
+    req: &HttpRequest,
+    staff: &Staff,
+    action: &str,
+    object: &str,
+    detail: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let addr = source_addr(req);
+    crate::audit::record(
+        conn,
+        &crate::audit::Entry {
+            org_id: Some(staff.org_id),
+            actor: &staff.email,
+            action,
+            object,
+            source_addr: &addr,
+            detail,
+        },
+    )
+    .await
+}
+
 #[derive(Deserialize)]
 pub struct LogoutForm {
     #[serde(default)]
     csrf: String,
 }
 
-async fn logout(
+pub(crate) async fn logout(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,

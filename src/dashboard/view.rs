@@ -70,6 +70,9 @@ pub fn flash_message(code: &str) -> Option<&'static str> {
         "converted" => "The reservation was converted into a service.",
         "logged_out" => "You are logged out.",
         "settings_saved" => "Settings saved.",
+        "user_added" => "The user was added.",
+        "user_disabled" => "The user was disabled and their sessions ended.",
+        "token_revoked" => "The token was revoked; it is refused from now on.",
         "session_expired" => "Your session has ended; please log in again.",
         _ => return None,
     })

@@ -17,10 +17,6 @@ use crate::allocator::{self, PassTwo};
 use crate::inventory::MachineFilter;
 use crate::settings::Settings;
 
-pub fn configure(cfg: &mut web::ServiceConfig) {
-    cfg.route("/why-not", web::get().to(why_not));
-}
-
 #[derive(Debug, Default, Deserialize)]
 pub struct WhyNotQuery {
     pub site: Option<String>,
@@ -63,7 +59,7 @@ struct WhyNotPage {
     next: Option<String>,
 }
 
-async fn why_not(
+pub(crate) async fn why_not(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,

@@ -400,6 +400,85 @@ async fn check_round(
     );
 }
 
+/// R7: the explanation, the `unavailable` counts and the candidate query
+/// are one classification: they agree machine by machine.
+#[tokio::test]
+async fn explain_counts_and_candidates_agree() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "agree", true).await;
+    decoys(&pool, org.id).await;
+    for i in 0..3 {
+        machine(
+            &pool,
+            org.id,
+            &format!("OK-{i}"),
+            SITE,
+            "dell",
+            PROFILE,
+            "ready",
+        )
+        .await;
+    }
+    let overdue = machine(&pool, org.id, "OK-overdue", SITE, "dell", PROFILE, "ready").await;
+    let id = held_directly(&pool, org.id, overdue, "ORD-LATE").await;
+    sqlx::query("UPDATE reservations SET created_at = created_at - interval '1 hour', expires_at = expires_at - interval '1 hour' WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .expect("overdue");
+    let spec = spec(Some("dell"));
+    let verdicts = allocator::explain(&pool, org.id, &spec, &MachineFilter::default(), None, 1000)
+        .await
+        .expect("explain");
+    let mut conn = limited_connection(&db).await;
+    let counts = allocator::excluded_counts(&mut conn, org.id, &spec)
+        .await
+        .expect("counts");
+    let n = |k: &str| {
+        verdicts
+            .iter()
+            .filter(|v| v.exclusion.as_ref().map(Exclusion::key) == Some(k))
+            .count() as i64
+    };
+    assert_eq!(
+        (
+            counts.wrong_site,
+            counts.wrong_vendor,
+            counts.wrong_profile,
+            counts.not_ready,
+            counts.in_service,
+            counts.held
+        ),
+        (
+            n("wrong_site"),
+            n("wrong_vendor"),
+            n("wrong_profile"),
+            n("not_ready"),
+            n("in_service"),
+            n("held")
+        )
+    );
+    assert_eq!(counts.held, 1, "an overdue hold is not an exclusion (R11)");
+    let mut from_explain: Vec<String> = verdicts
+        .iter()
+        .filter(|v| v.exclusion.is_none())
+        .map(|v| v.machine.asset_tag.clone())
+        .collect();
+    from_explain.sort();
+    assert_eq!(from_explain, vec!["OK-0", "OK-1", "OK-2", "OK-overdue"]);
+    assert_eq!(counts.candidates, 4);
+    let two = allocator::lockable_now(&pool, org.id, &spec)
+        .await
+        .expect("pass two");
+    let mut lockable: Vec<String> = two.lockable.iter().map(|m| m.asset_tag.clone()).collect();
+    lockable.sort();
+    assert_eq!(
+        lockable, from_explain,
+        "the candidate query finds what explain calls candidates"
+    );
+}
+
 /// R3: 8 concurrent orders, 3 eligible machines among decoys of every
 /// exclusion kind: 3 reservations on 3 machines and 5 honest refusals; and
 /// 2 orders on 1 machine: 1 and 1. 20 rounds each.
@@ -772,6 +851,97 @@ async fn convert_racing_a_new_order_never_frees_the_machine() {
     }
 }
 
+/// R10/R11: the same race when the reservation is already overdue: the
+/// conversion expires it, or the new order expires it at the point of use
+/// and takes the machine; never both a live service and a new holder. This
+/// is the race the machine row lock (taken first by both) decides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn convert_of_an_overdue_hold_racing_a_new_order_gives_the_machine_once() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "overdue-race", true).await;
+    let service = ServiceRef::parse("SRV-1").expect("service ref");
+    let (mut won_by_order, mut refused_both) = (0, 0);
+    for round in 0..100 {
+        let profile = format!("p-{round}");
+        let m = machine(
+            &pool,
+            org.id,
+            &format!("OK-{round}"),
+            SITE,
+            "dell",
+            &profile,
+            "ready",
+        )
+        .await;
+        let r = match allocator::reserve(
+            &pool,
+            org.id,
+            &request_for(&format!("FIRST-{round}"), &profile, None),
+        )
+        .await
+        .expect("reserve")
+        {
+            ReserveOutcome::Created { reservation, .. } => reservation,
+            other => panic!("round {round}: {other:?}"),
+        };
+        sqlx::query(
+            "UPDATE reservations SET created_at = created_at - interval '1 hour',
+                    expires_at = expires_at - interval '1 hour' WHERE id = $1",
+        )
+        .bind(r.id)
+        .execute(&pool)
+        .await
+        .expect("overdue");
+        let barrier = Arc::new(Barrier::new(2));
+        let mut c2 = pool.acquire().await.expect("conn");
+        let (b1, b2) = (barrier.clone(), barrier.clone());
+        let (p1, service, org_id) = (pool.clone(), service.clone(), org.id);
+        let convert = tokio::spawn(async move {
+            b1.wait().await;
+            reservations::convert(&p1, org_id, r.id, r.fence, "test", &service).await
+        });
+        let req = request_for(&format!("SECOND-{round}"), &profile, None);
+        let order = tokio::spawn(async move {
+            b2.wait().await;
+            allocator::reserve_on(&mut c2, org_id, &req)
+                .await
+                .expect("reserve")
+        });
+        let converted = convert.await.expect("task");
+        let second = order.await.expect("task");
+        assert!(
+            matches!(
+                converted,
+                Err(TransitionError::Expired { .. }) | Err(TransitionError::NotHeld { .. })
+            ),
+            "round {round}: an overdue hold was converted: {converted:?}"
+        );
+        match &second {
+            ReserveOutcome::Created { .. } => won_by_order += 1,
+            ReserveOutcome::Contended { .. } => refused_both += 1,
+            other => panic!("round {round}: {other:?}"),
+        }
+        let (holders, live, first_state): (i64, i64, String) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM reservations WHERE machine_id = $1 AND state = 'held'),
+                    (SELECT count(*) FROM service_links WHERE machine_id = $1 AND ended_at IS NULL),
+                    (SELECT state FROM reservations WHERE id = $2)",
+        )
+        .bind(m)
+        .bind(r.id)
+        .fetch_one(&pool)
+        .await
+        .expect("invariants");
+        assert_eq!(live, 0, "round {round}");
+        assert_eq!(first_state, "expired", "round {round}");
+        let created = i64::from(matches!(second, ReserveOutcome::Created { .. }));
+        assert_eq!(holders, created, "round {round}");
+    }
+    eprintln!(
+        "overdue race: new order won {won_by_order}, refused while the conversion held the machine {refused_both}"
+    );
+}
+
 /// R11: an overdue held reservation does not block a new order: the
 /// allocator expires it at the point of use, in the same transaction.
 #[tokio::test]
@@ -1038,6 +1208,32 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
     .execute(&pool)
     .await
     .expect("ended service links");
+    // And a busy present: 1,000 held reservations and 300 live services on
+    // machines of other specs.
+    sqlx::query(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
+         SELECT $1, 'NOW-' || m.id, m.id, '{}', '{}', 'held now', 900, clock_timestamp() + interval '15 minutes'
+           FROM machines m WHERE m.org_id = $1 AND m.site = 'ams1' ORDER BY m.id LIMIT 1000",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("held now");
+    sqlx::query(
+        "WITH sold AS (
+             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                       hold_seconds, expires_at, ended_at, ended_by)
+             SELECT $1, 'SOLD-' || m.id, m.id, 'converted', '{}', '{}', 'sold', 900,
+                    clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test'
+               FROM machines m WHERE m.org_id = $1 AND m.site = 'ams1' ORDER BY m.id DESC LIMIT 300
+             RETURNING id, machine_id)
+         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
+         SELECT $1, machine_id, id, 'SRV-LIVE-' || id FROM sold",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("live services");
     sqlx::query("ANALYZE")
         .execute(&pool)
         .await

@@ -1321,3 +1321,46 @@ async fn a_database_that_cannot_answer_is_a_503_page() {
     let body = r.text().await.expect("body");
     assert!(body.contains("Temporarily unavailable") && body.contains("/static/app.css"));
 }
+
+/// The audit row of a cancellation commits with it or not at all: with the
+/// audit table gone, the cancellation fails as a whole and the reservation
+/// is still held.
+#[tokio::test]
+async fn a_cancellation_and_its_audit_row_commit_together() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (a, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let c = app.staff("ana@acme.example", "support").await;
+    let (status, page) = c.page(&format!("/reservations/{a}/cancel")).await;
+    assert_eq!(status, 200);
+    let (action, fields) = form_of(&page);
+
+    sqlx::query("ALTER TABLE audit_log RENAME TO audit_log_gone")
+        .execute(&app.pool)
+        .await
+        .expect("rename");
+    let r = post(&c, &action, &with(&fields, &[("reason", "customer left")])).await;
+    assert_eq!(r.status().as_u16(), 500);
+    assert_eq!(
+        app.state_of(a).await,
+        "held",
+        "no cancellation without its audit row"
+    );
+
+    sqlx::query("ALTER TABLE audit_log_gone RENAME TO audit_log")
+        .execute(&app.pool)
+        .await
+        .expect("rename back");
+    let r = post(&c, &action, &with(&fields, &[("reason", "customer left")])).await;
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(app.state_of(a).await, "cancelled");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'reservation.cancel' AND object = $1",
+    )
+    .bind(format!("reservation:{a}"))
+    .fetch_one(&app.pool)
+    .await
+    .expect("count");
+    assert_eq!(audited, 1);
+}

@@ -497,6 +497,15 @@ impl TestApp {
         self.logged_in(email).await
     }
 
+    /// A client logged in as `email` with `password` (a user made through
+    /// the users page).
+    pub async fn logged_in_with(&self, email: &str, password: &str) -> StaffClient {
+        let client = StaffClient::new(&self.address);
+        let r = client.login(email, password).await;
+        assert_eq!(r.status().as_u16(), 303, "login of {email} should succeed");
+        client
+    }
+
     pub async fn logged_in(&self, email: &str) -> StaffClient {
         let client = StaffClient::new(&self.address);
         let r = client.login(email, STAFF_PASSWORD).await;

@@ -6,6 +6,7 @@ mod bad_input;
 mod browser;
 mod dashboard;
 mod embedded;
+mod guardrails;
 mod helpers;
 mod inventory;
 mod lease;

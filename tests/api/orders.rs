@@ -528,6 +528,7 @@ async fn bad_input_on_every_order_endpoint_is_400_invalid_and_writes_nothing() {
         ("malformed", "{\"order_ref\": ".to_owned()),
         ("not an object", "[]".to_owned()),
         ("empty body", String::new()),
+        ("oversized", with("order_ref", json!("A".repeat(300_000)))),
     ];
     let convert = format!("/api/v1/reservations/{id}/convert");
     let cancel = format!("/api/v1/reservations/{id}/cancel");
@@ -762,4 +763,62 @@ async fn orders_endpoints_need_the_module_and_the_orders_scope() {
         .await;
     assert_eq!(r.status(), 403);
     assert_eq!(app.written().await, (0, 0, 0));
+}
+
+/// R9 through HTTP, once: 5 concurrent requests with one order_ref on 4
+/// machines: one 201, and every other answer is that reservation (200) or
+/// `contended`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_concurrent_http_requests_with_one_order_ref() {
+    let app = Arc::new(spawn_app().await);
+    for i in 0..4 {
+        machine(
+            &app.pool,
+            app.org.id,
+            &format!("OK-{i}"),
+            SITE,
+            "dell",
+            PROFILE,
+            "ready",
+        )
+        .await;
+    }
+    let barrier = Arc::new(Barrier::new(5));
+    let mut tasks = Vec::new();
+    for _ in 0..5 {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let r = app
+                .post(
+                    &app.org.token,
+                    "/api/v1/reservations",
+                    &reserve_body("ORD-SAME"),
+                )
+                .await;
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.expect("json"))
+        }));
+    }
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(t.await.expect("task"));
+    }
+    let id: i64 = sqlx::query_scalar("SELECT id FROM reservations WHERE order_ref = 'ORD-SAME'")
+        .fetch_one(&app.pool)
+        .await
+        .expect("exactly one reservation");
+    assert_eq!(app.count("SELECT count(*) FROM reservations").await, 1);
+    assert_eq!(
+        answers.iter().filter(|(s, _)| *s == 201).count(),
+        1,
+        "{answers:?}"
+    );
+    for (status, body) in &answers {
+        match status {
+            200 | 201 => assert_eq!(body["id"], id),
+            409 => assert_eq!(body["error"], "contended", "{body}"),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
 }
