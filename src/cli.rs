@@ -143,7 +143,12 @@ async fn run_command(
     if let Command::Migrate = command {
         return Ok(());
     }
-    let pool = crate::db::connect(database.options.clone(), 20).await?;
+    let pool = crate::db::connect_with_acquire_timeout(
+        database.options.clone(),
+        20,
+        settings.db_acquire_timeout,
+    )
+    .await?;
     match command {
         Command::Migrate => {}
         Command::Serve => crate::serve::serve(settings, pool.clone()).await?,

@@ -33,12 +33,27 @@ pub fn parse_url(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     PgConnectOptions::from_str(url)
 }
 
+/// How long a request waits for a pooled connection by default: past it the
+/// answer is `503` with `Retry-After` (error.rs), not a hung request.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The application's pool.
 pub async fn connect(opts: PgConnectOptions, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    connect_with_acquire_timeout(opts, max_connections, DEFAULT_ACQUIRE_TIMEOUT).await
+}
+
+/// The application's pool, waiting at most `acquire_timeout` for a
+/// connection (`POOLKEEPER_DB_ACQUIRE_SECONDS`). Every connection carries the
+/// session limits; the sweep's own pool clones these options.
+pub async fn connect_with_acquire_timeout(
+    opts: PgConnectOptions,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(0)
-        .acquire_timeout(Duration::from_secs(5))
+        .acquire_timeout(acquire_timeout)
         .connect_with(with_session_limits(opts))
         .await
 }

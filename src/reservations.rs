@@ -458,17 +458,33 @@ pub async fn convert_on(
         "conversion requested",
     )
     .await??;
+    // R11: the link's creation time and the deadline check are one reading
+    // of the database's clock, so no link is ever dated after the deadline
+    // (the deadline may pass between the check above and this statement).
     let sql = format!(
-        "INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
-         VALUES ($1, $2, $3, $4) RETURNING {LINK_COLUMNS}"
+        "WITH t AS (SELECT clock_timestamp() AS at)
+         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+         SELECT $1, $2, $3, $4, t.at FROM t JOIN reservations r ON r.id = $3 AND r.expires_at > t.at
+         RETURNING {LINK_COLUMNS}"
     );
-    let link: ServiceLink = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let link: Option<ServiceLink> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(org_id)
         .bind(held.machine_id)
         .bind(held.id)
         .bind(service_ref.as_str())
-        .fetch_one(&mut *conn)
+        .fetch_optional(&mut *conn)
         .await?;
+    let Some(link) = link else {
+        let detail = format!(
+            "conversion requested by {actor} reached the deadline ({}); nobody decided in time",
+            held.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
+        );
+        // Committed by `settle`, like every expiry found at the point of use.
+        end(conn, id, "expired", ENDED_BY_CONVERSION, &detail).await?;
+        return Err(TransitionError::Expired {
+            expires_at: held.expires_at,
+        });
+    };
     let converted = end(
         conn,
         id,

@@ -28,6 +28,10 @@ pub struct Settings {
     pub session_idle: Duration,
     /// `POOLKEEPER_SESSION_MAX_SECONDS` (default 12 h).
     pub session_max: Duration,
+    /// `POOLKEEPER_DB_ACQUIRE_SECONDS` (default 2): how long a request waits
+    /// for a pooled connection before it gets `503` with `Retry-After`
+    /// instead of hanging.
+    pub db_acquire_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +56,7 @@ impl Settings {
             secure_cookies: false,
             session_idle: Duration::from_secs(30 * 60),
             session_max: Duration::from_secs(12 * 3600),
+            db_acquire_timeout: Duration::from_secs(2),
         }
     }
 
@@ -105,6 +110,10 @@ impl Settings {
                 1,
                 7 * 86_400,
             )?);
+        }
+        if let Some(v) = get("POOLKEEPER_DB_ACQUIRE_SECONDS") {
+            s.db_acquire_timeout =
+                Duration::from_secs(parse_seconds("POOLKEEPER_DB_ACQUIRE_SECONDS", &v, 1, 60)?);
         }
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
@@ -176,6 +185,19 @@ mod tests {
         assert_eq!(s.hold_seconds, 900);
         assert_eq!(s.sweep_period, Duration::from_secs(60));
         assert!(s.database_url.is_none());
+        assert_eq!(s.db_acquire_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn acquire_timeout_is_configurable_and_bounded() {
+        let s =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_DB_ACQUIRE_SECONDS").then(|| "7".into()))
+                .expect("7 is in range");
+        assert_eq!(s.db_acquire_timeout, Duration::from_secs(7));
+        let err =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_DB_ACQUIRE_SECONDS").then(|| "0".into()))
+                .expect_err("0 would fail every request");
+        assert_eq!(err.name, "POOLKEEPER_DB_ACQUIRE_SECONDS");
     }
 
     #[test]

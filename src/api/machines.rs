@@ -59,7 +59,10 @@ async fn get(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;
-    let machine = inventory::by_tag(&pool, client.org_id, &path)
+    // A tag that cannot exist is a 400 like on PUT; a NUL in it would
+    // otherwise reach PostgreSQL, which refuses it (a 500).
+    let tag = AssetTag::parse(&path).map_err(|e| invalid(e.to_string()))?;
+    let machine = inventory::by_tag(&pool, client.org_id, tag.as_str())
         .await?
         .ok_or(ApiError::NotFound("machine"))?;
     Ok(HttpResponse::Ok().json(machine))

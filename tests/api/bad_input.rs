@@ -224,3 +224,603 @@ fn list_query_strings_are_200_or_400() {
         })
         .expect("property holds");
 }
+
+// ---------------------------------------------------------------------------
+// The orders endpoints
+// ---------------------------------------------------------------------------
+
+/// A field that is usually a plausible label, sometimes junk of any type.
+fn label_field(plausible: &'static str) -> impl Strategy<Value = Value> {
+    prop_oneof![
+        4 => Just(Value::from(plausible)),
+        3 => "[A-Za-z0-9._-]{1,64}".prop_map(Value::from),
+        2 => text().prop_map(Value::from),
+        1 => "[A-Za-z0-9]{129,400}".prop_map(Value::from),
+        1 => any_json(),
+    ]
+}
+
+/// Whole numbers in and out of every range, and values of other types.
+fn number_field(plausible: i64) -> impl Strategy<Value = Value> {
+    prop_oneof![
+        3 => Just(Value::from(plausible)),
+        2 => (1i64..=86_400).prop_map(Value::from),
+        2 => any::<i64>().prop_map(Value::from),
+        1 => Just(json!(u64::MAX)),
+        1 => Just(json!(0)),
+        1 => Just(json!(86_401)),
+        1 => Just(json!(1.5)),
+        1 => Just(json!("5")),
+        1 => any_json(),
+    ]
+}
+
+/// An object of `fields` (each present with probability 0.9), sometimes
+/// with an unknown field.
+fn object(fields: Vec<(&'static str, BoxedStrategy<Value>)>) -> impl Strategy<Value = Value> {
+    let parts: Vec<_> = fields
+        .into_iter()
+        .map(|(k, s)| prop::option::weighted(0.9, s).prop_map(move |v| (k, v)))
+        .collect();
+    (parts, prop::option::weighted(0.1, any_json())).prop_map(|(parts, extra)| {
+        let mut m = serde_json::Map::new();
+        for (k, v) in parts {
+            if let Some(v) = v {
+                m.insert(k.to_owned(), v);
+            }
+        }
+        if let Some(extra) = extra {
+            m.insert("extra".to_owned(), extra);
+        }
+        Value::Object(m)
+    })
+}
+
+fn label_ok(v: Option<&Value>, max: usize) -> bool {
+    v.and_then(Value::as_str).is_some_and(|s| {
+        !s.is_empty()
+            && s.len() <= max
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    })
+}
+
+fn only_keys(o: &serde_json::Map<String, Value>, keys: &[&str]) -> bool {
+    o.keys().all(|k| keys.contains(&k.as_str()))
+}
+
+fn valid_reserve(body: &Value) -> bool {
+    let Some(o) = body.as_object() else {
+        return false;
+    };
+    only_keys(
+        o,
+        &["order_ref", "site", "profile", "vendor", "hold_seconds"],
+    ) && label_ok(o.get("order_ref"), 128)
+        && label_ok(o.get("site"), 64)
+        && label_ok(o.get("profile"), 64)
+        && o.get("vendor")
+            .is_none_or(|v| v.is_null() || label_ok(Some(v), 64))
+        && o.get("hold_seconds")
+            .is_none_or(|v| v.is_null() || v.as_i64().is_some_and(|n| (1..=86_400).contains(&n)))
+}
+
+fn valid_convert(body: &Value) -> bool {
+    let Some(o) = body.as_object() else {
+        return false;
+    };
+    o.len() == 2
+        && o.get("fence").is_some_and(|v| v.as_i64().is_some())
+        && label_ok(o.get("service_ref"), 128)
+}
+
+fn valid_cancel(body: &Value) -> bool {
+    let Some(o) = body.as_object() else {
+        return false;
+    };
+    o.len() == 2
+        && o.get("fence").is_some_and(|v| v.as_i64().is_some())
+        && o.get("reason")
+            .and_then(Value::as_str)
+            .is_some_and(|r| poolkeeper::reservations::check_reason(r).is_ok())
+}
+
+/// A path segment: the real id, other numbers, or anything at all.
+fn id_segment(real: i64) -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => Just(real.to_string()),
+        2 => any::<i64>().prop_map(|n| n.to_string()),
+        1 => Just("99999999999999999999999".to_owned()),
+        1 => Just("-1".to_owned()),
+        1 => Just("1.0".to_owned()),
+        2 => "\\PC{1,40}".prop_map(|s| s.bytes().map(|b| format!("%{b:02X}")).collect()),
+        1 => "[\\x00-\\x1f]{1,3}".prop_map(|s| s.bytes().map(|b| format!("%{b:02X}")).collect()),
+    ]
+}
+
+/// Rows of every table an order can write, as one comparable value.
+async fn order_fingerprint(app: &TestApp) -> (i64, i64, i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM reservations), (SELECT count(*) FROM reservations WHERE state = 'held'),
+                (SELECT count(*) FROM reservation_events), (SELECT count(*) FROM service_links),
+                (SELECT count(*) FROM service_links WHERE ended_at IS NULL)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("fingerprint")
+}
+
+#[derive(Debug, Clone)]
+enum OrderCall {
+    Reserve(Value),
+    Get(String),
+    ByOrderRef(Vec<(String, String)>),
+    Convert(String, Value),
+    Cancel(String, Value),
+    EndService(String),
+    Events(String),
+    Raw(&'static str, Vec<u8>),
+}
+
+fn order_call(held: i64, fence: i64, service: i64) -> impl Strategy<Value = OrderCall> {
+    let reserve = object(vec![
+        (
+            "order_ref",
+            prop_oneof![3 => "ORD-[0-9]{1,5}".prop_map(Value::from), 1 => label_field("ORD-1")]
+                .boxed(),
+        ),
+        ("site", label_field("par1").boxed()),
+        ("profile", label_field("epyc").boxed()),
+        (
+            "vendor",
+            prop_oneof![label_field("dell"), Just(Value::Null)].boxed(),
+        ),
+        ("hold_seconds", number_field(900).boxed()),
+    ]);
+    let convert = object(vec![
+        ("fence", number_field(fence).boxed()),
+        ("service_ref", label_field("SRV-1").boxed()),
+    ]);
+    let cancel = object(vec![
+        ("fence", number_field(fence).boxed()),
+        (
+            "reason",
+            prop_oneof![3 => Just(Value::from("customer gave up")), 2 => text().prop_map(Value::from),
+                        1 => "[a-z ]{501,600}".prop_map(Value::from), 1 => any_json()]
+            .boxed(),
+        ),
+    ]);
+    let query_key = prop::sample::select(vec!["order_ref", "bogus", "order_ref[]", ""]);
+    let query = prop::collection::btree_map(
+        query_key,
+        prop_oneof!["ORD-[0-9]{1,3}", "\\PC{0,200}", "[\\x00-\\x1f]{1,3}"],
+        0..3,
+    )
+    .prop_map(|m| {
+        m.into_iter()
+            .map(|(k, v)| (k.to_owned(), v))
+            .collect::<Vec<_>>()
+    });
+    let raw_target = prop::sample::select(vec!["reserve", "convert", "cancel"]);
+    prop_oneof![
+        3 => reserve.prop_map(OrderCall::Reserve),
+        1 => id_segment(held).prop_map(OrderCall::Get),
+        1 => id_segment(held).prop_map(OrderCall::Events),
+        1 => query.prop_map(OrderCall::ByOrderRef),
+        2 => (id_segment(held), convert).prop_map(|(p, b)| OrderCall::Convert(p, b)),
+        2 => (id_segment(held), cancel).prop_map(|(p, b)| OrderCall::Cancel(p, b)),
+        1 => id_segment(service).prop_map(OrderCall::EndService),
+        1 => (raw_target, prop::collection::vec(any::<u8>(), 0..300)).prop_map(|(t, b)| OrderCall::Raw(t, b)),
+    ]
+}
+
+/// Every orders endpoint, with bodies, paths and queries of every kind:
+/// a valid request gets one of its documented answers, anything else a
+/// `400 invalid` that writes nothing; never a 5xx.
+#[test]
+fn orders_endpoints_refuse_bad_input_cleanly() {
+    let (rt, app) = app_runtime();
+    let (held, fence, service) = rt.block_on(async {
+        for tag in ["OB-1", "OB-2", "OB-3", "OB-4"] {
+            app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+                .await;
+        }
+        let (held, fence) = app.insert_held(app.org.id, "ORD-HELD", "OB-1", 3600).await;
+        let service = app
+            .insert_in_service(app.org.id, "ORD-SOLD", "OB-2", "SRV-0")
+            .await;
+        (held, fence, service)
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 160,
+        ..Config::default()
+    });
+    let valid_seen = std::sync::atomic::AtomicUsize::new(0);
+    runner
+        .run(&order_call(held, fence, service), |call| {
+            rt.block_on(async {
+                let before = order_fingerprint(&app).await;
+                let api = |p: &str| app.url(&format!("/api/v1{p}"));
+                let is_id = |p: &str| p.parse::<i64>().is_ok();
+                let (req, valid, ok_statuses): (_, bool, &[u16]) = match &call {
+                    OrderCall::Reserve(b) => (
+                        app.http.post(api("/reservations")).json(b),
+                        valid_reserve(b),
+                        &[200, 201, 409],
+                    ),
+                    OrderCall::Get(p) => (
+                        app.http.get(api(&format!("/reservations/{p}"))),
+                        is_id(p),
+                        &[200, 404],
+                    ),
+                    OrderCall::Events(p) => (
+                        app.http.get(api(&format!("/reservations/{p}/events"))),
+                        is_id(p),
+                        &[200, 404],
+                    ),
+                    OrderCall::ByOrderRef(q) => {
+                        let valid = q.len() == 1
+                            && q[0].0 == "order_ref"
+                            && label_ok(Some(&json!(q[0].1)), 128);
+                        (
+                            app.http.get(api("/reservations")).query(q),
+                            valid,
+                            &[200, 404],
+                        )
+                    }
+                    OrderCall::Convert(p, b) => (
+                        app.http
+                            .post(api(&format!("/reservations/{p}/convert")))
+                            .json(b),
+                        is_id(p) && valid_convert(b),
+                        &[200, 404, 409],
+                    ),
+                    OrderCall::Cancel(p, b) => (
+                        app.http
+                            .post(api(&format!("/reservations/{p}/cancel")))
+                            .json(b),
+                        is_id(p) && valid_cancel(b),
+                        &[200, 404, 409],
+                    ),
+                    OrderCall::EndService(p) => (
+                        app.http.post(api(&format!("/services/{p}/end"))),
+                        is_id(p),
+                        &[200, 404, 409],
+                    ),
+                    OrderCall::Raw(target, bytes) => {
+                        let path = match *target {
+                            "reserve" => "/reservations".to_owned(),
+                            t => format!("/reservations/{held}/{t}"),
+                        };
+                        let valid =
+                            serde_json::from_slice::<Value>(bytes).is_ok_and(|b| match *target {
+                                "reserve" => valid_reserve(&b),
+                                "convert" => valid_convert(&b),
+                                _ => valid_cancel(&b),
+                            });
+                        (
+                            app.http
+                                .post(api(&path))
+                                .header("content-type", "application/json")
+                                .body(bytes.clone()),
+                            valid,
+                            &[200, 201, 404, 409],
+                        )
+                    }
+                };
+                let r = req
+                    .bearer_auth(&app.org.token)
+                    .send()
+                    .await
+                    .expect("request");
+                let status = r.status().as_u16();
+                let answer: Value = r.json().await.unwrap_or(Value::Null);
+                prop_assert!(status < 500, "{:?} got {}: {}", call, status, answer);
+                if valid {
+                    valid_seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    prop_assert!(
+                        ok_statuses.contains(&status),
+                        "valid {:?} got {}: {}",
+                        call,
+                        status,
+                        answer
+                    );
+                } else {
+                    // Paths that are not ids may also miss the route (404).
+                    prop_assert!(
+                        status == 400 || status == 404,
+                        "invalid {:?} got {}: {}",
+                        call,
+                        status,
+                        answer
+                    );
+                    prop_assert!(
+                        answer["error"].is_string() && answer["message"].is_string(),
+                        "a clear error: {}",
+                        answer
+                    );
+                    prop_assert_eq!(
+                        order_fingerprint(&app).await,
+                        before,
+                        "a refused request wrote nothing"
+                    );
+                }
+                if (400..500).contains(&status) {
+                    prop_assert!(
+                        answer["error"].is_string(),
+                        "a 4xx in the API's error shape: {}",
+                        answer
+                    );
+                    prop_assert_eq!(order_fingerprint(&app).await, before, "a 4xx wrote nothing");
+                }
+                Ok(())
+            })
+        })
+        .expect("property holds");
+    let valid = valid_seen.into_inner();
+    assert!(valid > 10 && valid < 150, "{valid} of 160 calls were valid");
+}
+
+// ---------------------------------------------------------------------------
+// The dashboard's forms
+// ---------------------------------------------------------------------------
+
+/// Form values: plausible, empty, huge, control characters, any unicode.
+fn form_value(plausible: String) -> impl Strategy<Value = Option<String>> {
+    prop::option::weighted(
+        0.9,
+        prop_oneof![
+            4 => Just(plausible),
+            2 => text(),
+            1 => "[a-z]{600,5000}",
+            1 => any::<i64>().prop_map(|n| n.to_string()),
+            1 => Just("99999999999999999999999".to_owned()),
+        ],
+    )
+}
+
+#[derive(Debug, Clone)]
+enum FormCall {
+    Cancel(String, Vec<(&'static str, Option<String>)>),
+    Convert(String, Vec<(&'static str, Option<String>)>),
+    Settings(Vec<(&'static str, Option<String>)>),
+    Search(String),
+    Login(Vec<(&'static str, Option<String>)>),
+    Raw(&'static str, Vec<u8>),
+}
+
+/// `csrf` stands for the session's real token; the strategy decides
+/// whether it is sent, replaced or left out.
+fn form_call(held: i64, fence: i64) -> impl Strategy<Value = FormCall> {
+    const CSRF: &str = "\u{1}csrf";
+    let csrf = || form_value(CSRF.to_owned());
+    let cancel = (
+        id_segment(held),
+        csrf(),
+        form_value(fence.to_string()),
+        form_value("customer gave up".into()),
+    )
+        .prop_map(|(p, c, f, r)| {
+            FormCall::Cancel(p, vec![("csrf", c), ("fence", f), ("reason", r)])
+        });
+    let convert = (
+        id_segment(held),
+        csrf(),
+        form_value(fence.to_string()),
+        form_value("SRV-7".into()),
+    )
+        .prop_map(|(p, c, f, s)| {
+            FormCall::Convert(p, vec![("csrf", c), ("fence", f), ("service_ref", s)])
+        });
+    let settings = (csrf(), form_value("on".into()))
+        .prop_map(|(c, d)| FormCall::Settings(vec![("csrf", c), ("datacenter", d)]));
+    let search = prop_oneof![
+        text(),
+        "[A-Za-z0-9-]{1000,3000}",
+        Just("ORD-HELD".to_owned())
+    ]
+    .prop_map(FormCall::Search);
+    let login = (
+        csrf(),
+        form_value("admin@acme.test".into()),
+        form_value("wrong password".into()),
+    )
+        .prop_map(|(c, e, p)| FormCall::Login(vec![("csrf", c), ("email", e), ("password", p)]));
+    let raw = (
+        prop::sample::select(vec!["cancel", "convert", "settings", "login"]),
+        prop::collection::vec(any::<u8>(), 0..300),
+    )
+        .prop_map(|(t, b)| FormCall::Raw(t, b));
+    prop_oneof![3 => cancel, 3 => convert, 1 => settings, 1 => search, 1 => login, 2 => raw]
+}
+
+/// Everything a form can change, as one comparable value (login attempts
+/// and the audit log record refusals on purpose and are left out).
+async fn dashboard_fingerprint(app: &TestApp) -> ((i64, i64, i64, i64, i64), String, i64) {
+    let orders = order_fingerprint(app).await;
+    let (flags, sessions): (String, i64) = sqlx::query_as(
+        "SELECT (SELECT string_agg(datacenter_enabled::text, ',' ORDER BY id) FROM organizations),
+                (SELECT count(*) FROM sessions WHERE revoked_at IS NULL)",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("fingerprint");
+    (orders, flags, sessions)
+}
+
+/// Every dashboard form, logged in as an admin with a valid CSRF token (so
+/// that bodies reach validation), or with a missing or wrong one: never a
+/// 5xx, and nothing written unless the answer is the success redirect.
+#[test]
+fn dashboard_forms_refuse_bad_input_cleanly() {
+    let (rt, app) = app_runtime();
+    let (held, fence, staff, anonymous, csrf) = rt.block_on(async {
+        for tag in ["DB-1", "DB-2"] {
+            app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+                .await;
+        }
+        let (held, fence) = app.insert_held(app.org.id, "ORD-HELD", "DB-1", 3600).await;
+        let staff = app.staff("admin@acme.test", "admin").await;
+        let csrf = staff.csrf().await;
+        let anonymous = crate::helpers::StaffClient::new(&app.address);
+        (held, fence, staff, anonymous, csrf)
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 128,
+        ..Config::default()
+    });
+    let reached_success = std::sync::atomic::AtomicUsize::new(0);
+    let seen = std::sync::Mutex::new(std::collections::BTreeMap::<(String, u16), u32>::new());
+    runner
+        .run(&form_call(held, fence), |call| {
+            rt.block_on(async {
+                let before = dashboard_fingerprint(&app).await;
+                let form = |fields: &Vec<(&'static str, Option<String>)>,
+                            token: &str|
+                 -> Vec<(String, String)> {
+                    fields
+                        .iter()
+                        .filter_map(|(k, v)| {
+                            v.as_ref().map(|v| {
+                                (
+                                    (*k).to_owned(),
+                                    if v == "\u{1}csrf" {
+                                        token.to_owned()
+                                    } else {
+                                        v.clone()
+                                    },
+                                )
+                            })
+                        })
+                        .collect()
+                };
+                let req = match &call {
+                    FormCall::Cancel(p, f) => staff
+                        .http
+                        .post(staff.url(&format!("/reservations/{p}/cancel")))
+                        .form(&form(f, &csrf)),
+                    FormCall::Convert(p, f) => staff
+                        .http
+                        .post(staff.url(&format!("/reservations/{p}/convert")))
+                        .form(&form(f, &csrf)),
+                    FormCall::Settings(f) => staff
+                        .http
+                        .post(staff.url("/settings"))
+                        .form(&form(f, &csrf)),
+                    FormCall::Search(q) => staff.http.get(staff.url("/search")).query(&[("q", q)]),
+                    FormCall::Login(f) => {
+                        let (_, page) = anonymous.page("/login").await;
+                        let token = crate::helpers::hidden_field(&page, "csrf").unwrap_or_default();
+                        anonymous
+                            .http
+                            .post(anonymous.url("/login"))
+                            .form(&form(f, &token))
+                    }
+                    FormCall::Raw(target, bytes) => {
+                        let (client, path) = match *target {
+                            "login" => (&anonymous, "/login".to_owned()),
+                            "settings" => (&staff, "/settings".to_owned()),
+                            t => (&staff, format!("/reservations/{held}/{t}")),
+                        };
+                        // A valid token first, so that the junk reaches the form's parser.
+                        let mut body = match *target {
+                            "login" => Vec::new(),
+                            _ => format!("csrf={csrf}&").into_bytes(),
+                        };
+                        body.extend_from_slice(bytes);
+                        client
+                            .http
+                            .post(client.url(&path))
+                            .header("content-type", "application/x-www-form-urlencoded")
+                            .body(body)
+                    }
+                };
+                let r = req.send().await.expect("request");
+                let status = r.status().as_u16();
+                let body = r.text().await.unwrap_or_default();
+                let kind = format!("{call:?}")
+                    .split('(')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                *seen
+                    .lock()
+                    .expect("lock")
+                    .entry((kind, status))
+                    .or_default() += 1;
+                prop_assert!(status < 500, "{:?} got {}: {}", call, status, body);
+                prop_assert!(
+                    [200, 303, 400, 401, 403, 404, 409, 413, 422, 429].contains(&status),
+                    "{:?} got an unexpected {}: {}",
+                    call,
+                    status,
+                    body
+                );
+                if status >= 400 {
+                    prop_assert!(!body.trim().is_empty(), "a clear error page for {:?}", call);
+                }
+                if status == 303 && !matches!(call, FormCall::Search(_)) {
+                    reached_success.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                } else {
+                    prop_assert_eq!(
+                        dashboard_fingerprint(&app).await,
+                        before,
+                        "{:?} ({}) wrote something",
+                        call,
+                        status
+                    );
+                }
+                // Undo what a successful form did, so that later cases reach
+                // validation again (module on, the reservation held).
+                sqlx::query(
+                    "WITH l AS (DELETE FROM service_links WHERE reservation_id = $1)
+                     UPDATE reservations SET state = 'held', ended_at = NULL, ended_by = NULL, end_reason = NULL
+                      WHERE id = $1",
+                )
+                .bind(held)
+                .execute(&app.pool)
+                .await
+                .expect("reset the reservation");
+                sqlx::query("UPDATE organizations SET datacenter_enabled = true")
+                    .execute(&app.pool)
+                    .await
+                    .expect("reset the setting");
+                Ok(())
+            })
+        })
+        .expect("property holds");
+    // Some forms must have got through validation to their success, and
+    // some with a valid token must have been refused by validation itself.
+    let seen = seen.into_inner().expect("lock");
+    eprintln!("dashboard forms, (form, status): count = {seen:?}");
+    assert!(
+        reached_success.into_inner() > 0,
+        "no form was ever valid: {seen:?}"
+    );
+    assert!(
+        seen.keys()
+            .any(|(k, s)| (k == "Cancel" || k == "Convert") && *s == 400),
+        "no action form reached validation: {seen:?}"
+    );
+}
+
+/// Found by the property above: a login with a huge email (past the btree
+/// row limit of login_attempts' index) or a NUL in it was a 500.
+#[tokio::test]
+async fn a_login_with_a_huge_or_nul_email_is_refused_not_a_500() {
+    let app = crate::helpers::spawn_app().await;
+    for email in [
+        "x".repeat(6000) + "@acme.test",
+        "admin\0@acme.test".to_owned(),
+    ] {
+        let client = crate::helpers::StaffClient::new(&app.address);
+        let r = client.login(&email, "wrong").await;
+        assert_eq!(r.status().as_u16(), 401, "email of {} chars", email.len());
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM login_attempts WHERE length(email) <= 254")
+            .await,
+        2,
+        "each refusal is still counted for the throttle"
+    );
+}

@@ -14,4 +14,5 @@ mod migrations;
 mod openapi;
 mod orders;
 mod schema;
+mod soak;
 mod sweep;
