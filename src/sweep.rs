@@ -26,9 +26,9 @@ use crate::settings::Settings;
 pub const BATCH_SIZE: i64 = 500;
 
 /// Batches run two at a time, on the worker's two connections: most of a
-/// batch's cost is per row (the update, its index entries, the event), so a
-/// second statement nearly halves a large sweep (BENCHMARKS.md, item 4).
-/// SKIP LOCKED keeps the two on disjoint rows.
+/// batch's cost is per row (the update, its index entries, the event), and a
+/// second statement can use the database's second CPU. SKIP LOCKED keeps the
+/// two on disjoint rows. What it saves varies: BENCHMARKS.md, item 4.
 pub async fn expire_two_batches(
     pool: &PgPool,
     replica: &str,

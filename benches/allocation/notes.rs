@@ -185,7 +185,16 @@ two batch statements at a time on the worker's two connections
 run's counter is the only row they share. Each batch still checks the fence
 in the same statement. The one-at-a-time row is there for comparison. A
 larger `BATCH_SIZE` would not help: the cost
-is per row, and a batch of 2,000 would hold its locks four times as long.";
+is per row, and a batch of 2,000 would hold its locks four times as long.
+
+Two at a time scaled poorly in the run of 2026-12-02 16:43 (40.4 µs against
+38.0 µs per reservation; an earlier run on this machine measured 2.24 s
+against 3.5 s). Why is not established: the two statements share the run's
+counter row (each batch adds its count to `sweep_runs` in the same statement
+and holds that row lock until it commits) and WAL insertion; profiling that
+is the next step, and moving the count out of the batch statement (counted by
+the worker, written by `finish_run`) the first thing to try. The 3 s target
+is not met.";
 
 const PAGES: &str = "### What limits item 5 (pages)
 
