@@ -114,7 +114,7 @@ async fn sweep_once(
     loop {
         let round = (0..parallel).map(|_| async {
             let t = Instant::now();
-            let n = sweep::expire_batch(pool, replica, fence, run_id, BATCH_SIZE).await?;
+            let n = sweep::expire_batch(pool, replica, fence, BATCH_SIZE).await?;
             Ok::<_, sweep::SweepError>((n, t.elapsed()))
         });
         let mut short = false;
@@ -128,7 +128,7 @@ async fn sweep_once(
             break;
         }
     }
-    sweep::finish_run(pool, replica, fence, run_id).await?;
+    sweep::finish_run(pool, replica, fence, run_id, expired).await?;
     Ok(Run {
         parallel,
         expired,

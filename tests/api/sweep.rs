@@ -224,11 +224,11 @@ async fn a_sweep_under_a_stale_fence_changes_nothing() {
     .await
     .expect("run");
     assert!(matches!(
-        sweep::expire_batch(&pool, "replica-a", stale.fence, old_run, 500).await,
+        sweep::expire_batch(&pool, "replica-a", stale.fence, 500).await,
         Err(SweepError::Lost)
     ));
     assert!(matches!(
-        sweep::finish_run(&pool, "replica-a", stale.fence, old_run).await,
+        sweep::finish_run(&pool, "replica-a", stale.fence, old_run, 0).await,
         Err(SweepError::Lost)
     ));
     // The same holder's older mandate (re-entrant claim) is stale too.
