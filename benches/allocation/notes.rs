@@ -168,7 +168,7 @@ const SWEEP: &str = "### What limits item 4 (the sweep)
 
 A batch of 500 is one statement: find 500 overdue rows in deadline order on
 the partial index of held reservations, update them, write 500 `expired`
-events, and count them in the run. EXPLAIN (ANALYZE, BUFFERS) of one batch:
+events, and return the count. EXPLAIN (ANALYZE, BUFFERS) of one batch:
 the scan and locking take under 1 ms; the rest is per row. Each expired
 reservation is a non-HOT update (its state and `ended_at` are in index
 predicates and keys) so 4 index insertions (primary key, order, machine,
@@ -181,20 +181,19 @@ The batch itself stays short (the longest batch is in the table).
 
 The statement uses one CPU; the database has more. The shipped sweep runs
 two batch statements at a time on the worker's two connections
-(`sweep::expire_two_batches`): `SKIP LOCKED` gives them disjoint rows and the
-run's counter is the only row they share. Each batch still checks the fence
+(`sweep::expire_two_batches`): `SKIP LOCKED` gives them disjoint rows. Each
+batch still checks the fence
 in the same statement. The one-at-a-time row is there for comparison. A
 larger `BATCH_SIZE` would not help: the cost
 is per row, and a batch of 2,000 would hold its locks four times as long.
 
-Two at a time scaled poorly in the run of 2026-12-02 16:43 (40.4 µs against
-38.0 µs per reservation; an earlier run on this machine measured 2.24 s
-against 3.5 s). Why is not established: the two statements share the run's
-counter row (each batch adds its count to `sweep_runs` in the same statement
-and holds that row lock until it commits) and WAL insertion; profiling that
-is the next step, and moving the count out of the batch statement (counted by
-the worker, written by `finish_run`) the first thing to try. The 3 s target
-is not met.";
+Two at a time first scaled poorly (run of 2026-12-02 16:43: 40.4 µs against
+38.0 µs per reservation): each batch statement also added its count to the
+run's `sweep_runs` row and held that row lock until it committed, so the two
+statements took turns. The count is now added up by the worker and written
+once by `finish_run`; with that, `BENCH_ONLY=sweep` measured 2.2 to 2.4 s
+for 100,000 two at a time, against 3.6 to 3.9 s before. The margin under the
+3 s target is thin on this 2-CPU machine and varies between runs.";
 
 const PAGES: &str = "### What limits item 5 (pages)
 
