@@ -63,12 +63,8 @@ pub async fn set_datacenter_enabled(
     org_id: i64,
     enabled: bool,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE organizations SET datacenter_enabled = $2 WHERE id = $1")
-        .bind(org_id)
-        .bind(enabled)
-        .execute(pool)
-        .await?;
-    Ok(())
+    let mut conn = pool.acquire().await?;
+    set_datacenter_enabled_on(&mut conn, org_id, enabled).await
 }
 
 /// As `set_datacenter_enabled`, on a caller's transaction (the settings page

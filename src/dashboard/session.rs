@@ -401,29 +401,8 @@ async fn record_attempt(
     Ok(())
 }
 
-pub async fn audit(
-    pool: &PgPool,
-    req: &HttpRequest,
-    staff: &Staff,
-    action: &str,
-    object: &str,
-    detail: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO audit_log (org_id, actor, action, object, source_addr, detail) VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(staff.org_id)
-    .bind(&staff.email)
-    .bind(action)
-    .bind(object)
-    .bind(source_addr(req))
-    .bind(detail)
-    .execute(pool)
-    .await?;
-    Ok(())
-}
-
-/// As `audit`, on the caller's transaction: the row commits with the action.
+/// A staff action's audit row, on the caller's transaction: the row commits
+/// with the action it records.
 pub async fn audit_on(
     conn: &mut sqlx::PgConnection,
     req: &HttpRequest,
@@ -461,19 +440,15 @@ pub(crate) async fn logout(
     form: web::Form<LogoutForm>,
 ) -> Result<HttpResponse, DashError> {
     csrf::check(&staff, &form.csrf)?;
+    // The revocation and its audit row commit together.
+    let mut tx = pool.begin().await?;
     sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1")
         .bind(&staff.token_hash)
-        .execute(pool.get_ref())
+        .execute(&mut *tx)
         .await?;
-    audit(
-        &pool,
-        &req,
-        &staff,
-        "logout",
-        &format!("user:{}", staff.email),
-        None,
-    )
-    .await?;
+    let object = format!("user:{}", staff.email);
+    audit_on(&mut tx, &req, &staff, "logout", &object, None).await?;
+    tx.commit().await?;
     let mut gone = Cookie::build(cookie_name(&settings), "")
         .path("/")
         .http_only(true)
