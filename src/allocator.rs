@@ -1,20 +1,40 @@
 //! The allocator (R3-R9): pass one explains every machine, pass two locks
 //! one candidate at a time.
 //!
-//! Why a machine is or is not a candidate is written once, in SQL
-//! (`classified`): the dashboard's explanation, the `unavailable` counts, the
-//! candidate query of pass one and the re-check of pass two all read it, so
-//! the reasons staff see are the allocator's by construction.
+//! The rules run inside PostgreSQL, in the functions of
+//! `migrations/20261203000001_allocator.sql`, so that a reserve is one
+//! statement (one round trip) instead of a dozen. Where each rule lives:
+//!
+//! - R3, lock one candidate at a time (`FOR UPDATE SKIP LOCKED` on its key),
+//!   R4, the bound (25 scanned, 5 attempts; a locked candidate is skipped, not
+//!   an attempt), R5, every insert attempt in a savepoint (a
+//!   `BEGIN ... EXCEPTION` block), R6, the violated constraint told apart by
+//!   its name (`GET STACKED DIAGNOSTICS ... CONSTRAINT_NAME`), R8, the frozen
+//!   reason, and R11, an overdue holder expired at the point of use:
+//!   `reserve_walk`, called alone by [`walk_candidates`].
+//! - R7, the two passes and the two refusals, and R9, the idempotency key
+//!   asked twice: `reserve_machine`, called by [`reserve_on`].
+//! - R7's one definition of why a machine is or is not a candidate:
+//!   `machine_verdicts`, a plain SQL function the planner inlines into every
+//!   caller: the dashboard's explanation ([`explain`]), the counts
+//!   ([`excluded_counts`]), the candidates (`machine_candidates`) and the
+//!   re-check under the lock. The reasons staff see are the allocator's by
+//!   construction.
+//! - The API's token check folded into the same statement: `api_reserve`
+//!   ([`reserve_for_token`]).
+//!
+//! This module turns the functions' rows into Rust values and keeps the
+//! parts that only read (the explanation, pass two on its own for why-not).
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::domain::{MachineStatus, OrderRef, ParseError, Profile, Site, Vendor};
 use crate::inventory::{Machine, MachineFilter};
-use crate::reservations::{self, RESERVATION_COLUMNS, Reservation};
+use crate::reservations::{self, Reservation};
 
 /// R4: at most this many candidates are scanned by one reserve.
 pub const MAX_SCANNED: usize = 25;
@@ -103,54 +123,22 @@ pub struct Verdict {
     pub exclusion: Option<Exclusion>,
 }
 
-/// R7, the one definition: every machine of org `$1` selected by `scope`,
-/// with why it is not a candidate for site `$2`, profile `$3` and vendor
-/// `$4` (NULL: any), checked in the order of `Exclusion`. An overdue held
-/// reservation does not exclude (R11: it expires at the point of use).
-///
-/// The two lookups are single-row probes of the partial unique indexes
-/// `service_links_one_live_per_machine` and
-/// `reservations_one_holder_per_machine`: ended history is never read.
-/// (`LIMIT 1` changes nothing, the indexes allow one row, but it keeps each
-/// lookup a per-machine probe instead of a join the planner may turn into a
-/// walk over every held reservation.)
+/// R7, the one definition (the SQL function `machine_verdicts`): every
+/// machine of org `$1` selected by `scope` (on alias `m`), with why it is
+/// not a candidate for site `$2`, profile `$3` and vendor `$4` (NULL: any).
 fn classified(scope: &str) -> String {
     format!(
         "SELECT m.id, m.asset_tag, m.site, m.vendor, m.profile, m.status, m.created_at, m.updated_at,
-                CASE WHEN m.site <> $2 THEN 'wrong_site'
-                     WHEN $4::text IS NOT NULL AND m.vendor <> $4::text THEN 'wrong_vendor'
-                     WHEN m.profile <> $3 THEN 'wrong_profile'
-                     WHEN m.status <> 'ready' THEN 'not_ready'
-                     WHEN live.service_ref IS NOT NULL THEN 'in_service'
-                     WHEN hold.id IS NOT NULL THEN 'held'
-                END AS exclusion,
-                live.service_ref AS service_ref,
-                hold.id AS held_by,
-                hold.expires_at AS held_until
-           FROM machines m
-           LEFT JOIN LATERAL (
-                SELECT s.service_ref FROM service_links s
-                 WHERE s.machine_id = m.id AND s.ended_at IS NULL LIMIT 1) live ON true
-           LEFT JOIN LATERAL (
-                SELECT r.id, r.expires_at FROM reservations r
-                 WHERE r.machine_id = m.id AND r.state = 'held'
-                   AND r.expires_at > clock_timestamp() LIMIT 1) hold ON true
-          WHERE m.org_id = $1 AND ({scope})"
+                m.exclusion, m.service_ref, m.held_by, m.held_until
+           FROM machine_verdicts($1, $2, $3, $4::text) m
+          WHERE {scope}"
     )
 }
 
-/// Pass one's candidate query: `$5` candidates of the spec, in id order.
-///
-/// The scope repeats what `exclusion IS NULL` implies (site, profile, vendor,
-/// ready) only so that the planner walks `machines_candidates_idx`; the
-/// verdict itself is `classified`'s.
+/// Pass one's candidate query (the SQL function `machine_candidates`): `$5`
+/// candidates of the spec, in id order, on `machines_candidates_idx`.
 pub fn candidate_query() -> String {
-    format!(
-        "SELECT c.* FROM ({}) c WHERE c.exclusion IS NULL ORDER BY c.id LIMIT $5",
-        classified(
-            "m.site = $2 AND m.profile = $3 AND ($4::text IS NULL OR m.vendor = $4::text) AND m.status = 'ready'"
-        )
-    )
+    "SELECT * FROM machine_candidates($1, $2, $3, $4::text, $5)".to_owned()
 }
 
 /// A row of `classified`.
@@ -252,30 +240,9 @@ async fn candidates(
     Ok(rows.into_iter().map(|r| r.machine).collect())
 }
 
-/// The verdict on one machine, read now (a fresh READ COMMITTED snapshot).
-async fn classify_one(
-    conn: &mut PgConnection,
-    org_id: i64,
-    spec: &OrderSpec,
-    machine_id: i64,
-) -> Result<Option<(Machine, Option<Exclusion>)>, sqlx::Error> {
-    let row: Option<Classified> = bind_spec(
-        sqlx::query_as(sqlx::AssertSqlSafe(classified("m.id = $5"))),
-        org_id,
-        spec,
-    )
-    .bind(machine_id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(row.map(|r| {
-        let exclusion = r.exclusion();
-        (r.machine, exclusion)
-    }))
-}
-
 /// API.md's `excluded` counts: how many machines of the organization are
 /// excluded for each reason, plus how many are candidates.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExcludedCounts {
     pub wrong_site: i64,
     pub wrong_vendor: i64,
@@ -452,64 +419,165 @@ pub async fn reserve(
 }
 
 /// `reserve` on a given connection (tests run many of these on separate
-/// connections).
+/// connections): one statement, `reserve_machine` (R7, R9; pass two in
+/// `reserve_walk`). A statement outside a transaction commits on its own;
+/// inside the caller's, it is part of it.
 pub async fn reserve_on(
     conn: &mut PgConnection,
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<ReserveOutcome, sqlx::Error> {
-    let mut tx = conn.begin().await?;
-    // R9, first ask: a replay gets its reservation back.
-    if let Some(existing) =
-        reservations::by_order_ref(&mut tx, org_id, req.order_ref.as_str()).await?
-    {
-        tx.commit().await?;
-        return Ok(ReserveOutcome::Existing(existing));
+    let row: ReserveRow =
+        sqlx::query_as("SELECT * FROM reserve_machine($1, $2, $3, $4, $5, $6::text, $7)")
+            .bind(org_id)
+            .bind(&req.actor)
+            .bind(req.order_ref.as_str())
+            .bind(req.spec.site.as_str())
+            .bind(req.spec.profile.as_str())
+            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+            .bind(req.hold.get() as i32)
+            .fetch_one(conn)
+            .await?;
+    row.into_outcome()
+}
+
+/// What the order service's token says about its request (`api_caller`):
+/// refused before anything is read or written, in the order the API checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerRefusal {
+    /// Unknown or revoked token (401).
+    Unauthorized,
+    /// The token lacks the `orders` scope (403).
+    Forbidden,
+    /// R12: the deployment switch is off (403 module_disabled).
+    ModuleOffDeployment,
+    /// R12: the organization's setting is off (403 module_disabled).
+    ModuleOffOrganization,
+}
+
+impl CallerRefusal {
+    /// `api_caller`'s status; `None` for `ok`.
+    pub(crate) fn parse(status: &str) -> Result<Option<CallerRefusal>, sqlx::Error> {
+        Ok(Some(match status {
+            "ok" => return Ok(None),
+            "unauthorized" => CallerRefusal::Unauthorized,
+            "forbidden" => CallerRefusal::Forbidden,
+            "module_off_deployment" => CallerRefusal::ModuleOffDeployment,
+            "module_off_org" => CallerRefusal::ModuleOffOrganization,
+            other => {
+                return Err(sqlx::Error::Protocol(format!(
+                    "api_caller answered an unknown status {other:?}"
+                )));
+            }
+        }))
     }
-    // R7, pass one: the candidates (the walk never looks beyond MAX_SCANNED).
-    let list = candidates(&mut tx, org_id, &req.spec, MAX_SCANNED).await?;
-    let mut walk = WalkStats::default();
-    if !list.is_empty() {
-        let ids: Vec<i64> = list.iter().map(|m| m.id).collect();
-        match walk_candidates(&mut tx, org_id, req, &ids, &mut walk).await? {
-            Walked::Created(reservation) => {
-                tx.commit().await?;
-                return Ok(ReserveOutcome::Created { reservation, walk });
-            }
-            Walked::Existing(existing) => {
-                tx.commit().await?;
-                return Ok(ReserveOutcome::Existing(existing));
-            }
-            Walked::Nothing => {}
+}
+
+/// `POST /api/v1/reservations` in one statement (`api_reserve`): the token
+/// (by its SHA-256), its scope and both module switches are checked in the
+/// same statement as the reserve, so a revoked token is refused from the
+/// very next request with no round trip of its own. `req.actor` is ignored:
+/// the actor is the token's name.
+pub async fn reserve_for_token(
+    pool: &PgPool,
+    token_hash: &[u8],
+    module_on: bool,
+    req: &ReserveRequest,
+) -> Result<Result<ReserveOutcome, CallerRefusal>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let row: CallerRow<ReserveRow> = sqlx::query_as(
+        "SELECT c.caller, (c.result).* FROM api_reserve($1, $2, $3, $4, $5, $6::text, $7) c",
+    )
+    .bind(token_hash)
+    .bind(module_on)
+    .bind(req.order_ref.as_str())
+    .bind(req.spec.site.as_str())
+    .bind(req.spec.profile.as_str())
+    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+    .bind(req.hold.get() as i32)
+    .fetch_one(&mut *conn)
+    .await?;
+    match CallerRefusal::parse(&row.caller)? {
+        Some(refusal) => Ok(Err(refusal)),
+        None => row.result.into_outcome().map(Ok),
+    }
+}
+
+/// A row of a function answering for an API caller: `api_caller`'s status,
+/// then the result (all NULL when the caller was refused).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct CallerRow<T> {
+    pub(crate) caller: String,
+    #[sqlx(flatten)]
+    pub(crate) result: T,
+}
+
+/// A row of the SQL type `reserve_result`.
+#[derive(Debug, sqlx::FromRow)]
+struct ReserveRow {
+    outcome: Option<String>,
+    #[sqlx(flatten)]
+    reservation: reservations::MaybeReservation,
+    scanned: Option<i32>,
+    locked_by_others: Option<i32>,
+    gone: Option<i32>,
+    attempts: Option<i32>,
+    candidates: Option<i64>,
+    excluded: Option<sqlx::types::Json<ExcludedCounts>>,
+}
+
+impl ReserveRow {
+    fn walk(&self) -> WalkStats {
+        let n = |v: Option<i32>| v.unwrap_or(0).max(0) as usize;
+        WalkStats {
+            scanned: n(self.scanned),
+            locked_by_others: n(self.locked_by_others),
+            gone: n(self.gone),
+            attempts: n(self.attempts),
         }
     }
-    // R9, second ask, right before refusing: a neighbour with the same key
-    // may have committed since the first (each statement sees a fresh snapshot).
-    if let Some(existing) =
-        reservations::by_order_ref(&mut tx, org_id, req.order_ref.as_str()).await?
-    {
-        tx.commit().await?;
-        return Ok(ReserveOutcome::Existing(existing));
+
+    fn walked(self) -> Result<Walked, sqlx::Error> {
+        let outcome = self.outcome.as_deref().unwrap_or_default();
+        Ok(match outcome {
+            "created" => Walked::Created(self.reservation.required()?),
+            "existing" => Walked::Existing(self.reservation.required()?),
+            "nothing" => Walked::Nothing,
+            other => {
+                return Err(sqlx::Error::Protocol(format!(
+                    "reserve_walk answered an unknown outcome {other:?}"
+                )));
+            }
+        })
     }
-    // R7: "someone was faster" and "nothing available" are two answers. The
-    // counts are read now, so a machine that a neighbour just took counts as
-    // held, and a candidate still being fought over makes it `contended`.
-    let excluded = excluded_counts(&mut tx, org_id, &req.spec).await?;
-    tx.rollback().await?;
-    if excluded.candidates == 0 {
-        Ok(ReserveOutcome::Unavailable { excluded })
-    } else {
-        Ok(ReserveOutcome::Contended {
-            walk,
-            candidates: excluded.candidates,
+
+    fn into_outcome(self) -> Result<ReserveOutcome, sqlx::Error> {
+        let walk = self.walk();
+        let candidates = self.candidates.unwrap_or(0);
+        Ok(match self.outcome.as_deref().unwrap_or_default() {
+            "contended" => ReserveOutcome::Contended { walk, candidates },
+            "unavailable" => {
+                let mut excluded = self.excluded.map(|j| j.0).unwrap_or_default();
+                excluded.candidates = candidates;
+                ReserveOutcome::Unavailable { excluded }
+            }
+            _ => match self.walked()? {
+                Walked::Created(reservation) => ReserveOutcome::Created { reservation, walk },
+                Walked::Existing(reservation) => ReserveOutcome::Existing(reservation),
+                Walked::Nothing => {
+                    return Err(sqlx::Error::Protocol(
+                        "reserve_machine ended without an answer".to_owned(),
+                    ));
+                }
+            },
         })
     }
 }
 
 /// Pass two over `candidates` (machine ids, in order), inside the caller's
-/// open transaction: lock one at a time, skip what others hold, re-check
-/// what no constraint guards, and try the insert in a savepoint. Public so
-/// that tests can force a collision on a chosen list.
+/// open transaction (`reserve_walk`: lock one at a time, skip what others
+/// hold, re-check what no constraint guards, try the insert in a
+/// savepoint). Public so that tests can force a collision on a chosen list.
 pub async fn walk_candidates(
     tx: &mut PgConnection,
     org_id: i64,
@@ -517,162 +585,18 @@ pub async fn walk_candidates(
     candidates: &[i64],
     walk: &mut WalkStats,
 ) -> Result<Walked, sqlx::Error> {
-    let total = candidates.len();
-    for (position, &machine_id) in candidates.iter().take(MAX_SCANNED).enumerate() {
-        if walk.attempts >= MAX_ATTEMPTS {
-            break;
-        }
-        walk.scanned += 1;
-        // R3/R4: locked by someone else is skipped, not an attempt.
-        if !lock_machine(tx, machine_id).await? {
-            walk.locked_by_others += 1;
-            continue;
-        }
-        // With the row lock held, a fresh statement sees every conversion
-        // that committed before we got it, and none can start until we end
-        // (convert locks the machine first). A live service link has no
-        // constraint against a held reservation: this check is its guard
-        // (R10). `held` is left to the arbiter index (R1): a holder that
-        // committed since pass one costs an attempt, never a second holder.
-        let Some((machine, exclusion)) = classify_one(tx, org_id, &req.spec, machine_id).await?
-        else {
-            walk.gone += 1;
-            continue;
-        };
-        if matches!(&exclusion, Some(e) if !matches!(e, Exclusion::Held { .. })) {
-            walk.gone += 1;
-            continue;
-        }
-        walk.attempts += 1;
-        // R5: a unique violation aborts the transaction; inside a savepoint
-        // only the savepoint is lost.
-        let mut attempt = tx.begin().await?;
-        match try_insert(&mut attempt, org_id, req, &machine, position, total, walk).await {
-            Ok(reservation) => {
-                attempt.commit().await?;
-                return Ok(Walked::Created(reservation));
-            }
-            Err(e) => {
-                let constraint = crate::db::violated_unique(&e).map(str::to_owned);
-                attempt.rollback().await?;
-                match constraint.as_deref() {
-                    // R6: this machine is taken: next candidate.
-                    Some("reservations_one_holder_per_machine") => continue,
-                    // R6: this order already has a reservation: here it is.
-                    Some("reservations_order_ref_unique_per_org") => {
-                        return match reservations::by_order_ref(tx, org_id, req.order_ref.as_str())
-                            .await?
-                        {
-                            Some(existing) => Ok(Walked::Existing(existing)),
-                            None => Err(e),
-                        };
-                    }
-                    _ => return Err(e),
-                }
-            }
-        }
-    }
-    Ok(Walked::Nothing)
-}
-
-/// One insert attempt on a locked machine: expire an overdue holder at the
-/// point of use (R11), then insert the reservation with its frozen reason
-/// (R8) and its `created` event.
-async fn try_insert(
-    conn: &mut PgConnection,
-    org_id: i64,
-    req: &ReserveRequest,
-    machine: &Machine,
-    position: usize,
-    total: usize,
-    walk: &WalkStats,
-) -> Result<Reservation, sqlx::Error> {
-    let detail = format!(
-        "its deadline had passed; expired at the point of use by order {}",
-        req.order_ref
-    );
-    let expired =
-        reservations::expire_overdue_on_machine(conn, machine.id, ENDED_BY_ALLOCATOR, &detail)
+    let row: ReserveRow =
+        sqlx::query_as("SELECT * FROM reserve_walk($1, $2, $3, $4, $5, $6::text, $7, $8)")
+            .bind(org_id)
+            .bind(&req.actor)
+            .bind(req.order_ref.as_str())
+            .bind(req.spec.site.as_str())
+            .bind(req.spec.profile.as_str())
+            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+            .bind(req.hold.get() as i32)
+            .bind(candidates)
+            .fetch_one(tx)
             .await?;
-    let reason = frozen_reason(req, machine, position, total, walk, expired);
-    let spec = serde_json::json!({
-        "site": req.spec.site.as_str(),
-        "profile": req.spec.profile.as_str(),
-        "vendor": req.spec.vendor.as_ref().map(Vendor::as_str),
-        "hold_seconds": req.hold.get(),
-    });
-    // Created and expires_at come from one reading of the database's clock.
-    let sql = format!(
-        "WITH t AS (SELECT clock_timestamp() AS at)
-         INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                   hold_seconds, created_at, expires_at)
-         SELECT $1, $2, m.id, $3,
-                jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
-                                   'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
-                $4, $5, t.at, t.at + make_interval(secs => $5)
-           FROM machines m, t
-          WHERE m.id = $6 AND m.org_id = $1
-         RETURNING {RESERVATION_COLUMNS}"
-    );
-    let reservation: Reservation = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(org_id)
-        .bind(req.order_ref.as_str())
-        .bind(sqlx::types::Json(spec))
-        .bind(&reason)
-        .bind(req.hold.get() as i32)
-        .bind(machine.id)
-        .fetch_one(&mut *conn)
-        .await?;
-    reservations::record_event(
-        conn,
-        reservation.id,
-        "created",
-        None,
-        "held",
-        &req.actor,
-        Some(&format!("order {} on {}", req.order_ref, machine.asset_tag)),
-    )
-    .await?;
-    Ok(reservation)
-}
-
-/// R8: why this machine, in words that stay true after it changes.
-fn frozen_reason(
-    req: &ReserveRequest,
-    machine: &Machine,
-    position: usize,
-    total: usize,
-    walk: &WalkStats,
-    expired: Option<i64>,
-) -> String {
-    let vendor = match &req.spec.vendor {
-        Some(v) => format!("vendor {v}"),
-        None => "any vendor".to_owned(),
-    };
-    let mut reason = format!(
-        "{} ({}, {}, {}, {}) matched site {}, profile {}, {vendor}: candidate {} of {total} in pass one",
-        machine.asset_tag,
-        machine.site,
-        machine.vendor,
-        machine.profile,
-        machine.status,
-        req.spec.site,
-        req.spec.profile,
-        position + 1,
-    );
-    if walk.locked_by_others > 0 || walk.attempts > 1 || walk.gone > 0 {
-        reason.push_str(&format!(
-            "; before it, {} locked by other orders, {} taken by a faster order, {} no longer eligible",
-            walk.locked_by_others,
-            walk.attempts.saturating_sub(1),
-            walk.gone
-        ));
-    }
-    if let Some(id) = expired {
-        reason.push_str(&format!(
-            "; its previous reservation {id} was overdue and expired at the point of use"
-        ));
-    }
-    reason.push_str(&format!("; held for {} s", req.hold.get()));
-    reason
+    *walk = row.walk();
+    row.walked()
 }

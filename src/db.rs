@@ -51,6 +51,12 @@ pub async fn connect_with_acquire_timeout(
     acquire_timeout: Duration,
 ) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
+        // No ping before handing out a pooled connection: it was a round
+        // trip on every request. A connection that broke while idle fails
+        // its first statement instead, with an I/O error or SQLSTATE 57P01,
+        // which `is_unavailable` maps to 503 with Retry-After; the pool then
+        // drops it and the retry gets a fresh one.
+        .test_before_acquire(false)
         .max_connections(max_connections)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)

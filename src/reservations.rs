@@ -2,11 +2,16 @@
 //! event timeline. Every transition checks the fence, the state and the
 //! deadline (R11) in the same transaction that writes it.
 //!
-//! Lock order, everywhere a machine and its reservation are both written:
-//! the machine row first, then the reservation row. The allocator locks the
-//! machine (pass two) before it may expire an overdue reservation at the
-//! point of use; convert does the same, so the two never deadlock and a new
-//! order can never slip in while a conversion is half done.
+//! Cancel and convert run inside PostgreSQL, each as one statement: the
+//! function `reservation_transition` of
+//! `migrations/20261203000006_transitions.sql` locks the machine row first,
+//! then the reservation row (the allocator's order too, so the two never
+//! deadlock and a new order can never slip in while a conversion is half
+//! done), checks fence, state and deadline in that order, records an
+//! overdue hold as expired (R11), and for a conversion writes the service
+//! link before the reservation turns converted (R10: promote, never
+//! release-then-write). The API calls it through `api_transition`, with the
+//! token check in the same statement.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -186,180 +191,6 @@ pub async fn events(pool: &PgPool, org_id: i64, id: i64) -> Result<Vec<Event>, s
     .await
 }
 
-/// Writes one event of a reservation's timeline.
-pub(crate) async fn record_event(
-    conn: &mut PgConnection,
-    reservation_id: i64,
-    kind: &str,
-    from_state: Option<&str>,
-    to_state: &str,
-    actor: &str,
-    detail: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(reservation_id)
-    .bind(kind)
-    .bind(from_state)
-    .bind(to_state)
-    .bind(actor)
-    .bind(detail)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Ends a held reservation: `to_state` is `expired`, `cancelled` or
-/// `converted`. Only a held row changes; returns it, or None when it was no
-/// longer held.
-async fn end(
-    conn: &mut PgConnection,
-    id: i64,
-    to_state: &str,
-    ended_by: &str,
-    end_reason: &str,
-) -> Result<Option<Reservation>, sqlx::Error> {
-    let sql = format!(
-        "UPDATE reservations
-            SET state = $2, ended_at = clock_timestamp(), ended_by = $3, end_reason = $4
-          WHERE id = $1 AND state = 'held'
-         RETURNING {RESERVATION_COLUMNS}"
-    );
-    let row: Option<Reservation> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(id)
-        .bind(to_state)
-        .bind(ended_by)
-        .bind(end_reason)
-        .fetch_optional(&mut *conn)
-        .await?;
-    if let Some(r) = &row {
-        let kind = to_state;
-        record_event(
-            conn,
-            r.id,
-            kind,
-            Some("held"),
-            to_state,
-            ended_by,
-            Some(end_reason),
-        )
-        .await?;
-    }
-    Ok(row)
-}
-
-/// Expires, at the point of use, the held reservation of `machine_id` whose
-/// deadline has passed (R11), with its event. Returns the expired id. The
-/// caller holds the machine's row lock.
-pub(crate) async fn expire_overdue_on_machine(
-    conn: &mut PgConnection,
-    machine_id: i64,
-    ended_by: &str,
-    detail: &str,
-) -> Result<Option<i64>, sqlx::Error> {
-    let id: Option<i64> = sqlx::query_scalar(
-        "UPDATE reservations
-            SET state = 'expired', ended_at = clock_timestamp(), ended_by = $2, end_reason = $3
-          WHERE machine_id = $1 AND state = 'held' AND expires_at <= clock_timestamp()
-         RETURNING id",
-    )
-    .bind(machine_id)
-    .bind(ended_by)
-    .bind(detail)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some(id) = id {
-        record_event(
-            conn,
-            id,
-            "expired",
-            Some("held"),
-            "expired",
-            ended_by,
-            Some(detail),
-        )
-        .await?;
-    }
-    Ok(id)
-}
-
-/// A reservation locked for a transition, with the database's verdict on
-/// its deadline.
-#[derive(sqlx::FromRow)]
-struct Locked {
-    #[sqlx(flatten)]
-    reservation: Reservation,
-    overdue: bool,
-}
-
-/// Locks the reservation (machine row first, see the module comment) and
-/// checks fence, state and deadline, in that order. An overdue held
-/// reservation is recorded as expired by `found_by`; the caller must commit
-/// that write even though the transition is refused.
-async fn lock_for_transition(
-    conn: &mut PgConnection,
-    org_id: i64,
-    id: i64,
-    fence: i64,
-    found_by: &str,
-    attempted_by: &str,
-    what: &str,
-) -> Result<Result<Reservation, TransitionError>, sqlx::Error> {
-    let machine_id: Option<i64> =
-        sqlx::query_scalar("SELECT machine_id FROM reservations WHERE id = $1 AND org_id = $2")
-            .bind(id)
-            .bind(org_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    let Some(machine_id) = machine_id else {
-        return Ok(Err(TransitionError::NotFound));
-    };
-    // R10: the machine row is the allocator's lock too; while we hold it no
-    // new order can lock this machine, and an order that holds it finishes first.
-    sqlx::query("SELECT id FROM machines WHERE id = $1 FOR UPDATE")
-        .bind(machine_id)
-        .execute(&mut *conn)
-        .await?;
-    // R11: the deadline is judged by the database's clock, after the locks.
-    let sql = format!(
-        "SELECT {RESERVATION_COLUMNS}, (expires_at <= clock_timestamp()) AS overdue
-           FROM reservations WHERE id = $1 AND org_id = $2 FOR UPDATE"
-    );
-    let locked: Option<Locked> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(id)
-        .bind(org_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(Locked {
-        reservation,
-        overdue,
-    }) = locked
-    else {
-        return Ok(Err(TransitionError::NotFound));
-    };
-    if reservation.fence != fence {
-        return Ok(Err(TransitionError::StaleFence));
-    }
-    if reservation.state != "held" {
-        return Ok(Err(TransitionError::NotHeld {
-            state: reservation.state,
-        }));
-    }
-    if overdue {
-        let detail = format!(
-            "{what} by {attempted_by} after the deadline ({}); nobody decided in time",
-            reservation.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
-        );
-        end(conn, id, "expired", found_by, &detail).await?;
-        return Ok(Err(TransitionError::Expired {
-            expires_at: reservation.expires_at,
-        }));
-    }
-    Ok(Ok(reservation))
-}
-
 /// Cancels a held reservation; `actor` is a staff email or a token name.
 /// `reason` is stored as given: callers check it first with `check_reason`
 /// (required, 1 to 500 characters).
@@ -390,21 +221,187 @@ pub async fn cancel_on(
     actor: &str,
     reason: &str,
 ) -> Result<Reservation, TransitionError> {
-    lock_for_transition(
-        conn,
-        org_id,
-        id,
-        fence,
-        ENDED_BY_CANCELLATION,
-        actor,
-        "cancellation requested",
+    transition_on(conn, org_id, id, fence, actor, Transition::Cancel(reason))
+        .await
+        .map(|(r, _)| r)
+}
+
+/// What a transition does, with its text.
+#[derive(Debug, Clone, Copy)]
+pub enum Transition<'a> {
+    /// Cancel, with the reason (checked first with `check_reason`).
+    Cancel(&'a str),
+    /// Convert into the service with this reference.
+    Convert(&'a ServiceRef),
+}
+
+impl Transition<'_> {
+    fn action(&self) -> &'static str {
+        match self {
+            Transition::Cancel(_) => "cancel",
+            Transition::Convert(_) => "convert",
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            Transition::Cancel(reason) => reason,
+            Transition::Convert(service_ref) => service_ref.as_str(),
+        }
+    }
+}
+
+/// One transition, as one statement (`reservation_transition`).
+async fn transition_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    what: Transition<'_>,
+) -> Result<(Reservation, Option<ServiceLink>), TransitionError> {
+    let row: TransitionRow =
+        sqlx::query_as("SELECT * FROM reservation_transition($1, $2, $3, $4, $5, $6)")
+            .bind(org_id)
+            .bind(id)
+            .bind(fence)
+            .bind(actor)
+            .bind(what.action())
+            .bind(what.text())
+            .fetch_one(conn)
+            .await?;
+    row.into_result()
+}
+
+/// `POST /api/v1/reservations/{id}/cancel` or `.../convert` in one statement
+/// (`api_transition`): the token, its scope and both module switches are
+/// checked in the same statement as the transition. Autocommit: an expiry
+/// found at the point of use (R11) is committed with the refusal.
+pub async fn transition_for_token(
+    pool: &PgPool,
+    token_hash: &[u8],
+    module_on: bool,
+    id: i64,
+    fence: i64,
+    what: Transition<'_>,
+) -> Result<
+    Result<
+        Result<(Reservation, Option<ServiceLink>), TransitionError>,
+        crate::allocator::CallerRefusal,
+    >,
+    sqlx::Error,
+> {
+    let mut conn = pool.acquire().await?;
+    let row: crate::allocator::CallerRow<TransitionRow> = sqlx::query_as(
+        "SELECT c.caller, (c.result).* FROM api_transition($1, $2, $3, $4, $5, $6) c",
     )
-    .await??;
-    end(conn, id, "cancelled", actor, reason)
-        .await?
-        .ok_or_else(|| TransitionError::NotHeld {
-            state: "unknown".into(),
+    .bind(token_hash)
+    .bind(module_on)
+    .bind(id)
+    .bind(fence)
+    .bind(what.action())
+    .bind(what.text())
+    .fetch_one(&mut *conn)
+    .await?;
+    match crate::allocator::CallerRefusal::parse(&row.caller)? {
+        Some(refusal) => Ok(Err(refusal)),
+        None => Ok(Ok(row.result.into_result())),
+    }
+}
+
+/// A reservation read from a function's row whose columns may all be NULL
+/// (no reservation): the columns of `Reservation`, each optional.
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct MaybeReservation {
+    id: Option<i64>,
+    org_id: Option<i64>,
+    order_ref: Option<String>,
+    machine_id: Option<i64>,
+    state: Option<String>,
+    fence: Option<i64>,
+    reason: Option<String>,
+    hold_seconds: Option<i32>,
+    created_at: Option<DateTime<Utc>>,
+    expires_at: Option<DateTime<Utc>>,
+    ended_at: Option<DateTime<Utc>>,
+    ended_by: Option<String>,
+    end_reason: Option<String>,
+    machine: Option<sqlx::types::Json<MachineSnapshot>>,
+}
+
+impl MaybeReservation {
+    /// The reservation, or None when the row carried none.
+    pub(crate) fn into_reservation(self) -> Option<Reservation> {
+        Some(Reservation {
+            id: self.id?,
+            org_id: self.org_id?,
+            order_ref: self.order_ref?,
+            machine_id: self.machine_id?,
+            state: self.state?,
+            fence: self.fence?,
+            reason: self.reason?,
+            hold_seconds: self.hold_seconds?,
+            created_at: self.created_at?,
+            expires_at: self.expires_at?,
+            ended_at: self.ended_at,
+            ended_by: self.ended_by,
+            end_reason: self.end_reason,
+            machine: self.machine.map(|j| j.0).unwrap_or_default(),
         })
+    }
+
+    /// The reservation a function promised.
+    pub(crate) fn required(self) -> Result<Reservation, sqlx::Error> {
+        self.into_reservation().ok_or_else(|| {
+            sqlx::Error::Protocol("a reservation was expected in the function's answer".to_owned())
+        })
+    }
+}
+
+/// A row of the SQL type `transition_result`.
+#[derive(Debug, sqlx::FromRow)]
+struct TransitionRow {
+    outcome: Option<String>,
+    #[sqlx(flatten)]
+    reservation: MaybeReservation,
+    link_id: Option<i64>,
+    link_service_ref: Option<String>,
+    link_created_at: Option<DateTime<Utc>>,
+}
+
+impl TransitionRow {
+    fn into_result(self) -> Result<(Reservation, Option<ServiceLink>), TransitionError> {
+        let outcome = self.outcome.unwrap_or_default();
+        if outcome == "not_found" {
+            return Err(TransitionError::NotFound);
+        }
+        let r = self.reservation.required()?;
+        match outcome.as_str() {
+            "ok" => {
+                let link = match (self.link_id, self.link_service_ref, self.link_created_at) {
+                    (Some(id), Some(service_ref), Some(created_at)) => Some(ServiceLink {
+                        id,
+                        machine_id: r.machine_id,
+                        reservation_id: r.id,
+                        service_ref,
+                        created_at,
+                        ended_at: None,
+                        ended_by: None,
+                    }),
+                    _ => None,
+                };
+                Ok((r, link))
+            }
+            "stale_fence" => Err(TransitionError::StaleFence),
+            "not_held" => Err(TransitionError::NotHeld { state: r.state }),
+            "expired" => Err(TransitionError::Expired {
+                expires_at: r.expires_at,
+            }),
+            other => Err(TransitionError::Database(sqlx::Error::Protocol(format!(
+                "reservation_transition answered an unknown outcome {other:?}"
+            )))),
+        }
+    }
 }
 
 /// Ends a transition's transaction: commit on success, and on `Expired`
@@ -448,55 +445,21 @@ pub async fn convert_on(
     actor: &str,
     service_ref: &ServiceRef,
 ) -> Result<(Reservation, ServiceLink), TransitionError> {
-    let held = lock_for_transition(
+    let (r, link) = transition_on(
         conn,
         org_id,
         id,
         fence,
-        ENDED_BY_CONVERSION,
         actor,
-        "conversion requested",
+        Transition::Convert(service_ref),
     )
-    .await??;
-    // R11: the link's creation time and the deadline check are one reading
-    // of the database's clock, so no link is ever dated after the deadline
-    // (the deadline may pass between the check above and this statement).
-    let sql = format!(
-        "WITH t AS (SELECT clock_timestamp() AS at)
-         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
-         SELECT $1, $2, $3, $4, t.at FROM t JOIN reservations r ON r.id = $3 AND r.expires_at > t.at
-         RETURNING {LINK_COLUMNS}"
-    );
-    let link: Option<ServiceLink> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(org_id)
-        .bind(held.machine_id)
-        .bind(held.id)
-        .bind(service_ref.as_str())
-        .fetch_optional(&mut *conn)
-        .await?;
-    let Some(link) = link else {
-        let detail = format!(
-            "conversion requested by {actor} reached the deadline ({}); nobody decided in time",
-            held.expires_at.format("%Y-%m-%d %H:%M:%S UTC")
-        );
-        // Committed by `settle`, like every expiry found at the point of use.
-        end(conn, id, "expired", ENDED_BY_CONVERSION, &detail).await?;
-        return Err(TransitionError::Expired {
-            expires_at: held.expires_at,
-        });
-    };
-    let converted = end(
-        conn,
-        id,
-        "converted",
-        actor,
-        &format!("converted into service {service_ref}"),
-    )
-    .await?
-    .ok_or_else(|| TransitionError::NotHeld {
-        state: "unknown".into(),
+    .await?;
+    let link = link.ok_or_else(|| {
+        TransitionError::Database(sqlx::Error::Protocol(
+            "a conversion answered without its service link".to_owned(),
+        ))
     })?;
-    Ok((converted, link))
+    Ok((r, link))
 }
 
 /// Why ending a service link was refused.

@@ -165,42 +165,80 @@ impl ApiClient {
     }
 }
 
+/// The bearer token of a request, as its SHA-256, parsed without a
+/// database round trip: the order endpoints pass it to the function that
+/// decides (`api_reserve`, `api_transition`), which checks it in the same
+/// statement. Missing or malformed: 401.
+#[derive(Debug, Clone)]
+pub struct BearerToken {
+    digest: Vec<u8>,
+}
+
+impl BearerToken {
+    pub fn digest(&self) -> &[u8] {
+        &self.digest
+    }
+
+    fn from_header(req: &HttpRequest) -> Result<BearerToken, ApiError> {
+        let token = match req
+            .headers()
+            .get(actix_web::http::header::AUTHORIZATION)
+            .map(|v| v.to_str())
+        {
+            Some(Ok(v)) => v.strip_prefix("Bearer ").map(str::trim),
+            _ => None,
+        }
+        .filter(|t| !t.is_empty())
+        .ok_or(ApiError::Unauthorized("send Authorization: Bearer TOKEN"))?;
+        Ok(BearerToken {
+            digest: digest(token),
+        })
+    }
+
+    /// The caller this token names (one round trip): 401 when unknown or
+    /// revoked.
+    pub async fn resolve(&self, pool: &PgPool) -> Result<ApiClient, ApiError> {
+        let row: Option<(i64, String, Vec<String>, bool)> = sqlx::query_as(
+            "SELECT t.org_id, t.name, t.scopes, o.datacenter_enabled
+               FROM api_tokens t JOIN organizations o ON o.id = t.org_id
+              WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
+        )
+        .bind(&self.digest)
+        .fetch_optional(pool)
+        .await?;
+        let (org_id, token_name, scopes, datacenter_enabled) =
+            row.ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
+        Ok(ApiClient {
+            org_id,
+            token_name,
+            scopes,
+            datacenter_enabled,
+        })
+    }
+}
+
+impl FromRequest for BearerToken {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<BearerToken, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        std::future::ready(BearerToken::from_header(req))
+    }
+}
+
 impl FromRequest for ApiClient {
     type Error = ApiError;
     type Future = Pin<Box<dyn Future<Output = Result<ApiClient, ApiError>>>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let header = req
-            .headers()
-            .get(actix_web::http::header::AUTHORIZATION)
-            .map(|v| v.to_str().map(str::to_owned));
+        let token = BearerToken::from_header(req);
         let pool = req.app_data::<web::Data<PgPool>>().cloned();
         Box::pin(async move {
-            let token = match header {
-                Some(Ok(v)) => v.strip_prefix("Bearer ").map(|t| t.trim().to_owned()),
-                _ => None,
-            }
-            .filter(|t| !t.is_empty())
-            .ok_or(ApiError::Unauthorized("send Authorization: Bearer TOKEN"))?;
+            let token = token?;
             let pool = pool.ok_or_else(|| {
                 ApiError::Internal(anyhow::anyhow!("no database pool configured"))
             })?;
-            let row: Option<(i64, String, Vec<String>, bool)> = sqlx::query_as(
-                "SELECT t.org_id, t.name, t.scopes, o.datacenter_enabled
-                   FROM api_tokens t JOIN organizations o ON o.id = t.org_id
-                  WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
-            )
-            .bind(digest(&token))
-            .fetch_optional(pool.get_ref())
-            .await?;
-            let (org_id, token_name, scopes, datacenter_enabled) =
-                row.ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
-            Ok(ApiClient {
-                org_id,
-                token_name,
-                scopes,
-                datacenter_enabled,
-            })
+            token.resolve(pool.get_ref()).await
         })
     }
 }

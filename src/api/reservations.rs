@@ -5,13 +5,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
+use crate::allocator::{
+    self, CallerRefusal, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest,
+};
 use crate::domain::{OrderRef, Profile, Scope, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
-use crate::reservations::{self, Reservation, TransitionError};
+use crate::reservations::{self, Reservation, ServiceLink, Transition, TransitionError};
 use crate::settings::Settings;
-use crate::tokens::ApiClient;
+use crate::tokens::{ApiClient, BearerToken};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
@@ -71,9 +73,18 @@ pub(crate) fn path_id(raw: &str) -> Result<i64, ApiError> {
 /// The API's view of a reservation: the row (with its frozen machine, R8)
 /// and, once converted, its service link.
 async fn body(pool: &PgPool, org_id: i64, r: &Reservation) -> Result<Value, ApiError> {
+    let link = if r.state == "converted" {
+        reservations::service_of(pool, org_id, r.id).await?
+    } else {
+        None
+    };
+    body_with(r, link)
+}
+
+/// `body` when the service link (if any) is already known.
+fn body_with(r: &Reservation, link: Option<ServiceLink>) -> Result<Value, ApiError> {
     let mut value = serde_json::to_value(r).map_err(anyhow::Error::from)?;
-    if r.state == "converted"
-        && let Some(link) = reservations::service_of(pool, org_id, r.id).await?
+    if let Some(link) = link
         && let Value::Object(map) = &mut value
     {
         map.insert(
@@ -84,18 +95,48 @@ async fn body(pool: &PgPool, org_id: i64, r: &Reservation) -> Result<Value, ApiE
     Ok(value)
 }
 
-async fn reserve(
-    client: ApiClient,
-    settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
-    metrics: web::Data<Metrics>,
-    payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    client.module_call(&settings, Scope::Orders)?;
-    let b: ReserveBody = json_body(&read_body(payload).await?)?;
+/// A caller refused by `api_caller`, as the bearer extractor and
+/// `ApiClient::module_call` would have refused it.
+fn caller_refused(refusal: CallerRefusal) -> ApiError {
+    match refusal {
+        CallerRefusal::Unauthorized => ApiError::Unauthorized("unknown or revoked token"),
+        CallerRefusal::Forbidden => ApiError::Forbidden(format!(
+            "this token lacks the {} scope",
+            Scope::Orders.as_str()
+        )),
+        CallerRefusal::ModuleOffDeployment => ApiError::ModuleDisabled("on this deployment"),
+        CallerRefusal::ModuleOffOrganization => ApiError::ModuleDisabled("for this organization"),
+    }
+}
+
+/// The order endpoints parse the request first and check the token in the
+/// same statement as the decision (one round trip). A request that does not
+/// parse is answered as before the fold: the token, the scope and the
+/// module switches (R12) are checked first, so that with the module off
+/// every request is refused the same way, and only then `400 invalid`.
+async fn parsed<T>(
+    parsed: Result<T, ApiError>,
+    token: &BearerToken,
+    pool: &PgPool,
+    settings: &Settings,
+) -> Result<T, ApiError> {
+    match parsed {
+        Ok(value) => Ok(value),
+        Err(invalid) => {
+            token
+                .resolve(pool)
+                .await?
+                .module_call(settings, Scope::Orders)?;
+            Err(invalid)
+        }
+    }
+}
+
+fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, ApiError> {
+    let b: ReserveBody = json_body(bytes)?;
     let hold = HoldSeconds::new(b.hold_seconds.unwrap_or(i64::from(settings.hold_seconds)))
         .map_err(|e| invalid(e.to_string()))?;
-    let req = ReserveRequest {
+    Ok(ReserveRequest {
         order_ref: b.order_ref,
         spec: OrderSpec {
             site: b.site,
@@ -103,19 +144,35 @@ async fn reserve(
             vendor: b.vendor,
         },
         hold,
-        actor: client.token_name.clone(),
-    };
-    let outcome = allocator::reserve(&pool, client.org_id, &req).await?;
+        // api_reserve names the token as the actor.
+        actor: String::new(),
+    })
+}
+
+async fn reserve(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    metrics: web::Data<Metrics>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let bytes = read_body(payload).await;
+    let req = bytes.and_then(|b| reserve_request(&b, &settings));
+    let req = parsed(req, &token, &pool, &settings).await?;
+    let outcome =
+        allocator::reserve_for_token(&pool, token.digest(), settings.datacenter_module, &req)
+            .await?
+            .map_err(caller_refused)?;
     metrics
         .reservations
         .with_label_values(&[outcome.label()])
         .inc();
     match outcome {
         ReserveOutcome::Created { reservation, .. } => {
-            Ok(HttpResponse::Created().json(body(&pool, client.org_id, &reservation).await?))
+            Ok(HttpResponse::Created().json(body_with(&reservation, None)?))
         }
         ReserveOutcome::Existing(reservation) => {
-            Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &reservation).await?))
+            Ok(HttpResponse::Ok().json(body(&pool, reservation.org_id, &reservation).await?))
         }
         ReserveOutcome::Contended { walk, candidates } => Err(conflict(
             "contended",
@@ -212,27 +269,51 @@ pub struct ConvertBody {
     service_ref: ServiceRef,
 }
 
+/// Cancel or convert through `api_transition`: one statement.
+async fn transition(
+    token: &BearerToken,
+    settings: &Settings,
+    pool: &PgPool,
+    id: i64,
+    fence: i64,
+    what: Transition<'_>,
+) -> Result<HttpResponse, ApiError> {
+    let (r, link) = reservations::transition_for_token(
+        pool,
+        token.digest(),
+        settings.datacenter_module,
+        id,
+        fence,
+        what,
+    )
+    .await?
+    .map_err(caller_refused)?
+    .map_err(refusal)?;
+    Ok(HttpResponse::Ok().json(body_with(&r, link)?))
+}
+
 async fn convert(
-    client: ApiClient,
+    token: BearerToken,
     settings: web::Data<Settings>,
     pool: web::Data<PgPool>,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    client.module_call(&settings, Scope::Orders)?;
-    let id = path_id(&path)?;
-    let b: ConvertBody = json_body(&read_body(payload).await?)?;
-    let (r, _link) = reservations::convert(
+    let bytes = read_body(payload).await;
+    let request = path_id(&path).and_then(|id| {
+        let b: ConvertBody = json_body(&bytes?)?;
+        Ok((id, b))
+    });
+    let (id, b) = parsed(request, &token, &pool, &settings).await?;
+    transition(
+        &token,
+        &settings,
         &pool,
-        client.org_id,
         id,
         b.fence,
-        &client.token_name,
-        &b.service_ref,
+        Transition::Convert(&b.service_ref),
     )
     .await
-    .map_err(refusal)?;
-    Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -243,25 +324,27 @@ pub struct CancelBody {
 }
 
 async fn cancel(
-    client: ApiClient,
+    token: BearerToken,
     settings: web::Data<Settings>,
     pool: web::Data<PgPool>,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    client.module_call(&settings, Scope::Orders)?;
-    let id = path_id(&path)?;
-    let b: CancelBody = json_body(&read_body(payload).await?)?;
+    let bytes = read_body(payload).await;
+    let request = path_id(&path).and_then(|id| {
+        let b: CancelBody = json_body(&bytes?)?;
+        reservations::check_reason(&b.reason).map_err(invalid)?;
+        Ok((id, b))
+    });
+    let (id, b) = parsed(request, &token, &pool, &settings).await?;
     let reason = reservations::check_reason(&b.reason).map_err(invalid)?;
-    let r = reservations::cancel(
+    transition(
+        &token,
+        &settings,
         &pool,
-        client.org_id,
         id,
         b.fence,
-        &client.token_name,
-        reason,
+        Transition::Cancel(reason),
     )
     .await
-    .map_err(refusal)?;
-    Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
 }

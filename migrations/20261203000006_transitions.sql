@@ -1,0 +1,150 @@
+-- Reservations after creation, in the database: cancel and convert (R10,
+-- R11) each in one statement. src/reservations.rs calls these and says what
+-- they guarantee; the API calls them through api_cancel / api_convert with
+-- the token check in the same statement.
+--
+-- Lock order, as everywhere a machine and its reservation are both written:
+-- the machine row first, then the reservation row. The allocator locks the
+-- machine (pass two) before it may expire an overdue reservation at the
+-- point of use; a transition does the same, so the two never deadlock and a
+-- new order can never slip in while a conversion is half done.
+
+-- What a transition answers: 'ok', or why not ('not_found', 'stale_fence',
+-- 'not_held', 'expired'), the reservation as it now is (for 'expired': as it
+-- was, with its deadline), and for a conversion its service link.
+CREATE TYPE transition_result AS (
+    outcome          text,
+    id               bigint,
+    org_id           bigint,
+    order_ref        text,
+    machine_id       bigint,
+    state            text,
+    fence            bigint,
+    reason           text,
+    hold_seconds     integer,
+    created_at       timestamptz,
+    expires_at       timestamptz,
+    ended_at         timestamptz,
+    ended_by         text,
+    end_reason       text,
+    machine          jsonb,
+    link_id          bigint,
+    link_service_ref text,
+    link_created_at  timestamptz
+);
+
+CREATE FUNCTION transition_result_of(p_outcome text, p_row reservations,
+                                     p_link service_links DEFAULT NULL)
+RETURNS transition_result LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_outcome, (p_row).id, (p_row).org_id, (p_row).order_ref, (p_row).machine_id, (p_row).state,
+           (p_row).fence, (p_row).reason, (p_row).hold_seconds, (p_row).created_at, (p_row).expires_at,
+           (p_row).ended_at, (p_row).ended_by, (p_row).end_reason, (p_row).machine_snapshot,
+           (p_link).id, (p_link).service_ref, (p_link).created_at
+$$;
+
+-- Ends held reservation p_id (to 'expired', 'cancelled' or 'converted') with
+-- its event, in one statement. Returns the row, or NULL if no longer held.
+CREATE FUNCTION reservation_end(p_id bigint, p_to_state text, p_ended_by text, p_end_reason text)
+RETURNS reservations LANGUAGE sql AS $$
+    WITH ended AS (
+        UPDATE reservations
+           SET state = p_to_state, ended_at = clock_timestamp(), ended_by = p_ended_by, end_reason = p_end_reason
+         WHERE id = p_id AND state = 'held'
+        RETURNING *
+    ), event AS (
+        INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+        SELECT id, p_to_state, 'held', p_to_state, p_ended_by, p_end_reason FROM ended
+    )
+    SELECT * FROM ended
+$$;
+
+-- Cancel (p_action 'cancel', with p_text the reason) or convert (p_action
+-- 'convert', with p_text the service reference) reservation p_id of org
+-- p_org, naming its fence. Fence, state and deadline are checked in that
+-- order, under the locks. R11: a held reservation past its deadline is not
+-- cancelled or converted: it is recorded as expired, ended by
+-- 'cancellation' or 'conversion' (nobody decided in time, R2), that write
+-- stays, and the answer is 'expired'.
+CREATE FUNCTION reservation_transition(p_org bigint, p_id bigint, p_fence bigint, p_actor text,
+                                       p_action text, p_text text)
+RETURNS transition_result
+LANGUAGE plpgsql
+SET enable_seqscan = off
+AS $$
+DECLARE
+    v_row      reservations;
+    v_link     service_links;
+    v_overdue  boolean;
+    v_found_by text := CASE p_action WHEN 'cancel' THEN 'cancellation' ELSE 'conversion' END;
+    v_deadline text;
+BEGIN
+    IF p_action NOT IN ('cancel', 'convert') THEN
+        RAISE EXCEPTION 'unknown transition %', p_action;
+    END IF;
+    -- R10: the machine row is the allocator's lock too; while we hold it no
+    -- new order can lock this machine, and an order that holds it finishes
+    -- first. The machine of a reservation never changes.
+    PERFORM 1 FROM machines
+      WHERE id = (SELECT r.machine_id FROM reservations r WHERE r.id = p_id AND r.org_id = p_org)
+      FOR UPDATE;
+    -- R11: the deadline is judged by the database's clock, after the locks.
+    SELECT * INTO v_row FROM reservations r WHERE r.id = p_id AND r.org_id = p_org FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN transition_result_of('not_found', NULL);
+    END IF;
+    v_overdue := v_row.expires_at <= clock_timestamp();
+    IF v_row.fence <> p_fence THEN
+        RETURN transition_result_of('stale_fence', v_row);
+    END IF;
+    IF v_row.state <> 'held' THEN
+        RETURN transition_result_of('not_held', v_row);
+    END IF;
+    v_deadline := to_char(v_row.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC';
+    IF v_overdue THEN
+        PERFORM reservation_end(p_id, 'expired', v_found_by,
+            format('%s requested by %s after the deadline (%s); nobody decided in time',
+                   CASE p_action WHEN 'cancel' THEN 'cancellation' ELSE 'conversion' END, p_actor, v_deadline));
+        RETURN transition_result_of('expired', v_row);
+    END IF;
+    IF p_action = 'cancel' THEN
+        RETURN transition_result_of('ok', reservation_end(p_id, 'cancelled', p_actor, p_text));
+    END IF;
+    -- R10, promote, never release-then-write: the link is written first,
+    -- while the reservation still holds the machine, then the reservation
+    -- turns converted; at every instant another order sees one or the other.
+    -- R11: the link's creation time and the deadline check are one reading
+    -- of the clock, so no link is ever dated after the deadline.
+    INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+    SELECT p_org, v_row.machine_id, p_id, p_text, t.at
+      FROM (SELECT clock_timestamp() AS at) t
+     WHERE v_row.expires_at > t.at
+    RETURNING * INTO v_link;
+    IF NOT FOUND THEN
+        PERFORM reservation_end(p_id, 'expired', 'conversion',
+            format('conversion requested by %s reached the deadline (%s); nobody decided in time',
+                   p_actor, v_deadline));
+        RETURN transition_result_of('expired', v_row);
+    END IF;
+    RETURN transition_result_of('ok',
+        reservation_end(p_id, 'converted', p_actor, 'converted into service ' || p_text), v_link);
+END
+$$;
+
+-- POST /api/v1/reservations/{id}/cancel and .../convert in one statement:
+-- the caller (api_caller, scope orders), then the transition.
+CREATE FUNCTION api_transition(p_token_hash bytea, p_module_on boolean, p_id bigint, p_fence bigint,
+                               p_action text, p_text text)
+RETURNS TABLE (caller text, result transition_result)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_caller record;
+BEGIN
+    SELECT * INTO v_caller FROM api_caller(p_token_hash, 'orders', p_module_on);
+    IF v_caller.status <> 'ok' THEN
+        RETURN QUERY SELECT v_caller.status, NULL::transition_result;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ok'::text,
+        reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
+END
+$$;
