@@ -1313,3 +1313,119 @@ async fn the_demo_reserves_its_orders_once() {
     let n = poolkeeper::demo::RESERVATIONS as i64;
     assert_eq!((held, machines, with_reason, events), (n, n, n, n));
 }
+
+/// A fresh deployment does not slow as it fills (issue 11): a plan cached
+/// while `reservations` was analyzed empty must stay on the arbiter index
+/// once the table has grown. The connection takes the settings the
+/// allocator's functions declare (read from the catalog, so removing them
+/// fails this test), caches the generic plan of the re-check under the lock
+/// while the table is empty, then explains it after 5,000 reservations.
+#[tokio::test]
+async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "fresh", true).await;
+    let first = machine(&pool, org.id, "F-0001", SITE, "dell", PROFILE, "ready").await;
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'F-' || lpad(g::text, 5, '0'), $2, 'dell', $3, 'ready' FROM generate_series(2, 5000) g",
+    )
+    .bind(org.id)
+    .bind(SITE)
+    .bind(PROFILE)
+    .execute(&pool)
+    .await
+    .expect("machines");
+    sqlx::query("ANALYZE")
+        .execute(&pool)
+        .await
+        .expect("analyze empty");
+    let config: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(proconfig) FROM pg_proc WHERE proname IN ('reserve_walk', 'reserve_machine')",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("function settings");
+    assert!(
+        config.iter().any(|c| c == "enable_seqscan=off"),
+        "the allocator's functions keep their plans off sequential scans: {config:?}"
+    );
+    let mut conn = limited_connection(&db).await;
+    for setting in &config {
+        let (name, value) = setting.split_once('=').expect("name=value");
+        sqlx::query("SELECT set_config($1, $2, false)")
+            .bind(name)
+            .bind(value)
+            .execute(&mut conn)
+            .await
+            .expect("set");
+    }
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut conn)
+        .await
+        .expect("generic plans");
+    // The re-check of reserve_walk, and pass one's candidates.
+    for (name, sql) in [
+        (
+            "recheck",
+            "PREPARE recheck(bigint, text, text, text, bigint) AS
+             SELECT * FROM machine_verdicts($1, $2, $3, $4) v WHERE v.id = $5",
+        ),
+        (
+            "candidates",
+            "PREPARE candidates(bigint, text, text, text, bigint) AS
+             SELECT * FROM machine_candidates($1, $2, $3, $4, $5)",
+        ),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .expect(name);
+        let execute = format!(
+            "EXECUTE {name}({}, '{SITE}', '{PROFILE}', NULL, {first})",
+            org.id
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(execute))
+            .execute(&mut conn)
+            .await
+            .expect("cached while empty");
+    }
+    // The table fills (no ANALYZE: autoanalyze has not come by yet).
+    sqlx::query(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                   hold_seconds, expires_at, ended_at, ended_by, end_reason)
+         SELECT $1, 'FILL-' || m.id, m.id, CASE WHEN m.id % 2 = 0 THEN 'held' ELSE 'cancelled' END,
+                '{}', '{}', 'filling', 900, clock_timestamp() + interval '15 minutes',
+                CASE WHEN m.id % 2 = 0 THEN NULL ELSE clock_timestamp() END,
+                CASE WHEN m.id % 2 = 0 THEN NULL ELSE 'test' END, NULL
+           FROM machines m WHERE m.org_id = $1",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("fill");
+    for name in ["recheck", "candidates"] {
+        let explain = format!(
+            "EXPLAIN (FORMAT JSON) EXECUTE {name}({}, '{SITE}', '{PROFILE}', NULL, {first})",
+            org.id
+        );
+        let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .fetch_one(&mut conn)
+            .await
+            .expect("explain");
+        let text = plan.to_string();
+        assert!(
+            !text.contains("\"Seq Scan\""),
+            "{name}: a sequential scan: {plan:#}"
+        );
+        assert!(
+            text.contains("reservations_one_holder_per_machine"),
+            "{name}: the held probe is not on the arbiter index: {plan:#}"
+        );
+        assert!(
+            !text.contains("reservations_held_by_deadline_idx")
+                && !text.contains("reservations_by_machine_idx"),
+            "{name}: the held probe walks more than one entry per machine: {plan:#}"
+        );
+    }
+}
