@@ -130,6 +130,8 @@ CREATE FUNCTION reserve_walk(p_org bigint, p_actor text, p_order_ref text, p_sit
 RETURNS reserve_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET enable_sort = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     max_scanned  CONSTANT integer := 25;  -- R4
@@ -247,6 +249,8 @@ CREATE FUNCTION reserve_machine(p_org bigint, p_actor text, p_order_ref text, p_
 RETURNS reserve_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET enable_sort = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_row        reservations;

@@ -70,6 +70,7 @@ CREATE FUNCTION reservation_transition(p_org bigint, p_id bigint, p_fence bigint
 RETURNS transition_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     v_row      reservations;

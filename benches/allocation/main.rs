@@ -7,11 +7,13 @@
 //! other knobs.
 
 mod cpu;
+mod fill;
 mod growth;
 mod notes;
 mod pages;
 mod race;
 mod report;
+mod roundtrips;
 mod server;
 mod setup;
 mod stats;
@@ -119,6 +121,10 @@ pub struct Results {
     pub growth: Vec<growth::Step>,
     pub sweep: Vec<sweep::Run>,
     pub pages: Option<PagesResult>,
+    /// Item 6: a fresh deployment filling up, one entry per run.
+    pub fill: Vec<fill::Run>,
+    /// Item 7: round trips per API call.
+    pub round_trips: Vec<roundtrips::Count>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
 }
@@ -190,6 +196,14 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         outcome?;
         db.setup.close().await;
         drop_database(cluster, &db.name).await?;
+    }
+
+    if cfg.runs_item("fill") {
+        eprintln!(
+            "fill: {} cycles on a database analyzed empty",
+            cfg.fill_cycles
+        );
+        results.fill = fill::run(cluster, cfg).await?;
     }
 
     if cfg.runs_item("race") {
@@ -306,6 +320,19 @@ async fn api_items(
             results
                 .throughput
                 .push(Throughput::of(clients, http_runs, db_runs));
+        }
+    }
+
+    if cfg.runs_item("throughput") {
+        if roundtrips::available(db).await {
+            results.round_trips = roundtrips::run(db, base, &org.token).await?;
+            for c in &results.round_trips {
+                eprintln!("  round trips: {}: {:.2}", c.call, c.statements_per_call);
+            }
+        } else {
+            results
+                .skipped
+                .push("7 (round trips): the server does not preload pg_stat_statements".to_owned());
         }
     }
 

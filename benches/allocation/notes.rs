@@ -65,78 +65,60 @@ const HOW: &str = "## How it is measured
   logs in through the login form; 8 readers fetch the pages in turn (to the
   last byte) while the 8-client allocation load of item 1 runs against the
   same server. The time is seen from the client, so it includes HTTP and
-  waiting for a CPU: an upper bound of the server's time.";
+  waiting for a CPU: an upper bound of the server's time.
+- **6. A fresh deployment filling up.** Each run has its own database:
+  migrated, 10,000 machines loaded, then `VACUUM ANALYZE` while
+  `reservations` is empty, so that the statistics say \"empty\" as on a new
+  deployment; then a fresh `poolkeeper serve` and 8 clients doing
+  reserve+cancel cycles through HTTP (as in item 1) until the count is
+  reached. The rate of the last tenth of the cycles is compared with the
+  first tenth. No history is pre-loaded here: this is the case the history of
+  item 1 would hide.
+- **7. Round trips.** The bench's cluster preloads `pg_stat_statements`.
+  For each kind of call, the statistics are reset, one client makes the
+  calls in a row through HTTP, and the top-level statements the server ran
+  are added up and divided by the calls (the statements inside a PL/pgSQL
+  function are not top-level: they cost no round trip; the sweep's and the
+  lease's statements are left out by their text).";
 
 const THROUGHPUT: &str = "### What limits item 1 (HTTP API against the database's ceiling)
 
 On this machine the rate is CPU divided by CPU per reservation: every side
 runs on the same few CPUs, and the machine is close to 100% busy during the
-8- and 32-client runs. The CPU columns of the table say where it goes. Over
-HTTP, PostgreSQL alone spends several times what it spends in the ceiling
-for the same reservation, and the server and the clients come on top.
+8- and 32-client runs. The CPU columns of the table say where it goes.
 
-The reason is round trips, not slow SQL. A reserve+cancel cycle over HTTP is
-2 HTTP exchanges and 24 round trips to PostgreSQL: 4 pings (sqlx checks a
-pooled connection with a Sync before handing it out, `test_before_acquire`,
-on by default) and 20 statements (per request the token lookup; for the
-reserve BEGIN, the R9 lookup, the candidates, the lock, the re-check under
-the lock, SAVEPOINT, the expiry at the point of use, the INSERT, its event,
-RELEASE, COMMIT; for the cancel BEGIN, the reservation's machine, the machine
-lock, the reservation lock, the UPDATE, its event, COMMIT). The ceiling is 2
-calls. pg_stat_statements shows the statements themselves are cheap and
-their plans cached (no re-planning): the candidate query about 0.23 ms, the
-INSERT 0.25 ms, an event 0.12 ms. What costs is each round trip: a protocol
-exchange, a snapshot and executor start-up per statement, and a process
-wake-up on each side. perf on the server process (one profile, 8 clients)
-put 55% of its CPU in the kernel (context switches, and the socket sends that wake the PostgreSQL
-backend); the Rust code (actix, JSON, sqlx, tracing) is the rest.
+The first version of the bench (2026-12-02) found the HTTP path at 16% of
+the ceiling at 8 clients, and the cause: round trips, not slow SQL. A
+reserve+cancel cycle was 2 HTTP exchanges and 24 round trips to PostgreSQL
+(4 pool pings; per request the token lookup; for the reserve BEGIN, the R9
+lookup, the candidates, the lock, the re-check under the lock, SAVEPOINT,
+the expiry at the point of use, the INSERT, its event, RELEASE, COMMIT; for
+the cancel BEGIN, the reservation's machine, the machine lock, the
+reservation lock, the UPDATE, its event, COMMIT). Each round trip cost a
+protocol exchange, a snapshot and executor start-up, and a process wake-up
+on each side; perf put 55% of the server's CPU in the kernel.
 
-So the 50% target is not reachable on this machine by tuning: the ceiling
-needs well under a millisecond of CPU per reservation, the HTTP path several
-times that. It is what the design costs: the rules live in Rust and run
-statement by statement, each in the same transaction as the write it
-guards. What would reduce the round trips, in files this bench does not own
-(from the CPU columns, each round trip costs PostgreSQL about (HTTP minus
-ceiling) / 22, some 0.05 ms here, plus the server's side of it):
+The shape of the hot path changed, not its details. Each decision is now one
+statement (item 7 counts them): the reserve is `api_reserve` (the token, its
+scope and the module switches, R9 asked twice, pass one, pass two with one
+candidate locked at a time and a `BEGIN ... EXCEPTION` block per insert
+attempt, R7's counts on a refusal), the cancel and the convert
+`api_transition`; the pool no longer pings a connection before handing it
+out. The rules did not move out of sight: `src/allocator.rs` says where
+each one lives, and the SQL is in `migrations/20261203000001_allocator.sql`
+and `migrations/20261203000006_transitions.sql`, tied to the rule numbers.
+The ceiling is still the bench's own pair of functions, never the shipped
+path, so the ratio still compares the HTTP API with the database alone;
+because the shipped path is now PL/pgSQL as well, the table also gives the
+server's CPU per request and the round trips per call, so that the gain is
+visible and not just moved into PostgreSQL.
 
-0. `src/db.rs`, `connect`: `.test_before_acquire(false)` on the pool
-   options: 4 round trips less per cycle. The cost: a connection broken
-   while idle is found on its first statement (a 503, which
-   `db::is_unavailable` already maps) instead of being replaced silently.
-1. `src/allocator.rs`, `try_insert`: the INSERT and its `created` event as
-   one statement (`WITH ins AS (INSERT ... RETURNING ...), ev AS (INSERT INTO
-   reservation_events ... SELECT ... FROM ins) SELECT ... FROM ins`): one
-   round trip less per reservation.
-2. `src/reservations.rs`, `end` and `expire_overdue_on_machine`: the UPDATE
-   and its event as one statement in the same way: one less per cancel (and
-   per point-of-use expiry).
-3. `src/reservations.rs`, `lock_for_transition`: the machine lookup and its
-   lock in one statement (`SELECT id FROM machines WHERE id = (SELECT
-   machine_id FROM reservations WHERE id = $1 AND org_id = $2) FOR UPDATE`;
-   the machine of a reservation never changes): one less per cancel or
-   conversion.
-
-Together about 7 of 24 round trips: perhaps 20 to 30% more throughput, not
-the several times the target asks for. Merging the lock with the re-check under it (`walk_candidates`)
-is NOT one of them: the re-check must run in a statement that starts after
-the lock is held, or a conversion that commits between the statement's
-snapshot and the lock goes unseen (R10 has no constraint for that case).
-
-Also seen while profiling, not a round trip: plans. The server's
-connections prepare each statement once and, after a few executions, keep
-a generic plan for their lifetime (until the table's statistics change).
-On a freshly created database, whose `reservations` table was analyzed
-empty, that generic plan for the allocator's held probe (`classified`) is a
-sequential scan of `reservations`; every reservation written afterwards
-makes it slower (auto_explain: 4 to 5 ms per call after 12,000 rows, the
-HTTP rate falling run after run), until autoanalyze (every minute at best)
-invalidates it. This bench therefore gives the database of items 1 and 5 a
-history of 20,000 ended reservations before the server starts, as any
-database in service has. With statistics that say what the table holds, the
-probes go through the partial unique indexes and cost nothing as the table
-grows (item 3). A deployment on an empty database meets this for its first
-minutes only; `ALTER TABLE reservations SET (autovacuum_analyze_scale_factor
-= 0.01)` in a migration would shorten it.";
+What is left between the two: the HTTP exchange itself (the server parses
+the request, checks the body, serialises the answer; the client does the
+same), one round trip per request instead of one per cycle's half in the
+ceiling's loop, and the shipped functions doing a little more than the
+ceiling's (the token check, the frozen reason's words, the walk's counters
+returned as a row).";
 
 const LATENCY8: &str = "The p99 at 8 clients is time spent waiting for a CPU: 8 clients, the
 server's threads and 8 backends share the CPUs, and any other load on the
@@ -146,6 +128,27 @@ and the 3 or 4 clients of each site walk past each other's locked first
 candidates; over HTTP the server's pool of 20 connections queues the
 requests, which keeps PostgreSQL's concurrency at 20 and its ratio to the
 ceiling higher.";
+
+const FILL: &str = "### Item 6 (a fresh deployment filling up)
+
+The first bench saw the HTTP rate fall run after run on a database whose
+`reservations` table had been analyzed empty: each connection keeps the
+plans of its statements for its whole life, and the generic plan of the
+allocator's held probe, made while the table was a page or two, was a
+sequential scan of `reservations` (auto_explain: 4 to 5 ms per call after
+12,000 rows), until autoanalyze came by. It pre-loaded a history to hide it.
+The cause is fixed in the schema, not in the bench: the allocator's and the
+transitions' functions carry `SET enable_seqscan = off`, so a plan made on
+an empty-looking table cannot be a sequential scan, and each probe has
+exactly one index that answers it with an index condition (the held probe's
+predicate is exactly the arbiter's, `reservations_one_holder_per_machine`;
+the sweep's deadline index is declared `WHERE state = 'held' AND expires_at
+IS NOT NULL`, which the sweep's own `expires_at <= ...` implies and the
+probe does not, so it cannot be picked to walk every held reservation). A
+test caches the plans on an analyzed-empty table, adds 5,000 reservations
+and checks the plans; it fails without the functions' setting. Item 6 runs
+with no pre-loaded history: the rate of its last tenth against its first is
+the measure.";
 
 const GROWTH: &str = "### Item 3 (growth)
 
@@ -239,6 +242,9 @@ pub fn notes(results: &Results) -> String {
         if last.reserve.p50_ms / first.reserve.p50_ms > 1.2 {
             let _ = writeln!(w, "{GROWTH_MISSED}\n");
         }
+    }
+    if !results.fill.is_empty() {
+        let _ = writeln!(w, "{FILL}\n");
     }
     if !results.sweep.is_empty() {
         let _ = writeln!(w, "{SWEEP}\n");

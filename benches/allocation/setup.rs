@@ -38,6 +38,8 @@ pub struct Config {
     /// Machines of the organization whose pages are read, and its held reservations.
     pub page_machines: i64,
     pub page_held: i64,
+    /// Reserve+cancel cycles of one run of the fill item.
+    pub fill_cycles: u64,
     /// Readers of the dashboard pages.
     pub page_readers: usize,
     /// Log filter of the server process.
@@ -88,10 +90,11 @@ impl Config {
             page_machines: env_or("BENCH_PAGE_MACHINES", pick(quick, 50_000, 20_000)),
             page_held: env_or("BENCH_PAGE_HELD", 1_000),
             page_readers: env_or("BENCH_PAGE_READERS", 8),
+            fill_cycles: env_or("BENCH_FILL", pick(quick, 30_000, 3_000)),
             server_log: std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "info".to_owned()),
             only: env_list(
                 "BENCH_ONLY",
-                ["throughput", "race", "growth", "sweep", "pages"]
+                ["throughput", "race", "growth", "sweep", "pages", "fill"]
                     .map(String::from)
                     .to_vec(),
             ),
@@ -144,9 +147,7 @@ impl Cluster {
             log_file: dir.join("postgres.log"),
             throwaway: true,
         };
-        let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts))
-            .await
-            .context("starting postgres")??;
+        let pg = start_counting(opts).await?;
         Ok(Cluster {
             admin: pg.connect_options("postgres"),
             url_template: pg.url("DBNAME"),
@@ -289,4 +290,24 @@ pub async fn machines(
     .execute(&db.setup)
     .await?;
     Ok(())
+}
+
+/// Starts the private cluster with `pg_stat_statements` preloaded (item 7
+/// counts round trips with it): started once to set it, then restarted.
+async fn start_counting(opts: ClusterOptions) -> anyhow::Result<EmbeddedPostgres> {
+    let start = |opts: ClusterOptions| async move {
+        tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts))
+            .await
+            .context("starting postgres")?
+            .map_err(anyhow::Error::from)
+    };
+    let pg = start(opts.clone()).await?;
+    let mut admin = PgConnection::connect_with(&pg.connect_options("postgres")).await?;
+    sqlx::query("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        .execute(&mut admin)
+        .await?;
+    admin.close().await?;
+    pg.stop();
+    drop(pg);
+    start(opts).await
 }

@@ -103,6 +103,64 @@ pub async fn http_run(
     ))
 }
 
+/// One reserve+cancel cycle through the API: how long each request took,
+/// the cancel's `None` when the reserve was `contended`.
+pub struct Cycle {
+    pub reserve: Duration,
+    pub cancel: Option<Duration>,
+}
+
+pub async fn http_cycle(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    site: &str,
+    order_ref: &str,
+) -> anyhow::Result<Cycle> {
+    let t = Instant::now();
+    let resp = http
+        .post(format!("{base}/api/v1/reservations"))
+        .bearer_auth(token)
+        .json(&json!({"order_ref": order_ref, "site": site, "profile": PROFILE}))
+        .send()
+        .await?;
+    let status = resp.status();
+    let body: Value = resp.json().await.context("reserve answer")?;
+    let reserve = t.elapsed();
+    match status.as_u16() {
+        201 => {}
+        409 if body["error"] == "contended" => {
+            return Ok(Cycle {
+                reserve,
+                cancel: None,
+            });
+        }
+        _ => bail!("reserve answered {status}: {body}"),
+    }
+    let (Some(id), Some(fence)) = (body["id"].as_i64(), body["fence"].as_i64()) else {
+        bail!("reserve answer without id or fence: {body}");
+    };
+    let t = Instant::now();
+    let resp = http
+        .post(format!("{base}/api/v1/reservations/{id}/cancel"))
+        .bearer_auth(token)
+        .json(&json!({"fence": fence, "reason": "bench cycle"}))
+        .send()
+        .await?;
+    let status = resp.status();
+    let body = resp.bytes().await?;
+    if status != 200 {
+        bail!(
+            "cancel answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+    Ok(Cycle {
+        reserve,
+        cancel: Some(t.elapsed()),
+    })
+}
+
 async fn http_client(
     http: &reqwest::Client,
     base: &str,
@@ -112,48 +170,18 @@ async fn http_client(
     deadline: Instant,
 ) -> anyhow::Result<ClientResult> {
     let mut out = ClientResult::default();
-    let reserve_url = format!("{base}/api/v1/reservations");
     let mut i = 0u64;
     while Instant::now() < deadline {
         i += 1;
-        let t = Instant::now();
-        let resp = http
-            .post(&reserve_url)
-            .bearer_auth(token)
-            .json(&json!({"order_ref": format!("{prefix}-{i}"), "site": site, "profile": PROFILE}))
-            .send()
-            .await?;
-        let status = resp.status();
-        let body: Value = resp.json().await.context("reserve answer")?;
-        out.reserve.push(t.elapsed());
-        match status.as_u16() {
-            201 => {}
-            409 if body["error"] == "contended" => {
-                out.contended += 1;
-                continue;
+        let cycle = http_cycle(http, base, token, site, &format!("{prefix}-{i}")).await?;
+        out.reserve.push(cycle.reserve);
+        match cycle.cancel {
+            Some(cancel) => {
+                out.cancel.push(cancel);
+                out.cycles += 1;
             }
-            _ => bail!("reserve answered {status}: {body}"),
+            None => out.contended += 1,
         }
-        let (Some(id), Some(fence)) = (body["id"].as_i64(), body["fence"].as_i64()) else {
-            bail!("reserve answer without id or fence: {body}");
-        };
-        let t = Instant::now();
-        let resp = http
-            .post(format!("{base}/api/v1/reservations/{id}/cancel"))
-            .bearer_auth(token)
-            .json(&json!({"fence": fence, "reason": "bench cycle"}))
-            .send()
-            .await?;
-        let status = resp.status();
-        let body = resp.bytes().await?;
-        out.cancel.push(t.elapsed());
-        if status != 200 {
-            bail!(
-                "cancel answered {status}: {}",
-                String::from_utf8_lossy(&body)
-            );
-        }
-        out.cycles += 1;
     }
     Ok(out)
 }
