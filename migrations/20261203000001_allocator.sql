@@ -108,14 +108,36 @@ CREATE TYPE reserve_result AS (
     excluded         jsonb
 );
 
--- A reserve_result carrying reservation p_row (or none).
+-- A reserve_result carrying reservation p_row (or none). PL/pgSQL, not
+-- SQL: PostgreSQL 15 plans a SQL function that it cannot inline on every
+-- call, and this one (a row of 21 columns) cannot be inlined.
 CREATE FUNCTION reserve_result_of(p_outcome text, p_row reservations,
                                   p_scanned integer, p_locked integer, p_gone integer, p_attempts integer)
-RETURNS reserve_result LANGUAGE sql IMMUTABLE AS $$
-    SELECT p_outcome, (p_row).id, (p_row).org_id, (p_row).order_ref, (p_row).machine_id, (p_row).state,
-           (p_row).fence, (p_row).reason, (p_row).hold_seconds, (p_row).created_at, (p_row).expires_at,
-           (p_row).ended_at, (p_row).ended_by, (p_row).end_reason, (p_row).machine_snapshot,
-           p_scanned, p_locked, p_gone, p_attempts, NULL::bigint, NULL::jsonb
+RETURNS reserve_result LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v reserve_result;
+BEGIN
+    v.outcome := p_outcome;
+    v.id := p_row.id;
+    v.org_id := p_row.org_id;
+    v.order_ref := p_row.order_ref;
+    v.machine_id := p_row.machine_id;
+    v.state := p_row.state;
+    v.fence := p_row.fence;
+    v.reason := p_row.reason;
+    v.hold_seconds := p_row.hold_seconds;
+    v.created_at := p_row.created_at;
+    v.expires_at := p_row.expires_at;
+    v.ended_at := p_row.ended_at;
+    v.ended_by := p_row.ended_by;
+    v.end_reason := p_row.end_reason;
+    v.machine := p_row.machine_snapshot;
+    v.scanned := p_scanned;
+    v.locked_by_others := p_locked;
+    v.gone := p_gone;
+    v.attempts := p_attempts;
+    RETURN v;
+END
 $$;
 
 -- R3-R6, R8, R11: pass two over p_candidates (machine ids, in the order of
@@ -304,16 +326,21 @@ $$;
 -- is refused from the very next request, with no round trip of its own.
 CREATE FUNCTION api_caller(p_token_hash bytea, p_scope text, p_module_on boolean,
                            OUT status text, OUT org_id bigint, OUT actor text)
-LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN t.org_id IS NULL THEN 'unauthorized'
-                WHEN NOT (p_scope = ANY (t.scopes)) THEN 'forbidden'
-                WHEN NOT p_module_on THEN 'module_off_deployment'
-                WHEN NOT o.datacenter_enabled THEN 'module_off_org'
-                ELSE 'ok' END,
-           t.org_id, t.name
-      FROM (SELECT 1) one
-      LEFT JOIN api_tokens t ON t.token_hash = p_token_hash AND t.revoked_at IS NULL
-      LEFT JOIN organizations o ON o.id = t.org_id
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_scopes text[];
+    v_enabled boolean;
+BEGIN
+    SELECT t.org_id, t.name, t.scopes, o.datacenter_enabled
+      INTO org_id, actor, v_scopes, v_enabled
+      FROM api_tokens t JOIN organizations o ON o.id = t.org_id
+     WHERE t.token_hash = p_token_hash AND t.revoked_at IS NULL;
+    status := CASE WHEN NOT FOUND THEN 'unauthorized'
+                   WHEN NOT (p_scope = ANY (v_scopes)) THEN 'forbidden'
+                   WHEN NOT p_module_on THEN 'module_off_deployment'
+                   WHEN NOT v_enabled THEN 'module_off_org'
+                   ELSE 'ok' END;
+END
 $$;
 
 -- POST /api/v1/reservations in one statement: the caller, then reserve.

@@ -35,27 +35,50 @@ CREATE TYPE transition_result AS (
 
 CREATE FUNCTION transition_result_of(p_outcome text, p_row reservations,
                                      p_link service_links DEFAULT NULL)
-RETURNS transition_result LANGUAGE sql IMMUTABLE AS $$
-    SELECT p_outcome, (p_row).id, (p_row).org_id, (p_row).order_ref, (p_row).machine_id, (p_row).state,
-           (p_row).fence, (p_row).reason, (p_row).hold_seconds, (p_row).created_at, (p_row).expires_at,
-           (p_row).ended_at, (p_row).ended_by, (p_row).end_reason, (p_row).machine_snapshot,
-           (p_link).id, (p_link).service_ref, (p_link).created_at
+RETURNS transition_result LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v transition_result;
+BEGIN
+    v.outcome := p_outcome;
+    v.id := p_row.id;
+    v.org_id := p_row.org_id;
+    v.order_ref := p_row.order_ref;
+    v.machine_id := p_row.machine_id;
+    v.state := p_row.state;
+    v.fence := p_row.fence;
+    v.reason := p_row.reason;
+    v.hold_seconds := p_row.hold_seconds;
+    v.created_at := p_row.created_at;
+    v.expires_at := p_row.expires_at;
+    v.ended_at := p_row.ended_at;
+    v.ended_by := p_row.ended_by;
+    v.end_reason := p_row.end_reason;
+    v.machine := p_row.machine_snapshot;
+    v.link_id := p_link.id;
+    v.link_service_ref := p_link.service_ref;
+    v.link_created_at := p_link.created_at;
+    RETURN v;
+END
 $$;
 
 -- Ends held reservation p_id (to 'expired', 'cancelled' or 'converted') with
--- its event, in one statement. Returns the row, or NULL if no longer held.
+-- its event. Returns the row, or NULL if no longer held. (PL/pgSQL, as every
+-- function here that PostgreSQL cannot inline: its plans are kept.)
 CREATE FUNCTION reservation_end(p_id bigint, p_to_state text, p_ended_by text, p_end_reason text)
-RETURNS reservations LANGUAGE sql AS $$
-    WITH ended AS (
-        UPDATE reservations
-           SET state = p_to_state, ended_at = clock_timestamp(), ended_by = p_ended_by, end_reason = p_end_reason
-         WHERE id = p_id AND state = 'held'
-        RETURNING *
-    ), event AS (
+RETURNS reservations LANGUAGE plpgsql AS $$
+DECLARE
+    v_row reservations;
+BEGIN
+    UPDATE reservations
+       SET state = p_to_state, ended_at = clock_timestamp(), ended_by = p_ended_by, end_reason = p_end_reason
+     WHERE id = p_id AND state = 'held'
+    RETURNING * INTO v_row;
+    IF FOUND THEN
         INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
-        SELECT id, p_to_state, 'held', p_to_state, p_ended_by, p_end_reason FROM ended
-    )
-    SELECT * FROM ended
+        VALUES (p_id, p_to_state, 'held', p_to_state, p_ended_by, p_end_reason);
+    END IF;
+    RETURN v_row;
+END
 $$;
 
 -- Cancel (p_action 'cancel', with p_text the reason) or convert (p_action
