@@ -119,15 +119,22 @@ pub(crate) async fn list(
         .map_err(|e| DashError::bad_request(e.to_string()))?;
     let within = non_blank(&q.within)
         .map(|w| {
-            w.parse::<i32>().ok().filter(|m| (1..=1440).contains(m)).ok_or_else(|| {
-                DashError::bad_request(
-                    "“Expiring within” is a whole number of minutes from 1 to 1440.",
-                )
-            })
+            w.parse::<i32>()
+                .ok()
+                .filter(|m| (1..=1440).contains(m))
+                .ok_or_else(|| {
+                    DashError::bad_request(
+                        "“Expiring within” is a whole number of minutes from 1 to 1440.",
+                    )
+                })
         })
         .transpose()?;
-    let after = non_blank(&q.after).map(|c| Cursor::parse(c).ok_or_else(bad_cursor)).transpose()?;
-    let before = non_blank(&q.before).map(|c| Cursor::parse(c).ok_or_else(bad_cursor)).transpose()?;
+    let after = non_blank(&q.after)
+        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
+        .transpose()?;
+    let before = non_blank(&q.before)
+        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
+        .transpose()?;
     let backwards = before.is_some() && after.is_none();
     let cursor = if backwards { before } else { after };
     // The remaining seconds come from the database clock (clock_timestamp),

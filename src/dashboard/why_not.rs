@@ -181,7 +181,9 @@ pub(crate) async fn why_not(
                 .ok_or_else(|| {
                     DashError::bad_request(format!(
                         "Unknown reason “{r}”: use one of {}.",
-                        reasons::keys_with_candidate().collect::<Vec<_>>().join(", ")
+                        reasons::keys_with_candidate()
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ))
                 })?,
         ),
@@ -297,15 +299,9 @@ pub(crate) async fn why_not(
                 site: Some(spec.site.clone()),
                 ..Default::default()
             };
-            let (rows, next) = scan(
-                &pool,
-                staff.org_id,
-                &spec,
-                &here,
-                after,
-                page_size,
-                |v| v.exclusion.is_some(),
-            )
+            let (rows, next) = scan(&pool, staff.org_id, &spec, &here, after, page_size, |v| {
+                v.exclusion.is_some()
+            })
             .await?;
             (
                 candidates,
@@ -332,7 +328,10 @@ pub(crate) async fn why_not(
         summary,
         total,
         group: group.map(reasons::label),
-        candidates: candidates.into_iter().map(MachineView::of_verdict).collect(),
+        candidates: candidates
+            .into_iter()
+            .map(MachineView::of_verdict)
+            .collect(),
         more_candidates,
         machines: rows.into_iter().map(MachineView::of_verdict).collect(),
         next,
