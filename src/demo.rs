@@ -259,7 +259,7 @@ async fn demo_reservations(pool: &PgPool, org_id: i64) -> anyhow::Result<i64> {
                 backdate(pool, r.id, 3_600 * (2 + n) + HOLD_SECONDS).await?;
             }
         }
-        let replica = format!("demo-{}", uuid::Uuid::new_v4().simple());
+        let replica = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
         match lease::claim(
             pool,
             SWEEP_KEY,
