@@ -230,6 +230,28 @@ async fn backdate(pool: &PgPool, id: i64, seconds: i64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A chapter of the story is written once: `None` when its order has
+/// already ended. One still held (a run cut short) is picked up again: the
+/// reserve is a replay (R9) and the chapter finishes.
+async fn new_chapter(
+    pool: &PgPool,
+    org_id: i64,
+    order_ref: &str,
+    spec: OrderSpec,
+) -> anyhow::Result<Option<Reservation>> {
+    let ended: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM reservations WHERE org_id = $1 AND order_ref = $2 AND state <> 'held')",
+    )
+    .bind(org_id)
+    .bind(order_ref)
+    .fetch_one(pool)
+    .await?;
+    if ended {
+        return Ok(None);
+    }
+    reserve(pool, org_id, order_ref, spec).await
+}
+
 async fn exists(pool: &PgPool, org_id: i64, order_ref: &str) -> anyhow::Result<bool> {
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM reservations WHERE org_id = $1 AND order_ref = $2)",
@@ -291,42 +313,36 @@ async fn demo_reservations(pool: &PgPool, org_id: i64) -> anyhow::Result<i64> {
         }
     }
     // Cancelled by a named staff member, with a reason.
-    if !exists(pool, org_id, "DEMO-CANCEL-1").await? {
-        if let Some(r) = reserve(pool, org_id, "DEMO-CANCEL-1", spec(1, None)?).await? {
-            reservations::cancel(pool, org_id, r.id, r.fence, CANCELLED_BY, CANCEL_REASON).await?;
-            backdate(pool, r.id, 5 * 3_600).await?;
-        }
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-CANCEL-1", spec(1, None)?).await? {
+        reservations::cancel(pool, org_id, r.id, r.fence, CANCELLED_BY, CANCEL_REASON).await?;
+        backdate(pool, r.id, 5 * 3_600).await?;
     }
     // Converted: payment cleared, a live service.
-    if !exists(pool, org_id, "DEMO-CONVERT-1").await? {
-        if let Some(r) = reserve(pool, org_id, "DEMO-CONVERT-1", spec(2, None)?).await? {
-            reservations::convert(
-                pool,
-                org_id,
-                r.id,
-                r.fence,
-                CHECKOUT,
-                &ServiceRef::parse("SRV-DEMO-1")?,
-            )
-            .await?;
-            backdate(pool, r.id, 9 * 3_600).await?;
-        }
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-CONVERT-1", spec(2, None)?).await? {
+        reservations::convert(
+            pool,
+            org_id,
+            r.id,
+            r.fence,
+            CHECKOUT,
+            &ServiceRef::parse("SRV-DEMO-1")?,
+        )
+        .await?;
+        backdate(pool, r.id, 9 * 3_600).await?;
     }
     // Converted, then the service ended: the machine goes to provisioning.
-    if !exists(pool, org_id, "DEMO-ENDED-1").await? {
-        if let Some(r) = reserve(pool, org_id, "DEMO-ENDED-1", spec(3, None)?).await? {
-            let (_, link) = reservations::convert(
-                pool,
-                org_id,
-                r.id,
-                r.fence,
-                CHECKOUT,
-                &ServiceRef::parse("SRV-DEMO-2")?,
-            )
-            .await?;
-            reservations::end_service(pool, org_id, link.id, CHECKOUT).await?;
-            backdate(pool, r.id, 20 * 3_600).await?;
-        }
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-ENDED-1", spec(3, None)?).await? {
+        let (_, link) = reservations::convert(
+            pool,
+            org_id,
+            r.id,
+            r.fence,
+            CHECKOUT,
+            &ServiceRef::parse("SRV-DEMO-2")?,
+        )
+        .await?;
+        reservations::end_service(pool, org_id, link.id, CHECKOUT).await?;
+        backdate(pool, r.id, 20 * 3_600).await?;
     }
     // Live holds, topped up: the shortest ones first.
     let (live, last): (i64, i64) = sqlx::query_as(
@@ -350,10 +366,9 @@ async fn demo_reservations(pool: &PgPool, org_id: i64) -> anyhow::Result<i64> {
             spec(n as usize, vendor)?,
         )
         .await?
+            && *left < HOLD_SECONDS
         {
-            if *left < HOLD_SECONDS {
-                backdate(pool, r.id, HOLD_SECONDS - left).await?;
-            }
+            backdate(pool, r.id, HOLD_SECONDS - left).await?;
         }
     }
     Ok(sqlx::query_scalar(

@@ -18,6 +18,9 @@ use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, page};
 
+/// (site, kind, hour index, count) of the 24-hour chart's query.
+type HourCount = (String, String, i32, i64);
+
 #[derive(sqlx::FromRow)]
 struct ProfileCounts {
     site: String,
@@ -208,7 +211,7 @@ pub(crate) async fn overview(
     // reservations_created_recently_idx, ended ones from
     // reservations_ended_recently_idx; each row's site by its machine's
     // primary key (a join let the planner hash every machine of the pool).
-    let (first_hour, events): (DateTime<Utc>, Vec<(String, String, i32, i64)>) = {
+    let (first_hour, events): (DateTime<Utc>, Vec<HourCount>) = {
         let first: DateTime<Utc> = sqlx::query_scalar(
             "SELECT date_trunc('hour', clock_timestamp()) - interval '23 hours'",
         )
