@@ -429,6 +429,35 @@ async fn a_browser_watches_the_countdown_cancels_and_finds_who_did_it() {
     d.resize(1280, 900).await;
     d.screenshot(&shots, "07-machines.png").await;
     assert_eq!(app.state_of(id).await, "cancelled");
+
+    // The list refreshes itself (a fetch of the same page every 30 s): a
+    // hold made after the page was loaded appears without a reload, and
+    // the page says when it last read the list.
+    d.goto(&app.url("/reservations")).await;
+    let loaded_at = d.text("#live .refreshed-at").await;
+    app.insert_machine(app.org.id, "PK-004", "par1", "dell", "epyc", "ready")
+        .await;
+    let (late, _) = app
+        .insert_held(app.org.id, "ORD-LATER", "PK-004", 900)
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d
+        .texts(&format!("tr[data-reservation=\"{late}\"]"))
+        .await
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the list never refreshed to show ORD-LATER"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_ne!(d.text("#live .refreshed-at").await, loaded_at);
+    assert_eq!(
+        d.url().await,
+        app.url("/reservations"),
+        "no reload, no redirect"
+    );
     let _ = d.cmd(reqwest::Method::DELETE, "", None).await;
 }
 
