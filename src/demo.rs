@@ -1,13 +1,20 @@
 //! `poolkeeper demo`: a demo organization with staff, sites and a few hundred
-//! machines. Idempotent: running it again changes nothing that exists.
+//! machines, and reservations that tell the product's story: every state,
+//! and holds whose countdown is seen moving (issue 12). Idempotent: running
+//! it again changes nothing that exists, and tops the live holds up.
 
 use sqlx::PgPool;
 
 use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
-use crate::domain::{AssetTag, Email, MachineStatus, OrderRef, Profile, Role, Site, Slug, Vendor};
+use crate::domain::{
+    AssetTag, Email, MachineStatus, OrderRef, Profile, Role, ServiceRef, Site, Slug, Vendor,
+};
 use crate::inventory::{self, MachineSpec};
+use crate::lease::{self, Claim, SWEEP_KEY};
 use crate::orgs::{self, OrgError};
+use crate::reservations::{self, Reservation};
 use crate::staff::{self, StaffError};
+use crate::sweep;
 
 pub const ORG: &str = "demo";
 pub const PASSWORD: &str = "poolkeeper-demo";
@@ -28,6 +35,8 @@ pub struct DemoReport {
     pub machines: i64,
     /// Reservations of the demo orders DEMO-0001...
     pub reservations: i64,
+    /// Demo reservations per state ("held" counts only those with time left).
+    pub by_state: Vec<(String, i64)>,
     pub token: Option<String>,
 }
 
@@ -37,9 +46,15 @@ impl DemoReport {
             "demo organization: {} ({} machines)",
             self.org, self.machines
         );
+        let states: Vec<String> = self
+            .by_state
+            .iter()
+            .map(|(state, n)| format!("{n} {state}"))
+            .collect();
         println!(
-            "  {} reservations of demo orders (DEMO-0001 and on)",
-            self.reservations
+            "  {} reservations of demo orders (DEMO-...): {}",
+            self.reservations,
+            states.join(", ")
         );
         for (email, role) in USERS {
             println!("  {:<8} {email} / {PASSWORD}", role.as_str());
@@ -111,49 +126,255 @@ pub async fn load(pool: &PgPool) -> anyhow::Result<DemoReport> {
         .bind(org.id)
         .fetch_one(pool)
         .await?;
+    let by_state: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT CASE WHEN state = 'held' AND expires_at <= clock_timestamp() THEN 'held (overdue)'
+                     ELSE state END AS s, count(*)
+           FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-%'
+          GROUP BY 1 ORDER BY 1",
+    )
+    .bind(org.id)
+    .fetch_all(pool)
+    .await?;
     Ok(DemoReport {
         org: org.slug,
         machines,
         reservations,
+        by_state,
         token,
     })
 }
 
-/// How many demo orders get a held reservation.
-pub const RESERVATIONS: usize = 12;
+/// How many demo holds with time left the demo keeps (topped up on re-run).
+pub const HOLDS: usize = 8;
+/// Seconds left on each new demo hold, shortest first: a re-run tops up
+/// with the short ones, so a countdown near its end and an overdue hold are
+/// seen within minutes of `demo`.
+const HOLD_LEFT: [i64; HOLDS] = [60, 100, 240, 420, 600, 720, 840, 900];
+/// The default hold (R11), as the checkout would ask.
+const HOLD_SECONDS: i64 = 900;
+/// Who the demo's orders come from (the demo's API token name).
+pub const CHECKOUT: &str = "demo-checkout";
+/// The staff member who cancels one of them, with a reason.
+pub const CANCELLED_BY: &str = "support@demo.example";
+pub const CANCEL_REASON: &str = "Customer asked for a larger profile; a new order follows";
 
-/// Held reservations for the demo orders DEMO-0001.., made by the allocator
-/// itself (so each carries a real frozen reason), only when the demo has
-/// none yet. Held for a day, so that the dashboard shows them held.
+fn spec(i: usize, vendor: Option<&str>) -> anyhow::Result<OrderSpec> {
+    Ok(OrderSpec {
+        site: Site::parse(SITES[i % SITES.len()])?,
+        profile: Profile::parse(PROFILES[(i / SITES.len()) % PROFILES.len()])?,
+        vendor: vendor.map(Vendor::parse).transpose()?,
+    })
+}
+
+/// Reserves through the allocator itself (so each carries a real frozen
+/// reason, R8); a replay of an existing order returns it unchanged.
+async fn reserve(
+    pool: &PgPool,
+    org_id: i64,
+    order_ref: &str,
+    spec: OrderSpec,
+) -> anyhow::Result<Option<Reservation>> {
+    let req = ReserveRequest {
+        order_ref: OrderRef::parse(order_ref)?,
+        spec,
+        hold: HoldSeconds::new(HOLD_SECONDS)?,
+        actor: CHECKOUT.to_owned(),
+    };
+    Ok(match allocator::reserve(pool, org_id, &req).await? {
+        ReserveOutcome::Created { reservation, .. } | ReserveOutcome::Existing(reservation) => {
+            Some(reservation)
+        }
+        other => {
+            eprintln!("demo: {order_ref} could not be reserved: {other:?}");
+            None
+        }
+    })
+}
+
+/// Demo only: moves a reservation `seconds` into the past, with its events
+/// and service link, so that the demo shows holds created at staggered
+/// times, overdue holds and a history spread over the last day without
+/// waiting for them. Every timestamp of the row moves by the same amount,
+/// so CHECK (expires_at > created_at) and the order of events stay true.
+async fn backdate(pool: &PgPool, id: i64, seconds: i64) -> anyhow::Result<()> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "UPDATE reservations
+            SET created_at = created_at - make_interval(secs => $2),
+                expires_at = expires_at - make_interval(secs => $2),
+                ended_at = ended_at - make_interval(secs => $2)
+          WHERE id = $1",
+    )
+    .bind(id)
+    .bind(seconds as f64)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE reservation_events SET at = at - make_interval(secs => $2) WHERE reservation_id = $1",
+    )
+    .bind(id)
+    .bind(seconds as f64)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE service_links
+            SET created_at = created_at - make_interval(secs => $2),
+                ended_at = ended_at - make_interval(secs => $2)
+          WHERE reservation_id = $1",
+    )
+    .bind(id)
+    .bind(seconds as f64)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A chapter of the story is written once: `None` when its order has
+/// already ended. One still held (a run cut short) is picked up again: the
+/// reserve is a replay (R9) and the chapter finishes.
+async fn new_chapter(
+    pool: &PgPool,
+    org_id: i64,
+    order_ref: &str,
+    spec: OrderSpec,
+) -> anyhow::Result<Option<Reservation>> {
+    let ended: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM reservations WHERE org_id = $1 AND order_ref = $2 AND state <> 'held')",
+    )
+    .bind(org_id)
+    .bind(order_ref)
+    .fetch_one(pool)
+    .await?;
+    if ended {
+        return Ok(None);
+    }
+    reserve(pool, org_id, order_ref, spec).await
+}
+
+async fn exists(pool: &PgPool, org_id: i64, order_ref: &str) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM reservations WHERE org_id = $1 AND order_ref = $2)",
+    )
+    .bind(org_id)
+    .bind(order_ref)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// The demo's story, made with the real functions: reservations that timed
+/// out (found by the sweep, and found by a new order at the point of use,
+/// R11), one cancelled by a named staff member with a reason, one converted
+/// with a live service, one whose service ended (its machine back to
+/// provisioning), and holds of the default 15 minutes at staggered times.
+/// Each ended chapter is written once (keyed by its order ref); the live
+/// holds are topped up to `HOLDS`. Returns how many demo reservations exist.
 async fn demo_reservations(pool: &PgPool, org_id: i64) -> anyhow::Result<i64> {
-    let existing: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-%'",
+    // Timed out, noticed by the sweep: overdue holds, then one sweep run
+    // under the sweep lease (the worker's own functions). When a running
+    // server holds the lease, its sweep expires them within a period.
+    if !exists(pool, org_id, "DEMO-SWEPT-1").await? {
+        for (n, i) in [(1, 0), (2, 5)] {
+            if let Some(r) =
+                reserve(pool, org_id, &format!("DEMO-SWEPT-{n}"), spec(i, None)?).await?
+            {
+                backdate(pool, r.id, 3_600 * (2 + n) + HOLD_SECONDS).await?;
+            }
+        }
+        let replica = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        match lease::claim(
+            pool,
+            SWEEP_KEY,
+            &replica,
+            std::time::Duration::from_secs(30),
+        )
+        .await?
+        {
+            Claim::Acquired(mandate) => {
+                let swept = sweep::sweep(pool, &replica, mandate.fence, sweep::BATCH_SIZE).await;
+                lease::release(pool, &mandate).await.ok();
+                swept?;
+            }
+            Claim::HeldByOther => {
+                eprintln!(
+                    "demo: a running server holds the sweep lease; its sweep will expire DEMO-SWEPT-1 and 2"
+                );
+            }
+        }
+    }
+    // Timed out, noticed at the point of use: an overdue hold, then a new
+    // order for the same spec; the allocator walks candidates in id order,
+    // finds the overdue holder on the first one and expires it (R11).
+    if !exists(pool, org_id, "DEMO-LATE-1").await? {
+        let late_spec = || spec(6, Some("hpe"));
+        if let Some(r) = reserve(pool, org_id, "DEMO-LATE-1", late_spec()?).await? {
+            backdate(pool, r.id, HOLD_SECONDS + 300).await?;
+            reserve(pool, org_id, "DEMO-LATE-2", late_spec()?).await?;
+        }
+    }
+    // Cancelled by a named staff member, with a reason.
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-CANCEL-1", spec(1, None)?).await? {
+        reservations::cancel(pool, org_id, r.id, r.fence, CANCELLED_BY, CANCEL_REASON).await?;
+        backdate(pool, r.id, 5 * 3_600).await?;
+    }
+    // Converted: payment cleared, a live service.
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-CONVERT-1", spec(2, None)?).await? {
+        reservations::convert(
+            pool,
+            org_id,
+            r.id,
+            r.fence,
+            CHECKOUT,
+            &ServiceRef::parse("SRV-DEMO-1")?,
+        )
+        .await?;
+        backdate(pool, r.id, 9 * 3_600).await?;
+    }
+    // Converted, then the service ended: the machine goes to provisioning.
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-ENDED-1", spec(3, None)?).await? {
+        let (_, link) = reservations::convert(
+            pool,
+            org_id,
+            r.id,
+            r.fence,
+            CHECKOUT,
+            &ServiceRef::parse("SRV-DEMO-2")?,
+        )
+        .await?;
+        reservations::end_service(pool, org_id, link.id, CHECKOUT).await?;
+        backdate(pool, r.id, 20 * 3_600).await?;
+    }
+    // Live holds, topped up: the shortest ones first.
+    let (live, last): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE state = 'held' AND expires_at > clock_timestamp()),
+                coalesce(max(substring(order_ref FROM 11)::bigint), 0)
+           FROM reservations WHERE org_id = $1 AND order_ref ~ '^DEMO-HOLD-[0-9]+$'",
     )
     .bind(org_id)
     .fetch_one(pool)
     .await?;
-    if existing > 0 {
-        return Ok(existing);
-    }
-    let mut created = 0;
-    for i in 0..RESERVATIONS {
-        let req = ReserveRequest {
-            order_ref: OrderRef::parse(&format!("DEMO-{:04}", i + 1))?,
-            spec: OrderSpec {
-                site: Site::parse(SITES[i % SITES.len()])?,
-                profile: Profile::parse(PROFILES[(i / SITES.len()) % PROFILES.len()])?,
-                // Every third order names a vendor (dell: every site and
-                // profile has ready dell machines in the demo's mix).
-                vendor: (i % 3 == 2)
-                    .then(|| Vendor::parse(VENDORS[0]))
-                    .transpose()?,
-            },
-            hold: HoldSeconds::new(86_400)?,
-            actor: "demo".to_owned(),
-        };
-        if let ReserveOutcome::Created { .. } = allocator::reserve(pool, org_id, &req).await? {
-            created += 1;
+    let missing = HOLDS.saturating_sub(usize::try_from(live).unwrap_or(HOLDS));
+    for (k, left) in HOLD_LEFT.iter().take(missing).enumerate() {
+        let n = last + 1 + k as i64;
+        // Every third order names a vendor (dell: every site and profile
+        // has ready dell machines in the demo's mix).
+        let vendor = (n % 3 == 2).then_some(VENDORS[0]);
+        if let Some(r) = reserve(
+            pool,
+            org_id,
+            &format!("DEMO-HOLD-{n:04}"),
+            spec(n as usize, vendor)?,
+        )
+        .await?
+            && *left < HOLD_SECONDS
+        {
+            backdate(pool, r.id, HOLD_SECONDS - left).await?;
         }
     }
-    Ok(created)
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-%'",
+    )
+    .bind(org_id)
+    .fetch_one(pool)
+    .await?)
 }

@@ -84,7 +84,32 @@ pub struct MachineView {
 
 pub struct VerdictView {
     pub key: &'static str,
+    /// The reason in words (`reasons::label`), the same on every page.
+    pub label: &'static str,
     pub reason: String,
+}
+
+impl VerdictView {
+    pub fn of(e: crate::allocator::Exclusion) -> VerdictView {
+        VerdictView {
+            key: e.key(),
+            label: super::reasons::label(e.key()),
+            reason: e.describe(),
+        }
+    }
+}
+
+impl MachineView {
+    pub fn of_verdict(v: crate::allocator::Verdict) -> MachineView {
+        MachineView {
+            verdict: Some(v.exclusion.map(VerdictView::of)),
+            asset_tag: v.machine.asset_tag,
+            site: v.machine.site,
+            vendor: v.machine.vendor,
+            profile: v.machine.profile,
+            status: v.machine.status,
+        }
+    }
 }
 
 #[derive(Template)]
@@ -130,17 +155,7 @@ pub(crate) async fn list(
         Some(spec) => allocator::explain(&pool, staff.org_id, spec, &filter, after, PAGE_SIZE + 1)
             .await?
             .into_iter()
-            .map(|v| MachineView {
-                verdict: Some(v.exclusion.map(|e| VerdictView {
-                    key: e.key(),
-                    reason: e.describe(),
-                })),
-                asset_tag: v.machine.asset_tag,
-                site: v.machine.site,
-                vendor: v.machine.vendor,
-                profile: v.machine.profile,
-                status: v.machine.status,
-            })
+            .map(MachineView::of_verdict)
             .collect(),
         None => inventory::list(&pool, staff.org_id, &filter, after, PAGE_SIZE + 1)
             .await?

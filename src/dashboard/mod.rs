@@ -12,6 +12,7 @@ pub mod machines;
 pub mod org_settings;
 pub mod outcome;
 pub mod overview;
+pub mod reasons;
 pub mod reservations;
 pub mod search;
 pub mod session;

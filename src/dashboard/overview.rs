@@ -1,23 +1,56 @@
-//! `/`: the pool per site at a glance, with a server-rendered SVG bar.
+//! `/`: the pool per site at a glance. Per site: a bar (sellable, held,
+//! sold, not ready) whose numbers are in the table below it, not repeated;
+//! a table by hardware profile (what the datacenter team buys by); and a
+//! server-rendered SVG of the last 24 hours (created, converted, expired,
+//! cancelled per hour). No JavaScript.
+//!
+//! The page is a list of sections; a later section (e.g. refusals) is
+//! appended after the per-site ones in `overview.html`.
+
+use std::collections::BTreeMap;
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
+use chrono::{DateTime, Duration, Timelike, Utc};
 use sqlx::PgPool;
 
 use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, page};
 
+/// (site, kind, hour index, count) of the 24-hour chart's query.
+type HourCount = (String, String, i32, i64);
+
 #[derive(sqlx::FromRow)]
-struct SiteCounts {
+struct ProfileCounts {
     site: String,
-    total: i64,
+    profile: String,
     sellable: i64,
     held: i64,
     sold: i64,
     not_ready: i64,
-    expired_24h: i64,
-    cancelled_24h: i64,
+}
+
+/// One row of a site's table: a profile, or the site's total.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub sellable: i64,
+    pub held: i64,
+    pub sold: i64,
+    pub not_ready: i64,
+}
+
+impl Counts {
+    pub fn total(&self) -> i64 {
+        self.sellable + self.held + self.sold + self.not_ready
+    }
+
+    fn add(&mut self, o: &Counts) {
+        self.sellable += o.sellable;
+        self.held += o.held;
+        self.sold += o.sold;
+        self.not_ready += o.not_ready;
+    }
 }
 
 pub struct Segment {
@@ -28,34 +61,62 @@ pub struct Segment {
     pub width: f64,
 }
 
+/// One bar of the 24-hour chart.
+pub struct HourBar {
+    pub class: &'static str,
+    pub label: &'static str,
+    pub hour: String,
+    pub count: i64,
+    pub x: f64,
+    pub y: f64,
+    pub height: f64,
+}
+
+pub struct Tick {
+    pub x: f64,
+    pub text: String,
+}
+
 pub struct SiteView {
     pub site: String,
-    pub total: i64,
-    pub sellable: i64,
-    pub held: i64,
-    pub sold: i64,
-    pub not_ready: i64,
-    pub expired_24h: i64,
-    pub cancelled_24h: i64,
+    pub profiles: Vec<(String, Counts)>,
+    pub total: Counts,
     pub segments: Vec<Segment>,
     pub summary: String,
+    pub bars: Vec<HourBar>,
+    pub ticks: Vec<Tick>,
+    pub day_summary: String,
+    /// Totals of the last 24 hours: created, converted, expired, cancelled.
+    pub day: [i64; 4],
 }
 
 /// Width of the SVG bar, in user units (the viewBox scales it).
 const BAR: f64 = 600.0;
+/// The chart's drawing area, in user units.
+const CHART_W: f64 = 600.0;
+const CHART_H: f64 = 100.0;
+const HOURS: usize = 24;
+/// The four series, in the order of `SiteView::day`.
+pub const SERIES: [(&str, &str); 4] = [
+    ("created", "created"),
+    ("converted", "converted"),
+    ("expired", "expired"),
+    ("cancelled", "cancelled"),
+];
 
-fn segments(c: &SiteCounts) -> Vec<Segment> {
+fn segments(c: &Counts) -> Vec<Segment> {
     let parts = [
         ("sellable", "seg-sellable", c.sellable),
         ("held", "seg-held", c.held),
         ("sold", "seg-sold", c.sold),
         ("not ready", "seg-notready", c.not_ready),
     ];
+    let total = c.total();
     let mut x = 0.0;
     let mut out = Vec::new();
     for (label, class, count) in parts {
-        let width = if c.total > 0 {
-            BAR * count as f64 / c.total as f64
+        let width = if total > 0 {
+            BAR * count as f64 / total as f64
         } else {
             0.0
         };
@@ -71,11 +132,55 @@ fn segments(c: &SiteCounts) -> Vec<Segment> {
     out
 }
 
+/// `per_hour[h][s]`: events of series `s` in hour `h` (0 the oldest of the
+/// 24, 23 the current one), drawn as four thin bars per hour on one scale.
+pub fn hour_bars(per_hour: &[[i64; 4]; HOURS], first_hour: DateTime<Utc>) -> Vec<HourBar> {
+    let max = per_hour.iter().flatten().copied().max().unwrap_or(0).max(1);
+    let slot = CHART_W / HOURS as f64;
+    let width = slot / 5.0;
+    let mut bars = Vec::new();
+    for (h, counts) in per_hour.iter().enumerate() {
+        let hour = (first_hour + Duration::hours(h as i64))
+            .format("%H:00")
+            .to_string();
+        for (s, &count) in counts.iter().enumerate() {
+            if count == 0 {
+                continue;
+            }
+            let height = CHART_H * count as f64 / max as f64;
+            bars.push(HourBar {
+                class: SERIES[s].1,
+                label: SERIES[s].0,
+                hour: hour.clone(),
+                count,
+                x: h as f64 * slot + width * (s as f64 + 0.5),
+                y: CHART_H - height,
+                height,
+            });
+        }
+    }
+    bars
+}
+
+fn ticks(first_hour: DateTime<Utc>) -> Vec<Tick> {
+    let slot = CHART_W / HOURS as f64;
+    (0..HOURS)
+        .step_by(6)
+        .map(|h| Tick {
+            x: h as f64 * slot,
+            text: (first_hour + Duration::hours(h as i64))
+                .format("%H:00")
+                .to_string(),
+        })
+        .collect()
+}
+
 #[derive(Template)]
 #[template(path = "overview.html")]
 struct OverviewPage {
     chrome: Chrome,
     sites: Vec<SiteView>,
+    series: [(&'static str, &'static str); 4],
 }
 
 pub(crate) async fn overview(
@@ -86,59 +191,136 @@ pub(crate) async fn overview(
     // The four categories are disjoint: a live service link wins, then a
     // held reservation; what is left is sellable when ready, not ready
     // otherwise. Held/sold are derived, never stored (schema comment).
-    let rows: Vec<SiteCounts> = sqlx::query_as(
-        "WITH pool AS (
-            SELECT m.site,
-                   (s.machine_id IS NOT NULL) AS sold,
-                   (s.machine_id IS NULL AND r.machine_id IS NOT NULL) AS held,
-                   (s.machine_id IS NULL AND r.machine_id IS NULL AND m.status = 'ready') AS sellable,
-                   (s.machine_id IS NULL AND r.machine_id IS NULL AND m.status <> 'ready') AS not_ready
-              FROM machines m
-              LEFT JOIN reservations r ON r.machine_id = m.id AND r.state = 'held'
-              LEFT JOIN service_links s ON s.machine_id = m.id AND s.ended_at IS NULL
-             WHERE m.org_id = $1
-         ), ended AS (
-            SELECT m.site,
-                   count(*) FILTER (WHERE r.state = 'expired') AS expired_24h,
-                   count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled_24h
-              FROM reservations r JOIN machines m ON m.id = r.machine_id
-             WHERE r.org_id = $1 AND r.ended_at IS NOT NULL
-               AND r.ended_at > clock_timestamp() - interval '24 hours'
-             GROUP BY m.site
-         )
-         SELECT p.site, count(*) AS total,
-                count(*) FILTER (WHERE p.sellable) AS sellable,
-                count(*) FILTER (WHERE p.held) AS held,
-                count(*) FILTER (WHERE p.sold) AS sold,
-                count(*) FILTER (WHERE p.not_ready) AS not_ready,
-                coalesce(max(e.expired_24h), 0) AS expired_24h,
-                coalesce(max(e.cancelled_24h), 0) AS cancelled_24h
-           FROM pool p LEFT JOIN ended e ON e.site = p.site
-          GROUP BY p.site ORDER BY p.site",
+    let rows: Vec<ProfileCounts> = sqlx::query_as(
+        "SELECT m.site, m.profile,
+                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NULL AND m.status = 'ready') AS sellable,
+                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NOT NULL) AS held,
+                count(*) FILTER (WHERE s.machine_id IS NOT NULL) AS sold,
+                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NULL AND m.status <> 'ready') AS not_ready
+           FROM machines m
+           LEFT JOIN reservations r ON r.machine_id = m.id AND r.state = 'held'
+           LEFT JOIN service_links s ON s.machine_id = m.id AND s.ended_at IS NULL
+          WHERE m.org_id = $1
+          GROUP BY m.site, m.profile ORDER BY m.site, m.profile",
     )
     .bind(staff.org_id)
     .fetch_all(pool.get_ref())
     .await?;
-    let sites = rows
+    // The last 24 hours by the database clock, in whole hours: the 23 past
+    // hours and the current one. Created rows come from
+    // reservations_created_recently_idx, ended ones from
+    // reservations_ended_recently_idx; each row's site by its machine's
+    // primary key (a join let the planner hash every machine of the pool).
+    let (first_hour, events): (DateTime<Utc>, Vec<HourCount>) = {
+        let first: DateTime<Utc> = sqlx::query_scalar(
+            "SELECT date_trunc('hour', clock_timestamp()) - interval '23 hours'",
+        )
+        .fetch_one(pool.get_ref())
+        .await?;
+        let events = sqlx::query_as(
+            "SELECT (SELECT m.site FROM machines m WHERE m.id = e.machine_id) AS site, e.kind,
+                    floor(extract(epoch FROM e.at - $2::timestamptz) / 3600)::int AS hour,
+                    count(*)
+               FROM (SELECT r.machine_id, 'created' AS kind, r.created_at AS at
+                       FROM reservations r
+                      WHERE r.org_id = $1 AND r.created_at >= $2
+                     UNION ALL
+                     SELECT r.machine_id, r.state, r.ended_at
+                       FROM reservations r
+                      WHERE r.org_id = $1 AND r.ended_at IS NOT NULL AND r.ended_at >= $2) e
+              GROUP BY 1, 2, 3",
+        )
+        .bind(staff.org_id)
+        .bind(first)
+        .fetch_all(pool.get_ref())
+        .await?;
+        (first, events)
+    };
+    let first_hour = first_hour.with_minute(0).unwrap_or(first_hour);
+    let mut hours: BTreeMap<String, [[i64; 4]; HOURS]> = BTreeMap::new();
+    for (site, kind, hour, count) in events {
+        let (Some(s), Ok(h)) = (
+            SERIES.iter().position(|(k, _)| *k == kind),
+            usize::try_from(hour),
+        ) else {
+            continue;
+        };
+        if h < HOURS {
+            hours.entry(site).or_insert([[0; 4]; HOURS])[h][s] += count;
+        }
+    }
+    let mut by_site: BTreeMap<String, Vec<(String, Counts)>> = BTreeMap::new();
+    for r in rows {
+        by_site.entry(r.site).or_default().push((
+            r.profile,
+            Counts {
+                sellable: r.sellable,
+                held: r.held,
+                sold: r.sold,
+                not_ready: r.not_ready,
+            },
+        ));
+    }
+    let sites = by_site
         .into_iter()
-        .map(|c| SiteView {
-            summary: format!(
-                "{}: {} machines, {} sellable now, {} held, {} sold, {} not ready",
-                c.site, c.total, c.sellable, c.held, c.sold, c.not_ready
-            ),
-            segments: segments(&c),
-            site: c.site,
-            total: c.total,
-            sellable: c.sellable,
-            held: c.held,
-            sold: c.sold,
-            not_ready: c.not_ready,
-            expired_24h: c.expired_24h,
-            cancelled_24h: c.cancelled_24h,
+        .map(|(site, profiles)| {
+            let mut total = Counts::default();
+            for (_, c) in &profiles {
+                total.add(c);
+            }
+            let per_hour = hours.remove(&site).unwrap_or([[0; 4]; HOURS]);
+            let mut day = [0i64; 4];
+            for h in &per_hour {
+                for (s, n) in h.iter().enumerate() {
+                    day[s] += n;
+                }
+            }
+            SiteView {
+                summary: format!(
+                    "{site}: {} machines, {} sellable now, {} held, {} sold, {} not ready",
+                    total.total(),
+                    total.sellable,
+                    total.held,
+                    total.sold,
+                    total.not_ready
+                ),
+                day_summary: format!(
+                    "{site}, last 24 hours, per hour: {} created, {} converted, {} expired, {} cancelled in all",
+                    day[0], day[1], day[2], day[3]
+                ),
+                segments: segments(&total),
+                bars: hour_bars(&per_hour, first_hour),
+                ticks: ticks(first_hour),
+                day,
+                site,
+                profiles,
+                total,
+            }
         })
         .collect();
     page(&OverviewPage {
         chrome: Chrome::new(&req, &staff, "Overview", "overview"),
         sites,
+        series: SERIES,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tallest_hour_fills_the_chart_and_empty_hours_draw_nothing() {
+        let mut per_hour = [[0i64; 4]; HOURS];
+        per_hour[23][0] = 4;
+        per_hour[0][3] = 2;
+        let bars = hour_bars(&per_hour, DateTime::UNIX_EPOCH);
+        assert_eq!(bars.len(), 2);
+        let created = bars.iter().find(|b| b.label == "created").expect("bar");
+        assert_eq!((created.height, created.y), (CHART_H, 0.0));
+        assert_eq!(created.hour, "23:00");
+        let cancelled = bars.iter().find(|b| b.label == "cancelled").expect("bar");
+        assert_eq!(cancelled.height, CHART_H / 2.0);
+        assert!(cancelled.x < created.x);
+    }
 }

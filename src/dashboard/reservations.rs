@@ -1,5 +1,5 @@
-//! `/reservations`: every held reservation with a countdown computed by the
-//! database; the detail page with its timeline and the one-sentence answer;
+//! `/reservations`: held reservations with a countdown computed by the
+//! database, compact rows, 100 a page, filtered by site and deadline; the detail page with its timeline and the one-sentence answer;
 //! cancel and convert through a GET confirmation page and a POST form.
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -13,8 +13,10 @@ use super::error::DashError;
 use super::gate;
 use super::outcome;
 use super::session::{Staff, audit_on};
-use super::view::{Chrome, fmt_opt_time, fmt_remaining, fmt_time, page, see_other};
-use crate::domain::ServiceRef;
+use super::view::{
+    Chrome, fmt_opt_time, fmt_remaining, fmt_time, non_blank, page, see_other, url_with,
+};
+use crate::domain::{ServiceRef, Site};
 use crate::reservations::{self, TransitionError};
 use crate::settings::Settings;
 
@@ -25,24 +27,63 @@ struct LiveRow {
     asset_tag: String,
     site: String,
     fence: i64,
-    reason: String,
-    created_at: DateTime<Utc>,
     expires_at: DateTime<Utc>,
     remaining: i64,
 }
 
+/// One compact row: the frozen reason is on the reservation's own page.
 pub struct LiveView {
     pub id: i64,
     pub order_ref: String,
     pub asset_tag: String,
     pub site: String,
     pub fence: i64,
-    pub reason: String,
-    pub created_at: String,
-    pub expires_at: String,
     pub remaining: i64,
     pub remaining_text: String,
     pub overdue: bool,
+    /// Under `SOON_SECONDS` left: said in words, not only in colour.
+    pub soon: bool,
+}
+
+/// A hold with less than this left is flagged "expires soon" in text.
+pub const SOON_SECONDS: i64 = 120;
+/// Rows per page of `/reservations`.
+pub const LIVE_PAGE: i64 = 100;
+/// How often the page refreshes its list in the browser (app.js), seconds.
+pub const REFRESH_SECONDS: u32 = 30;
+/// The choices of the "expiring within" filter, in minutes (any whole
+/// number of minutes up to a day is accepted in the URL).
+pub const WITHIN_CHOICES: [i32; 5] = [2, 5, 15, 60, 240];
+
+#[derive(Debug, Default, Deserialize)]
+pub struct LiveQuery {
+    pub site: Option<String>,
+    /// Only holds whose deadline is within this many minutes (overdue too).
+    pub within: Option<String>,
+    /// Keyset cursors, `<deadline in µs since the epoch>_<id>`.
+    pub after: Option<String>,
+    pub before: Option<String>,
+}
+
+/// A position in the deadline order: (expires_at, id), unique.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub expires_at: DateTime<Utc>,
+    pub id: i64,
+}
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        format!("{}_{}", self.expires_at.timestamp_micros(), self.id)
+    }
+
+    pub fn parse(s: &str) -> Option<Cursor> {
+        let (micros, id) = s.trim().split_once('_')?;
+        Some(Cursor {
+            expires_at: DateTime::from_timestamp_micros(micros.parse().ok()?)?,
+            id: id.parse().ok()?,
+        })
+    }
 }
 
 #[derive(Template)]
@@ -50,33 +91,120 @@ pub struct LiveView {
 struct ReservationsPage {
     chrome: Chrome,
     can_act: bool,
+    site: String,
+    within: Option<i32>,
+    within_choices: [i32; 5],
     rows: Vec<LiveView>,
-    truncated: bool,
+    total: i64,
+    refreshed_at: String,
+    refresh_seconds: u32,
+    next: Option<String>,
+    prev: Option<String>,
 }
 
-const LIVE_LIMIT: i64 = 500;
+fn bad_cursor() -> DashError {
+    DashError::bad_request("The page link is not valid; start again from the first page.")
+}
 
 pub(crate) async fn list(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<PgPool>,
+    q: web::Query<LiveQuery>,
 ) -> Result<HttpResponse, DashError> {
+    let q = q.into_inner();
+    let site = non_blank(&q.site)
+        .map(Site::parse)
+        .transpose()
+        .map_err(|e| DashError::bad_request(e.to_string()))?;
+    let within = non_blank(&q.within)
+        .map(|w| {
+            w.parse::<i32>()
+                .ok()
+                .filter(|m| (1..=1440).contains(m))
+                .ok_or_else(|| {
+                    DashError::bad_request(
+                        "“Expiring within” is a whole number of minutes from 1 to 1440.",
+                    )
+                })
+        })
+        .transpose()?;
+    let after = non_blank(&q.after)
+        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
+        .transpose()?;
+    let before = non_blank(&q.before)
+        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
+        .transpose()?;
+    let backwards = before.is_some() && after.is_none();
+    let cursor = if backwards { before } else { after };
     // The remaining seconds come from the database clock (clock_timestamp),
     // the same clock that judges expiry; the browser only counts down from
-    // it, never reads its own wall clock.
-    let rows: Vec<LiveRow> = sqlx::query_as(
-        "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.reason, r.created_at, r.expires_at,
+    // it, never reads its own wall clock. Keyset paging on (expires_at, id)
+    // walks reservations_held_by_deadline_idx (the sweep's index) in order,
+    // forwards or backwards, and stops after a page: no OFFSET, no per-row
+    // query. The redundant `expires_at >=`/`<=` lets the index bound the walk.
+    let sql = format!(
+        "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.expires_at,
                 floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining
            FROM reservations r JOIN machines m ON m.id = r.machine_id
           WHERE r.org_id = $1 AND r.state = 'held'
-          ORDER BY r.expires_at, r.id
-          LIMIT $2",
+            AND ($2::text IS NULL OR m.site = $2::text)
+            AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))
+            AND ($4::timestamptz IS NULL OR (r.expires_at {cmp}= $4 AND (r.expires_at, r.id) {cmp} ($4, $5)))
+          ORDER BY r.expires_at {dir}, r.id {dir}
+          LIMIT $6",
+        cmp = if backwards { "<" } else { ">" },
+        dir = if backwards { "DESC" } else { "ASC" },
+    );
+    let mut rows: Vec<LiveRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(staff.org_id)
+        .bind(site.as_ref().map(Site::as_str))
+        .bind(within)
+        .bind(cursor.map(|c| c.expires_at))
+        .bind(cursor.map_or(0, |c| c.id))
+        .bind(LIVE_PAGE + 1)
+        .fetch_all(pool.get_ref())
+        .await?;
+    let more = rows.len() as i64 > LIVE_PAGE;
+    rows.truncate(LIVE_PAGE as usize);
+    if backwards {
+        rows.reverse();
+    }
+    // The count walks the same partial index; a site is checked per held
+    // row by the machine's primary key (a join let the planner hash every
+    // machine of the pool: 5 ms at 50,000 machines against 1 ms).
+    let (total, refreshed_at): (i64, DateTime<Utc>) = sqlx::query_as(
+        "SELECT count(*), clock_timestamp()
+           FROM reservations r
+          WHERE r.org_id = $1 AND r.state = 'held'
+            AND ($2::text IS NULL OR (SELECT m.site FROM machines m WHERE m.id = r.machine_id) = $2::text)
+            AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))",
     )
     .bind(staff.org_id)
-    .bind(LIVE_LIMIT + 1)
-    .fetch_all(pool.get_ref())
+    .bind(site.as_ref().map(Site::as_str))
+    .bind(within)
+    .fetch_one(pool.get_ref())
     .await?;
-    let truncated = rows.len() as i64 > LIVE_LIMIT;
+    let (has_next, has_prev) = if backwards {
+        (true, more)
+    } else {
+        (more, after.is_some())
+    };
+    let within_text = within.map(|w| w.to_string()).unwrap_or_default();
+    let site_text = site.as_ref().map_or("", |s| s.as_str());
+    let link = |key: &str, c: &LiveRow| {
+        let c = Cursor {
+            expires_at: c.expires_at,
+            id: c.id,
+        }
+        .encode();
+        url_with(
+            "/reservations",
+            &[("site", site_text), ("within", &within_text), (key, &c)],
+        )
+    };
+    let next = rows.last().filter(|_| has_next).map(|r| link("after", r));
+    let prev = rows.first().filter(|_| has_prev).map(|r| link("before", r));
     let rows: Vec<LiveView> = rows
         .into_iter()
         .map(|r| LiveView {
@@ -85,19 +213,24 @@ pub(crate) async fn list(
             asset_tag: r.asset_tag,
             site: r.site,
             fence: r.fence,
-            reason: r.reason,
-            created_at: fmt_time(&r.created_at),
-            expires_at: fmt_time(&r.expires_at),
             remaining: r.remaining.max(0),
             remaining_text: fmt_remaining(r.remaining),
             overdue: r.remaining <= 0,
+            soon: r.remaining > 0 && r.remaining < SOON_SECONDS,
         })
         .collect();
     page(&ReservationsPage {
         chrome: Chrome::new(&req, &staff, "Live reservations", "reservations"),
         can_act: staff.can_act(),
-        rows: rows.into_iter().take(LIVE_LIMIT as usize).collect(),
-        truncated,
+        site: site_text.to_owned(),
+        within,
+        within_choices: WITHIN_CHOICES,
+        rows,
+        total,
+        refreshed_at: refreshed_at.format("%H:%M:%S UTC").to_string(),
+        refresh_seconds: REFRESH_SECONDS,
+        next,
+        prev,
     })
 }
 
@@ -444,4 +577,20 @@ pub(crate) async fn convert(
         .await
         .map_err(|e| refused(id, e))?;
     Ok(see_other(&format!("/reservations/{id}?flash=converted")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_survives_its_link() {
+        let c = Cursor {
+            expires_at: DateTime::from_timestamp_micros(1_796_000_000_123_456).expect("time"),
+            id: 42,
+        };
+        assert_eq!(Cursor::parse(&c.encode()), Some(c));
+        assert_eq!(Cursor::parse("12_x"), None);
+        assert_eq!(Cursor::parse("nonsense"), None);
+    }
 }

@@ -2,6 +2,12 @@
 //! one (allocator::explain) gives every machine a reason; pass two
 //! (allocator::lockable_now) says what could be locked right now. Together
 //! they give the answer a reserve would give.
+//!
+//! The page reads top-down (issue 12): a summary with one row per reason in
+//! words and its count over the whole organization (the API's `excluded`),
+//! each linking to its group; then the candidates; then the rest of the
+//! ordered site, paged. Machines of other sites are counted, not listed,
+//! unless their group is asked for.
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
@@ -10,10 +16,12 @@ use sqlx::PgPool;
 
 use super::error::DashError;
 use super::gate;
-use super::machines::{MachineView, PAGE_SIZE, VerdictView, parse_spec};
+use super::machines::{MachineView, PAGE_SIZE, parse_spec};
+use super::reasons;
 use super::session::Staff;
 use super::view::{Chrome, non_blank, page, url_with};
-use crate::allocator::{self, PassTwo};
+use crate::allocator::{self, OrderSpec, PassTwo, Verdict};
+use crate::domain::MachineStatus;
 use crate::inventory::MachineFilter;
 use crate::settings::Settings;
 
@@ -22,6 +30,8 @@ pub struct WhyNotQuery {
     pub site: Option<String>,
     pub profile: Option<String>,
     pub vendor: Option<String>,
+    /// One group of the summary: a key of `Exclusion::KEYS` or `candidate`.
+    pub reason: Option<String>,
     pub after: Option<String>,
 }
 
@@ -44,6 +54,15 @@ pub fn answer(pass_two: &PassTwo) -> Answer {
     }
 }
 
+/// One row of the summary table: a reason in words, its API key, how many
+/// machines of the organization it covers, and the link to that group.
+pub struct SummaryRow {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub count: i64,
+    pub link: String,
+}
+
 #[derive(Template)]
 #[template(path = "why_not.html")]
 struct WhyNotPage {
@@ -54,9 +73,94 @@ struct WhyNotPage {
     answer_text: String,
     lockable: Vec<String>,
     locked_by_others: Vec<String>,
+    summary: Vec<SummaryRow>,
+    total: i64,
+    /// The group shown (`reason=`), in words; `None`: candidates, then the rest.
+    group: Option<&'static str>,
+    candidates: Vec<MachineView>,
+    more_candidates: Option<String>,
     machines: Vec<MachineView>,
-    counts: Vec<(&'static str, usize)>,
     next: Option<String>,
+    first: Option<String>,
+    summary_link: String,
+}
+
+/// explain() is read in chunks of this many machines...
+const CHUNK: i64 = 500;
+/// ...and at most this many chunks per page: a group that is rare among
+/// thousands of machines gives a shorter page with a "next" link, never an
+/// unbounded walk.
+const MAX_CHUNKS: usize = 4;
+
+/// The machines matching `filter` after `after` whose verdict `want`s, at
+/// most `limit`, by asset tag; and where the next page starts, if anywhere.
+async fn scan(
+    pool: &PgPool,
+    org_id: i64,
+    spec: &OrderSpec,
+    filter: &MachineFilter,
+    after: Option<&str>,
+    limit: usize,
+    want: impl Fn(&Verdict) -> bool,
+) -> Result<(Vec<Verdict>, Option<String>), sqlx::Error> {
+    let mut out: Vec<Verdict> = Vec::new();
+    let mut cursor = after.map(str::to_owned);
+    for _ in 0..MAX_CHUNKS {
+        let chunk =
+            allocator::explain(pool, org_id, spec, filter, cursor.as_deref(), CHUNK).await?;
+        let short = (chunk.len() as i64) < CHUNK;
+        for v in chunk {
+            cursor = Some(v.machine.asset_tag.clone());
+            if want(&v) {
+                if out.len() == limit {
+                    let next = out.last().map(|v| v.machine.asset_tag.clone());
+                    return Ok((out, next));
+                }
+                out.push(v);
+            }
+        }
+        if short {
+            return Ok((out, None));
+        }
+    }
+    Ok((out, cursor))
+}
+
+/// The narrowest machine filter that still holds every machine of group
+/// `key` (the allocator checks site, vendor, profile, status in that order);
+/// the verdict then picks the group's rows exactly.
+fn group_filter(spec: &OrderSpec, key: &str) -> MachineFilter {
+    let site = Some(spec.site.clone());
+    let vendor = spec.vendor.clone();
+    let profile = Some(spec.profile.clone());
+    match key {
+        "wrong_site" => MachineFilter::default(),
+        "wrong_vendor" => MachineFilter {
+            site,
+            ..Default::default()
+        },
+        "wrong_profile" => MachineFilter {
+            site,
+            vendor,
+            ..Default::default()
+        },
+        "not_ready" => MachineFilter {
+            site,
+            vendor,
+            profile,
+            status: None,
+        },
+        _ => MachineFilter {
+            site,
+            vendor,
+            profile,
+            status: Some(MachineStatus::Ready),
+        },
+    }
+}
+
+fn key_of(v: &Verdict) -> &'static str {
+    v.exclusion.as_ref().map_or(reasons::CANDIDATE, |e| e.key())
 }
 
 pub(crate) async fn why_not(
@@ -69,6 +173,21 @@ pub(crate) async fn why_not(
     gate::datacenter(&settings, &staff)?;
     let q = q.into_inner();
     let spec = parse_spec(&q.site, &q.profile, &q.vendor)?;
+    let group: Option<&'static str> = match non_blank(&q.reason) {
+        None => None,
+        Some(r) => Some(
+            reasons::keys_with_candidate()
+                .find(|k| *k == r)
+                .ok_or_else(|| {
+                    DashError::bad_request(format!(
+                        "Unknown reason “{r}”: use one of {}.",
+                        reasons::keys_with_candidate()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ))
+                })?,
+        ),
+    };
     let chrome = Chrome::new(&req, &staff, "Why not?", "why-not");
     let Some(spec) = spec else {
         return page(&WhyNotPage {
@@ -79,23 +198,56 @@ pub(crate) async fn why_not(
             answer_text: String::new(),
             lockable: vec![],
             locked_by_others: vec![],
+            summary: vec![],
+            total: 0,
+            group: None,
+            candidates: vec![],
+            more_candidates: None,
             machines: vec![],
-            counts: vec![],
             next: None,
+            first: None,
+            summary_link: String::new(),
         });
     };
-    let after = non_blank(&q.after);
-    let mut verdicts = allocator::explain(
-        &pool,
-        staff.org_id,
-        &spec,
-        &MachineFilter::default(),
-        after,
-        PAGE_SIZE + 1,
-    )
-    .await?;
-    let more = verdicts.len() as i64 > PAGE_SIZE;
-    verdicts.truncate(PAGE_SIZE as usize);
+    let vendor = spec.vendor.as_ref().map_or("", |v| v.as_str());
+    let link = |reason: &str, after: &str| {
+        url_with(
+            "/why-not",
+            &[
+                ("site", spec.site.as_str()),
+                ("profile", spec.profile.as_str()),
+                ("vendor", vendor),
+                ("reason", reason),
+                ("after", after),
+            ],
+        )
+    };
+    // The summary counts every machine of the organization, as the API's
+    // `excluded` does (the same function), one row per reason in words.
+    let counts = {
+        let mut conn = pool.acquire().await?;
+        allocator::excluded_counts(&mut conn, staff.org_id, &spec).await?
+    };
+    let count_of = |key: &str| match key {
+        "wrong_site" => counts.wrong_site,
+        "wrong_vendor" => counts.wrong_vendor,
+        "wrong_profile" => counts.wrong_profile,
+        "not_ready" => counts.not_ready,
+        "in_service" => counts.in_service,
+        "held" => counts.held,
+        _ => counts.candidates,
+    };
+    let summary: Vec<SummaryRow> = std::iter::once(reasons::CANDIDATE)
+        .chain(allocator::Exclusion::KEYS)
+        .map(|key| SummaryRow {
+            key,
+            label: reasons::label(key),
+            count: count_of(key),
+            link: format!("{}#machines", link(key, "")),
+        })
+        .collect();
+    let total = summary.iter().map(|r| r.count).sum();
+
     let pass_two = allocator::lockable_now(&pool, staff.org_id, &spec).await?;
     let (answer_kind, answer_text) = match answer(&pass_two) {
         Answer::WouldReserve(tag) => ("reserve", format!("Would reserve {tag}.")),
@@ -109,46 +261,61 @@ pub(crate) async fn why_not(
             "Unavailable: buy hardware. No machine matches this order.".to_owned(),
         ),
     };
-    let mut counts: Vec<(&'static str, usize)> = Vec::new();
-    for v in &verdicts {
-        let key = v.exclusion.as_ref().map_or("candidate", |e| e.key());
-        match counts.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((key, 1)),
-        }
-    }
-    let next = if more {
-        verdicts.last().map(|v| {
-            url_with(
-                "/why-not",
-                &[
-                    ("site", spec.site.as_str()),
-                    ("profile", spec.profile.as_str()),
-                    ("vendor", spec.vendor.as_ref().map_or("", |v| v.as_str())),
-                    ("after", &v.machine.asset_tag),
-                ],
+
+    let after = non_blank(&q.after);
+    let page_size = PAGE_SIZE as usize;
+    let (candidates, more_candidates, rows, next) = match group {
+        Some(key) => {
+            let (rows, next) = scan(
+                &pool,
+                staff.org_id,
+                &spec,
+                &group_filter(&spec, key),
+                after,
+                page_size,
+                |v| key_of(v) == key,
             )
-        })
-    } else {
-        None
+            .await?;
+            (vec![], None, rows, next)
+        }
+        None => {
+            // First the candidates (first page only), then the machines of
+            // the ordered site that are not; other sites are only counted.
+            let (candidates, more) = if after.is_none() {
+                scan(
+                    &pool,
+                    staff.org_id,
+                    &spec,
+                    &group_filter(&spec, reasons::CANDIDATE),
+                    None,
+                    page_size,
+                    |v| v.exclusion.is_none(),
+                )
+                .await?
+            } else {
+                (vec![], None)
+            };
+            let here = MachineFilter {
+                site: Some(spec.site.clone()),
+                ..Default::default()
+            };
+            let (rows, next) = scan(&pool, staff.org_id, &spec, &here, after, page_size, |v| {
+                v.exclusion.is_some()
+            })
+            .await?;
+            (
+                candidates,
+                more.map(|_| format!("{}#machines", link(reasons::CANDIDATE, ""))),
+                rows,
+                next,
+            )
+        }
     };
-    let machines = verdicts
-        .into_iter()
-        .map(|v| MachineView {
-            verdict: Some(v.exclusion.map(|e| VerdictView {
-                key: e.key(),
-                reason: e.describe(),
-            })),
-            asset_tag: v.machine.asset_tag,
-            site: v.machine.site,
-            vendor: v.machine.vendor,
-            profile: v.machine.profile,
-            status: v.machine.status,
-        })
-        .collect();
+    let reason = group.unwrap_or("");
+    let next = next.map(|after| format!("{}#machines", link(reason, &after)));
+    let first = after.map(|_| format!("{}#machines", link(reason, "")));
     page(&WhyNotPage {
         chrome,
-        q,
         has_spec: true,
         answer_kind,
         answer_text,
@@ -158,9 +325,19 @@ pub(crate) async fn why_not(
             .into_iter()
             .map(|m| m.asset_tag)
             .collect(),
-        machines,
-        counts,
+        summary,
+        total,
+        group: group.map(reasons::label),
+        candidates: candidates
+            .into_iter()
+            .map(MachineView::of_verdict)
+            .collect(),
+        more_candidates,
+        machines: rows.into_iter().map(MachineView::of_verdict).collect(),
         next,
+        first,
+        summary_link: link("", ""),
+        q,
     })
 }
 

@@ -1291,29 +1291,6 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
     );
     eprintln!("candidate query: {indexed} buffers on indexes, {scanned} without");
 }
-
-/// `poolkeeper demo` reserves its demo orders through the allocator, once.
-#[tokio::test]
-async fn the_demo_reserves_its_orders_once() {
-    let db = migrated_db().await;
-    let pool = db.pool().await;
-    let first = poolkeeper::demo::load(&pool).await.expect("demo");
-    assert_eq!(first.reservations, poolkeeper::demo::RESERVATIONS as i64);
-    let again = poolkeeper::demo::load(&pool).await.expect("demo again");
-    assert_eq!(again.reservations, first.reservations);
-    let (held, machines, with_reason, events): (i64, i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE state = 'held'), count(DISTINCT machine_id),
-                count(*) FILTER (WHERE reason LIKE '%matched site%'),
-                (SELECT count(*) FROM reservation_events WHERE kind = 'created' AND actor = 'demo')
-           FROM reservations WHERE order_ref LIKE 'DEMO-%'",
-    )
-    .fetch_one(&pool)
-    .await
-    .expect("demo reservations");
-    let n = poolkeeper::demo::RESERVATIONS as i64;
-    assert_eq!((held, machines, with_reason, events), (n, n, n, n));
-}
-
 /// A fresh deployment does not slow as it fills (issue 11): a plan cached
 /// while `reservations` was analyzed empty must stay on the arbiter index
 /// once the table has grown. The connection takes the settings the

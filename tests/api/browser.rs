@@ -1,8 +1,11 @@
 //! A real browser against the dashboard: headless Chromium driven through
 //! WebDriver (chromedriver), with a minimal W3C WebDriver client over
 //! reqwest. Logs in, watches the countdown tick, cancels a reservation with
-//! a reason, finds it through search and reads who cancelled it and why.
-//! Screenshots of each page go to target/screenshots/.
+//! a reason, finds it through search and reads who cancelled it and why;
+//! then tours every page over the demo's story as support, viewer and admin,
+//! checking what a person sees, running axe-core (npm package, installed
+//! into target/axe-core by .ci/run) on each page, and taking screenshots at
+//! 1400 and 375 px wide into target/screenshots/.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -94,7 +97,7 @@ impl Driver {
                 "args": [
                     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                    "--disable-sync", "--window-size=1280,900",
+                    "--disable-sync", "--window-size=1400,1000",
                     format!("--user-data-dir={}", profile_dir.display()),
                 ]
             }
@@ -209,6 +212,43 @@ impl Driver {
         .await;
     }
 
+    /// Runs `script` (a function body) in the page; returns its value.
+    async fn execute(&self, script: &str) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({"script": script, "args": []})),
+        )
+        .await
+    }
+
+    /// Runs an asynchronous `script`: it calls `arguments[0]` with its value.
+    async fn execute_async(&self, script: &str) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/async",
+            Some(json!({"script": script, "args": []})),
+        )
+        .await
+    }
+
+    /// Every element's text for a selector (empty when none).
+    async fn texts(&self, css: &str) -> Vec<String> {
+        let script = format!(
+            "return Array.from(document.querySelectorAll({})).map(e => (e.innerText ?? e.textContent ?? '').trim());",
+            json!(css)
+        );
+        self.execute(&script)
+            .await
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|v| v.as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     async fn resize(&self, width: u32, height: u32) {
         self.cmd(
             reqwest::Method::POST,
@@ -244,6 +284,44 @@ impl Drop for Driver {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.profile_dir);
     }
+}
+
+/// axe.min.js of the npm package `axe-core`, installed by .ci/run with
+/// `npm install --prefix target/axe-core axe-core@4`.
+fn axe_source() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/axe-core/node_modules/axe-core/axe.min.js");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}. Install axe-core with `npm install --prefix target/axe-core axe-core@4` (.ci/run does).",
+            path.display()
+        )
+    })
+}
+
+/// Injects axe-core into the page and runs it; the violations of impact
+/// serious or critical, one line each (rule, impact, help, elements).
+async fn axe_violations(d: &Driver, axe: &str) -> Vec<String> {
+    d.execute(&format!("{axe}\nreturn typeof window.axe;"))
+        .await;
+    let r = d
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             window.axe.run(document, {resultTypes: ['violations']})
+               .then(r => done(r.violations
+                   .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                   .map(v => v.id + ' (' + v.impact + '): ' + v.help + ' at ' +
+                        v.nodes.slice(0, 5).map(n => n.target.join(' ')).join(', '))))
+               .catch(e => done(['axe failed: ' + e]));",
+        )
+        .await;
+    r.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|v| v.as_str().unwrap_or("").to_owned())
+                .collect()
+        })
+        .unwrap_or_else(|| vec![format!("axe answered {r}")])
 }
 
 /// "14:59" or "1:02:03" to seconds.
@@ -351,5 +429,326 @@ async fn a_browser_watches_the_countdown_cancels_and_finds_who_did_it() {
     d.resize(1280, 900).await;
     d.screenshot(&shots, "07-machines.png").await;
     assert_eq!(app.state_of(id).await, "cancelled");
+
+    // The list refreshes itself (a fetch of the same page every 30 s): a
+    // hold made after the page was loaded appears without a reload, and
+    // the page says when it last read the list.
+    d.goto(&app.url("/reservations")).await;
+    let loaded_at = d.text("#live .refreshed-at").await;
+    app.insert_machine(app.org.id, "PK-004", "par1", "dell", "epyc", "ready")
+        .await;
+    let (late, _) = app
+        .insert_held(app.org.id, "ORD-LATER", "PK-004", 900)
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while d
+        .texts(&format!("tr[data-reservation=\"{late}\"]"))
+        .await
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the list never refreshed to show ORD-LATER"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_ne!(d.text("#live .refreshed-at").await, loaded_at);
+    assert_eq!(
+        d.url().await,
+        app.url("/reservations"),
+        "no reload, no redirect"
+    );
     let _ = d.cmd(reqwest::Method::DELETE, "", None).await;
+}
+
+/// What one page must pass: axe-core at full width (no serious or critical
+/// violation), no horizontal scrolling of the page at 375 px (tables scroll
+/// in their own box), and a screenshot at each width for a reviewer.
+async fn check_page(d: &Driver, shots: &Path, name: &str, axe: &str, problems: &mut Vec<String>) {
+    d.resize(1400, 1000).await;
+    d.screenshot(shots, &format!("{name}.png")).await;
+    for v in axe_violations(d, axe).await {
+        problems.push(format!("{name}: {v}"));
+    }
+    d.resize(375, 900).await;
+    let widths = d
+        .execute("return [document.documentElement.scrollWidth, window.innerWidth];")
+        .await;
+    let (scroll, inner) = (
+        widths[0].as_i64().unwrap_or(0),
+        widths[1].as_i64().unwrap_or(0),
+    );
+    if inner <= 400 && scroll > inner + 1 {
+        problems.push(format!(
+            "{name}: at 375 px the page scrolls sideways ({scroll} px wide in {inner})"
+        ));
+    }
+    d.screenshot(shots, &format!("{name}-375.png")).await;
+    d.resize(1400, 1000).await;
+}
+
+async fn log_in(d: &Driver, app: &crate::helpers::TestApp, email: &str) {
+    d.goto(&app.url("/login")).await;
+    d.type_into("#email", email).await;
+    d.type_into("#password", poolkeeper::demo::PASSWORD).await;
+    d.click("main form button[type=submit]").await;
+    d.wait_url("the overview after login", |u| !u.contains("/login"))
+        .await;
+}
+
+async fn log_out(d: &Driver) {
+    d.click("header .who button").await;
+    d.wait_url("the login page", |u| u.contains("/login")).await;
+}
+
+async fn id_of(app: &crate::helpers::TestApp, order_ref: &str) -> i64 {
+    sqlx::query_scalar("SELECT id FROM reservations WHERE order_ref = $1")
+        .bind(order_ref)
+        .fetch_one(&app.pool)
+        .await
+        .expect(order_ref)
+}
+
+/// Issue 12, items 1, 5 and 6: the demo's story seen in the browser, each
+/// page checked by axe-core and at 375 px, with screenshots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
+    let app = spawn_app().await;
+    poolkeeper::demo::load(&app.pool).await.expect("demo");
+    let axe = axe_source();
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+    std::fs::create_dir_all(&shots).expect("screenshots dir");
+    let mut problems = Vec::new();
+    let d = Driver::start().await;
+    d.cmd(
+        reqwest::Method::POST,
+        "/timeouts",
+        Some(json!({"script": 60_000})),
+    )
+    .await;
+
+    // The check can fail: an unlabelled field added to the page is reported.
+    d.goto(&app.url("/login")).await;
+    d.execute("document.querySelector('main').appendChild(document.createElement('input'));")
+        .await;
+    let seeded = axe_violations(&d, &axe).await;
+    assert!(
+        seeded.iter().any(|v| v.starts_with("label (critical)")),
+        "axe must see an unlabelled input: {seeded:?}"
+    );
+    d.goto(&app.url("/login")).await;
+    check_page(&d, &shots, "10-login", &axe, &mut problems).await;
+    log_in(&d, &app, "support@demo.example").await;
+
+    // Overview: per site a table by profile and the last 24 hours.
+    assert_eq!(
+        d.texts("section.site h2").await,
+        ["ams1", "fra1", "par1", "par2"]
+    );
+    let profiles = d
+        .texts("section.site:first-of-type table.profiles tbody th")
+        .await;
+    assert_eq!(profiles.len(), 3, "{profiles:?}");
+    assert!(
+        d.text("section.site:first-of-type h3")
+            .await
+            .contains("Last 24 hours")
+    );
+    assert!(
+        !d.texts("svg.hours rect").await.is_empty(),
+        "the story drew bars"
+    );
+    check_page(&d, &shots, "11-overview", &axe, &mut problems).await;
+
+    // The live list: compact rows, the short holds flagged in words, buttons
+    // for support.
+    d.goto(&app.url("/reservations")).await;
+    let rows = d.texts("tr[data-reservation]").await;
+    assert!(rows.len() >= poolkeeper::demo::HOLDS, "{rows:?}");
+    assert!(
+        rows.iter().any(|r| r.contains("Expires soon")),
+        "a hold under 2 minutes says so in words: {rows:?}"
+    );
+    assert_eq!(
+        d.texts("table.live thead th").await,
+        [
+            "Reservation",
+            "Order",
+            "Machine",
+            "Site",
+            "Time left",
+            "Actions"
+        ]
+    );
+    assert_eq!(
+        d.texts("tr[data-reservation] a.button").await.len(),
+        2 * rows.len(),
+        "cancel and convert on every row"
+    );
+    assert!(d.text("#live-status").await.contains("Last refreshed at"));
+    check_page(&d, &shots, "12-reservations", &axe, &mut problems).await;
+    d.goto(&app.url("/reservations?within=2")).await;
+    assert_eq!(d.texts("tr[data-reservation]").await.len(), 2);
+    assert_eq!(
+        d.attr("#l-within option[selected]", "value").await,
+        "2",
+        "the filter in force is shown"
+    );
+
+    // Ops' question on each ended reservation: who, and why.
+    let stories = [
+        (
+            "DEMO-CANCEL-1",
+            "13-cancelled",
+            "Cancelled by support@demo.example at ",
+        ),
+        (
+            "DEMO-SWEPT-1",
+            "14-expired-by-sweep",
+            "Timed out: expired at ",
+        ),
+        (
+            "DEMO-LATE-1",
+            "15-expired-at-point-of-use",
+            "Timed out: expired at ",
+        ),
+        ("DEMO-CONVERT-1", "16-converted", "Converted at "),
+    ];
+    for (order, shot, start) in stories {
+        d.goto(&app.url(&format!("/reservations/{}", id_of(&app, order).await)))
+            .await;
+        let answer = d.text("#answer").await;
+        assert!(answer.starts_with(start), "{order}: {answer}");
+        check_page(&d, &shots, shot, &axe, &mut problems).await;
+    }
+    d.goto(&app.url(&format!(
+        "/reservations/{}",
+        id_of(&app, "DEMO-SWEPT-1").await
+    )))
+    .await;
+    assert!(
+        d.text("#answer")
+            .await
+            .contains("marked by the sweep on replica demo-")
+    );
+    d.goto(&app.url(&format!(
+        "/reservations/{}",
+        id_of(&app, "DEMO-LATE-1").await
+    )))
+    .await;
+    assert!(
+        d.text("#answer")
+            .await
+            .contains("a new order for the machine found it overdue")
+    );
+    let ended_tag: String = sqlx::query_scalar(
+        "SELECT m.asset_tag FROM reservations r JOIN machines m ON m.id = r.machine_id WHERE r.order_ref = 'DEMO-ENDED-1'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("ended machine");
+    d.goto(&app.url(&format!("/machines/{ended_tag}"))).await;
+    let page = d.text("main").await;
+    assert!(
+        page.contains("SRV-DEMO-2") && page.contains("provisioning"),
+        "{page}"
+    );
+    check_page(&d, &shots, "17-machine-service-ended", &axe, &mut problems).await;
+
+    // A held one, and the cancel confirmation with its labelled reason.
+    let held = id_of(&app, "DEMO-HOLD-0008").await;
+    d.goto(&app.url(&format!("/reservations/{held}"))).await;
+    assert!(d.text("#answer").await.starts_with("Held until"));
+    assert_eq!(
+        d.texts("main p.actions a.button").await,
+        ["Cancel…", "Convert…"]
+    );
+    check_page(&d, &shots, "18-held", &axe, &mut problems).await;
+    d.click("main p.actions a[href*=\"/cancel\"]").await;
+    d.wait_url("the confirmation", |u| u.contains("/cancel"))
+        .await;
+    check_page(&d, &shots, "19-confirm-cancel", &axe, &mut problems).await;
+
+    // Reasons in words on machines and why-not.
+    d.goto(&app.url("/machines?spec_site=par1&spec_profile=epyc-9354-256g"))
+        .await;
+    let verdicts = d.texts("td.verdict .badge").await;
+    assert!(
+        verdicts
+            .iter()
+            .any(|v| v == "Not a candidate: at another site"),
+        "{verdicts:?}"
+    );
+    assert!(verdicts.iter().all(|v| !v.contains('_')), "{verdicts:?}");
+    check_page(&d, &shots, "20-machines-for-an-order", &axe, &mut problems).await;
+    d.goto(&app.url("/why-not?site=par1&profile=epyc-9354-256g"))
+        .await;
+    let summary = d.texts("table.summary tbody th").await;
+    assert_eq!(
+        summary,
+        [
+            "candidate",
+            "at another site",
+            "other vendor",
+            "other profile",
+            "not ready",
+            "in service",
+            "held"
+        ]
+    );
+    assert!(d.text("#answer").await.starts_with("Would reserve "));
+    check_page(&d, &shots, "21-why-not", &axe, &mut problems).await;
+    d.click("table.summary tr[data-reason=wrong_site] a").await;
+    d.wait_url("the group", |u| u.contains("reason=wrong_site"))
+        .await;
+    assert!(d.text("#machines").await.contains("at another site"));
+    check_page(&d, &shots, "22-why-not-other-sites", &axe, &mut problems).await;
+
+    for (path, shot) in [
+        ("/machines", "23-machines"),
+        ("/search?q=DEMO", "24-search"),
+        ("/jobs", "25-jobs"),
+    ] {
+        d.goto(&app.url(path)).await;
+        check_page(&d, &shots, shot, &axe, &mut problems).await;
+    }
+    log_out(&d).await;
+
+    // A viewer sees the same answers and no buttons.
+    log_in(&d, &app, "viewer@demo.example").await;
+    d.goto(&app.url("/reservations")).await;
+    assert!(d.texts("tr[data-reservation]").await.len() >= poolkeeper::demo::HOLDS);
+    assert!(
+        d.texts("a.button").await.is_empty(),
+        "no buttons for a viewer"
+    );
+    assert_eq!(
+        d.texts("table.live thead th").await.len(),
+        5,
+        "no actions column"
+    );
+    d.goto(&app.url(&format!("/reservations/{held}"))).await;
+    assert!(d.texts("a.button").await.is_empty());
+    check_page(&d, &shots, "26-held-as-viewer", &axe, &mut problems).await;
+    log_out(&d).await;
+
+    // The admin's pages.
+    log_in(&d, &app, "admin@demo.example").await;
+    for (path, shot) in [
+        ("/settings", "27-settings"),
+        ("/users", "28-users"),
+        ("/tokens", "29-tokens"),
+        ("/audit", "30-audit"),
+    ] {
+        d.goto(&app.url(path)).await;
+        assert!(!d.text("h1").await.is_empty(), "{path}");
+        check_page(&d, &shots, shot, &axe, &mut problems).await;
+    }
+    let _ = d.cmd(reqwest::Method::DELETE, "", None).await;
+    assert!(
+        problems.is_empty(),
+        "accessibility problems ({}):\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
 }

@@ -191,15 +191,47 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
 
     let body = check_page_and_links(&c, "/", &mut seen).await;
     assert_eq!(text_of(&body, "section.site h2"), ["ams1", "fra1", "par1"]);
-    let par1 = text_of(&body, "section.site:nth-of-type(3) td").join(" ");
-    // par1: 6 machines; sellable PK-001,003,004; held PK-007; sold PK-006; not ready PK-005.
-    assert_eq!(par1, "6 3 1 1 1 0 0", "par1 counts");
+    // par1: 6 machines; sellable PK-001,003,004; held PK-007; sold PK-006;
+    // not ready PK-005. By profile: epyc (5) and xeon (PK-004).
+    let par1 = "section.site:nth-of-type(3)";
+    assert_eq!(
+        text_of(&body, &format!("{par1} tfoot td")).join(" "),
+        "3 1 1 1 6",
+        "par1 counts"
+    );
+    assert_eq!(
+        text_of(&body, &format!("{par1} tbody th")),
+        ["epyc", "xeon"],
+        "par1's profiles"
+    );
+    assert_eq!(
+        text_of(&body, &format!("{par1} tbody tr[data-profile=epyc] td")).join(" "),
+        "2 1 1 1 5"
+    );
+    assert_eq!(
+        text_of(&body, &format!("{par1} tbody tr[data-profile=xeon] td")).join(" "),
+        "1 0 0 0 1"
+    );
+    // Each number once: the bar carries no text labels, the table has them.
     assert_eq!(
         Html::parse_document(&body)
             .select(&sel("svg.bar text"))
             .count(),
-        12,
-        "text labels in every bar"
+        0
+    );
+    // The 24-hour chart: ORD-HELD was created this hour at par1, as was
+    // ORD-SOLD (converted at once).
+    let day = Html::parse_document(&body)
+        .select(&sel(&format!("{par1} p.day")))
+        .next()
+        .and_then(|p| p.value().attr("data-day").map(str::to_owned))
+        .expect("the day's totals");
+    assert_eq!(day, "2 1 0 0", "created, converted, expired, cancelled");
+    assert!(
+        Html::parse_document(&body)
+            .select(&sel(&format!("{par1} svg.hours rect.created")))
+            .count()
+            == 1
     );
     assert!(!body.contains("OTHER-1"));
 
@@ -1229,9 +1261,14 @@ async fn the_detail_page_says_who_ended_it_and_how() {
         sentence.contains("after a 10-minute hold; a new order for the machine found it overdue"),
         "{sentence}"
     );
-    // The overview counts both as expired in the last 24 hours.
+    // The overview's 24-hour chart counts both as created and expired.
     let (_, body) = c.page("/").await;
-    assert_eq!(text_of(&body, "td[data-k=expired_24h]"), ["2"]);
+    let day = Html::parse_document(&body)
+        .select(&sel("section.site p.day"))
+        .next()
+        .and_then(|p| p.value().attr("data-day").map(str::to_owned))
+        .expect("the day's totals");
+    assert_eq!(day, "2 0 2 0");
 }
 
 #[tokio::test]
@@ -1363,4 +1400,378 @@ async fn a_cancellation_and_its_audit_row_commit_together() {
     .await
     .expect("count");
     assert_eq!(audited, 1);
+}
+
+/// Issue 12, item 2 (and BENCHMARKS item 5): 1,000 held reservations come
+/// 100 a page, soonest deadline first, in under 60 kB of HTML; the "next"
+/// and "previous" links walk every row once and keep the filters.
+#[tokio::test]
+async fn a_thousand_holds_come_a_hundred_a_page_under_60_kb_with_filters_kept() {
+    let app = spawn_app().await;
+    let org = app.org.id;
+    // Inserted in two statements: 1,000 machines (even ones at par1), and a
+    // hold on each: the first 300 with 4 to 6 minutes left, the rest 40
+    // minutes or more, so the 15-minute filter keeps exactly 300 (150 at
+    // par1) however slowly the test runs.
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'PK-' || lpad(i::text, 5, '0'), CASE WHEN i % 2 = 0 THEN 'par1' ELSE 'ams1' END,
+                'dell', 'epyc-9354-256g', 'ready'
+           FROM generate_series(1, 1000) i",
+    )
+    .bind(org)
+    .execute(&app.pool)
+    .await
+    .expect("machines");
+    sqlx::query(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                   hold_seconds, expires_at)
+         SELECT m.org_id, 'ORD-' || substr(m.asset_tag, 4), m.id, '{}'::jsonb, '{}'::jsonb,
+                'PK matched site par1, vendor dell, profile epyc-9354-256g; a long frozen reason that must not be on the list',
+                3600,
+                clock_timestamp() + make_interval(secs => CASE WHEN n <= 300 THEN 240 + n * 0.4 ELSE 2400 + n END)
+           FROM (SELECT m.*, row_number() OVER (ORDER BY m.id) AS n FROM machines m WHERE m.org_id = $1) m",
+    )
+    .bind(org)
+    .execute(&app.pool)
+    .await
+    .expect("holds");
+    let c = app.staff("ana@acme.example", "support").await;
+
+    let row_ids = |body: &str| -> Vec<i64> {
+        Html::parse_document(body)
+            .select(&sel("tr[data-reservation]"))
+            .map(|r| {
+                r.value()
+                    .attr("data-reservation")
+                    .and_then(|v| v.parse().ok())
+                    .expect("id")
+            })
+            .collect()
+    };
+    let remaining = |body: &str| -> Vec<i64> {
+        Html::parse_document(body)
+            .select(&sel("tr[data-reservation] [data-remaining]"))
+            .map(|e| {
+                e.value()
+                    .attr("data-remaining")
+                    .and_then(|v| v.parse().ok())
+                    .expect("seconds")
+            })
+            .collect()
+    };
+    let link = |body: &str, rel: &str| -> Option<String> {
+        Html::parse_document(body)
+            .select(&sel(&format!("nav.pager a[rel={rel}]")))
+            .next()
+            .and_then(|a| a.value().attr("href").map(str::to_owned))
+    };
+
+    let (status, first) = c.page("/reservations").await;
+    assert_eq!(status, 200);
+    assert!(
+        first.len() < 60_000,
+        "first page is {} bytes (support, with buttons)",
+        first.len()
+    );
+    eprintln!("/reservations with 1,000 held: {} bytes", first.len());
+    assert_eq!(row_ids(&first).len(), 100);
+    assert!(
+        !first.contains("a long frozen reason"),
+        "the reason is on the reservation's page"
+    );
+    let secs = remaining(&first);
+    assert!(secs.windows(2).all(|w| w[0] <= w[1]), "soonest first");
+    assert!(secs[0] <= 241, "{secs:?}");
+    assert!(text_of(&first, "#live-count")[0].starts_with("1000 held"));
+    assert!(link(&first, "prev").is_none());
+
+    // Walk every page forwards: every hold once, in deadline order.
+    let mut seen = Vec::new();
+    let mut body = first.clone();
+    let mut pages = 1;
+    loop {
+        seen.extend(row_ids(&body));
+        match link(&body, "next") {
+            Some(next) => {
+                let (status, b) = c.page(&next.replace("&amp;", "&")).await;
+                assert_eq!(status, 200, "{next}");
+                body = b;
+                pages += 1;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(pages, 10);
+    let distinct: HashSet<i64> = seen.iter().copied().collect();
+    assert_eq!((seen.len(), distinct.len()), (1000, 1000));
+    // And back: the previous page of the second is the first.
+    let (_, second) = c
+        .page(&link(&first, "next").expect("next").replace("&amp;", "&"))
+        .await;
+    let (_, back) = c
+        .page(&link(&second, "prev").expect("prev").replace("&amp;", "&"))
+        .await;
+    assert_eq!(row_ids(&back), row_ids(&first));
+
+    // Filters: par1, deadline within 15 minutes: 150 holds, two pages.
+    let (_, f1) = c.page("/reservations?site=par1&within=15").await;
+    assert_eq!(row_ids(&f1).len(), 100);
+    assert!(text_of(&f1, "#live-count")[0].starts_with("150 held at par1"));
+    assert!(
+        text_of(&f1, "table.live tbody td:nth-of-type(3)")
+            .iter()
+            .all(|s| s == "par1")
+    );
+    assert!(remaining(&f1).iter().all(|s| *s <= 900));
+    let next = link(&f1, "next")
+        .expect("a next page")
+        .replace("&amp;", "&");
+    assert!(
+        next.contains("site=par1") && next.contains("within=15"),
+        "{next}"
+    );
+    let (_, f2) = c.page(&next).await;
+    assert_eq!(row_ids(&f2).len(), 50);
+    assert!(link(&f2, "next").is_none());
+    let prev = link(&f2, "prev").expect("prev").replace("&amp;", "&");
+    assert!(
+        prev.contains("site=par1") && prev.contains("within=15"),
+        "{prev}"
+    );
+    // The form shows the filters in force.
+    assert_eq!(
+        Html::parse_document(&f2)
+            .select(&sel("#l-within option[selected]"))
+            .next()
+            .and_then(|o| o.value().attr("value").map(str::to_owned))
+            .as_deref(),
+        Some("15")
+    );
+    // Bad filters are a clear 400.
+    for bad in ["within=0", "within=abc", "after=nonsense", "site=par%201"] {
+        assert_eq!(
+            c.get(&format!("/reservations?{bad}"))
+                .await
+                .status()
+                .as_u16(),
+            400,
+            "{bad}"
+        );
+    }
+}
+
+/// Issue 12, item 2: the frozen reason moved to the reservation's page; a
+/// hold under two minutes says so in words; the list says when it was read.
+#[tokio::test]
+async fn the_live_list_is_compact_and_says_urgency_in_words() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (id, _) = app.insert_held(app.org.id, "ORD-SOON", "PK-1", 90).await;
+    let c = app.staff("viewer@acme.example", "viewer").await;
+    let (_, body) = c.page("/reservations").await;
+    assert_eq!(
+        text_of(&body, &format!("tr[data-reservation=\"{id}\"] td")),
+        [
+            "ORD-SOON",
+            "PK-1",
+            "par1",
+            &format!("{} Expires soon", text_of(&body, ".countdown")[0])
+        ]
+    );
+    assert_eq!(
+        text_of(&body, "thead th"),
+        ["Reservation", "Order", "Machine", "Site", "Time left"]
+    );
+    assert!(text_of(&body, "#live-status")[0].contains("Last refreshed at"));
+    let (_, detail) = c.page(&format!("/reservations/{id}")).await;
+    assert!(detail.contains("Why this machine (frozen at creation)"));
+}
+
+/// Issue 12, item 3: the summary comes first, in words, with the API's
+/// counts, and each group's link lists exactly that group.
+#[tokio::test]
+async fn why_not_summarises_by_reason_in_words_and_links_each_group() {
+    let app = spawn_app().await;
+    every_kind_pool(&app).await;
+    let c = app.staff("dc@acme.example", "viewer").await;
+    let spec = "/why-not?site=par1&profile=epyc&vendor=dell";
+    let (status, body) = c.page(spec).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        text_of(&body, "table.summary tbody tr"),
+        [
+            "candidate 1 candidate Show the 1 candidate",
+            "at another site 2 wrong_site Show the 2 at another site",
+            "other vendor 1 wrong_vendor Show the 1 other vendor",
+            "other profile 1 wrong_profile Show the 1 other profile",
+            "not ready 1 not_ready Show the 1 not ready",
+            "in service 1 in_service Show the 1 in service",
+            "held 1 held Show the 1 held",
+        ]
+    );
+    assert_eq!(text_of(&body, "table.summary tfoot td")[0], "8");
+    // Candidates first, then the rest of par1 only: no machine of ams1/fra1.
+    assert_eq!(text_of(&body, "table.candidates tbody th"), ["PK-001"]);
+    assert_eq!(
+        text_of(&body, "table.rest tbody th"),
+        ["PK-003", "PK-004", "PK-005", "PK-006", "PK-007"]
+    );
+    assert_eq!(
+        text_of(&body, "table.rest td.verdict .badge"),
+        [
+            "Not a candidate: other vendor",
+            "Not a candidate: other profile",
+            "Not a candidate: not ready",
+            "Not a candidate: in service",
+            "Not a candidate: held",
+        ]
+    );
+    assert!(!body.contains("wrong_site 2"), "no codes in sentences");
+    // Each group's link lists exactly that group, other sites included.
+    let doc = Html::parse_document(&body);
+    for row in doc.select(&sel("table.summary tbody tr")) {
+        let key = row.value().attr("data-reason").expect("key").to_owned();
+        let href = row
+            .select(&sel("a"))
+            .next()
+            .and_then(|a| a.value().attr("href"))
+            .expect("a link")
+            .to_owned();
+        let (status, group) = c.page(&href).await;
+        assert_eq!(status, 200, "{href}");
+        let kinds: Vec<String> = Html::parse_document(&group)
+            .select(&sel("table.rest td.verdict"))
+            .map(|td| td.value().attr("data-kind").unwrap_or("").to_owned())
+            .collect();
+        let expected = if key == "wrong_site" { 2 } else { 1 };
+        assert_eq!(kinds.len(), expected, "{key}: {kinds:?}");
+        assert!(kinds.iter().all(|k| *k == key), "{key}: {kinds:?}");
+    }
+    assert_eq!(
+        c.get(&format!("{spec}&reason=nonsense"))
+            .await
+            .status()
+            .as_u16(),
+        400
+    );
+}
+
+/// Issue 12, item 1: `demo` tells every state with the real functions,
+/// once; a second run writes nothing; a later run tops the live holds up.
+#[tokio::test]
+async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
+    let app = spawn_app().await;
+    let pool = &app.pool;
+    let first = poolkeeper::demo::load(pool).await.expect("demo");
+    let org: i64 = sqlx::query_scalar("SELECT id FROM organizations WHERE slug = 'demo'")
+        .fetch_one(pool)
+        .await
+        .expect("demo org");
+    let one = |sql: &'static str| async move {
+        sqlx::query_scalar::<_, i64>(sql)
+            .bind(org)
+            .fetch_one(pool)
+            .await
+            .expect(sql)
+    };
+    let live =
+        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-HOLD-%'
+                  AND state = 'held' AND expires_at > clock_timestamp()";
+    assert_eq!(one(live).await, poolkeeper::demo::HOLDS as i64);
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations WHERE org_id = $1 AND state = 'held'
+              AND expires_at < clock_timestamp() + interval '2 minutes'"
+        )
+        .await,
+        2,
+        "two holds with under 2 minutes left"
+    );
+    assert_eq!(
+        one("SELECT count(DISTINCT created_at) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-HOLD-%'").await,
+        poolkeeper::demo::HOLDS as i64,
+        "staggered"
+    );
+    assert_eq!(
+        one("SELECT count(*) FROM reservations r JOIN reservation_events e ON e.reservation_id = r.id
+              WHERE r.org_id = $1 AND r.state = 'expired' AND r.ended_by = 'sweep'
+                AND e.kind = 'expired' AND e.replica LIKE 'demo-%' AND e.lease_fence IS NOT NULL").await,
+        2,
+        "expired by the sweep, under its lease"
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations a JOIN reservations b ON b.machine_id = a.machine_id
+              WHERE a.org_id = $1 AND a.order_ref = 'DEMO-LATE-1' AND a.state = 'expired'
+                AND a.ended_by = 'allocator' AND b.order_ref = 'DEMO-LATE-2' AND b.state = 'held'"
+        )
+        .await,
+        1,
+        "expired at the point of use by the next order for its machine"
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations WHERE org_id = $1 AND state = 'cancelled'
+              AND ended_by = 'support@demo.example' AND end_reason <> ''"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations r JOIN service_links s ON s.reservation_id = r.id
+              WHERE r.org_id = $1 AND r.state = 'converted' AND s.ended_at IS NULL"
+        )
+        .await,
+        1,
+        "a live service"
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations r JOIN service_links s ON s.reservation_id = r.id
+              JOIN machines m ON m.id = s.machine_id
+              WHERE r.org_id = $1 AND s.ended_at IS NOT NULL AND m.status = 'provisioning'
+                AND r.order_ref = 'DEMO-ENDED-1'"
+        )
+        .await,
+        1,
+        "a service ended, its machine back to provisioning"
+    );
+    let rows = "SELECT (SELECT count(*) FROM reservations WHERE org_id = $1)
+                     + (SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id WHERE r.org_id = $1)
+                     + (SELECT count(*) FROM service_links WHERE org_id = $1)
+                     + (SELECT count(*) FROM machines WHERE org_id = $1)
+                     + (SELECT count(*) FROM users WHERE org_id = $1)
+                     + (SELECT count(*) FROM api_tokens WHERE org_id = $1)";
+    let before = one(rows).await;
+    let again = poolkeeper::demo::load(pool).await.expect("demo again");
+    assert_eq!(again.reservations, first.reservations);
+    assert!(again.token.is_none() && first.token.is_some());
+    assert_eq!(one(rows).await, before, "a second run writes nothing");
+
+    // Later, the holds have run out: a re-run tops them up, and the ended
+    // chapters are not written twice.
+    sqlx::query(
+        "UPDATE reservations SET created_at = created_at - interval '1 hour',
+                expires_at = expires_at - interval '1 hour'
+          WHERE org_id = $1 AND state = 'held'",
+    )
+    .bind(org)
+    .execute(pool)
+    .await
+    .expect("time passes");
+    assert_eq!(one(live).await, 0);
+    let ended =
+        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref NOT LIKE 'DEMO-HOLD-%'";
+    let ended_before = one(ended).await;
+    poolkeeper::demo::load(pool).await.expect("demo later");
+    assert_eq!(one(live).await, poolkeeper::demo::HOLDS as i64);
+    assert_eq!(one(ended).await, ended_before);
+    assert_eq!(
+        one("SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-HOLD-%'")
+            .await,
+        2 * poolkeeper::demo::HOLDS as i64
+    );
 }
