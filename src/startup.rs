@@ -21,6 +21,8 @@ pub struct AppState {
     pub settings: web::Data<Settings>,
     pub pool: web::Data<PgPool>,
     pub metrics: web::Data<Metrics>,
+    /// Shutting down or not, for `/readyz` (set by `serve` on SIGTERM).
+    pub readiness: web::Data<crate::ops::Readiness>,
 }
 
 impl AppState {
@@ -29,6 +31,7 @@ impl AppState {
             settings: web::Data::new(settings),
             pool: web::Data::new(pool),
             metrics: web::Data::new(metrics),
+            readiness: web::Data::new(crate::ops::Readiness::default()),
         }
     }
 }
@@ -39,6 +42,7 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
         cfg.app_data(state.settings)
             .app_data(state.pool)
             .app_data(state.metrics)
+            .app_data(state.readiness)
             .configure(crate::ops::configure)
             .configure(crate::api::configure)
             // The dashboard and its /static/ assets: explicit paths only,
