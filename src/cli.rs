@@ -293,9 +293,8 @@ impl Database {
     /// The direct session for migrations, if there is one.
     fn migration_options(&self, settings: &Settings) -> anyhow::Result<Option<PgConnectOptions>> {
         if let Some(url) = &settings.migration_database_url {
-            let opts = crate::db::parse_url(url).context(
-                "POOLKEEPER_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL",
-            )?;
+            let opts = crate::db::parse_url(url)
+                .context("POOLKEEPER_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
             return Ok(Some(opts));
         }
         if settings.db_pooler == DbPooler::Transaction && self.embedded.is_none() {

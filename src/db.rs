@@ -122,26 +122,34 @@ fn quote_ident(name: &str) -> String {
 /// The probe is deterministic: within one transaction the server session
 /// is ours, and it shows the statement under sqlx's own name or not.
 pub async fn check_statement_support(pool: &PgPool) -> anyhow::Result<()> {
-    let mut tx = pool.begin().await?;
-    let _: i32 = sqlx::query_scalar("SELECT $1::int4")
-        .bind(1)
-        .fetch_one(&mut *tx)
-        .await?;
-    // No parameters: the simple protocol, nothing prepared.
-    let passed_through: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'sqlx_s_%'")
-            .fetch_one(&mut *tx)
-            .await?;
-    tx.rollback().await?;
-    if passed_through > 0 {
-        anyhow::bail!(
+    let refusal = || {
+        anyhow::anyhow!(
             "POOLKEEPER_DB_POOLER=transaction: the pooler passes prepared statements through to \
              shared server sessions, where they would run for other clients. Use PgBouncer 1.21 \
              or later with max_prepared_statements = 200 (or more), or pool_mode = session with \
              POOLKEEPER_DB_POOLER=session"
-        );
+        )
+    };
+    let mut tx = pool.begin().await?;
+    let probe: Result<(i32, i64), sqlx::Error> = sqlx::query_as(
+        "SELECT $1::int4, (SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'sqlx_s_%')",
+    )
+    .bind(1)
+    .fetch_one(&mut *tx)
+    .await;
+    match probe {
+        Ok((_, passed_through)) => {
+            tx.rollback().await?;
+            if passed_through > 0 {
+                return Err(refusal());
+            }
+            Ok(())
+        }
+        // Another client's statement of the same name already sits on
+        // this server session: the same diagnosis, seen from the other side.
+        Err(e) if sqlstate(&e).as_deref() == Some("42P05") => Err(refusal()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 /// Through a pooler, refuses to go on unless the role carries the limits,

@@ -275,8 +275,9 @@ mod tests {
         let d = Settings::from_lookup(|_| None).expect("defaults");
         assert_eq!(d.db_pooler, DbPooler::None);
         assert_eq!(d.shutdown_drain, Duration::from_secs(5));
-        let err = Settings::from_lookup(|n| (n == "POOLKEEPER_DB_POOLER").then(|| "statement".into()))
-            .expect_err("statement mode cannot run transactions");
+        let err =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_DB_POOLER").then(|| "statement".into()))
+                .expect_err("statement mode cannot run transactions");
         assert_eq!(err.name, "POOLKEEPER_DB_POOLER");
         let err = Settings::from_lookup(|n| {
             (n == "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS").then(|| "301".into())

@@ -13,6 +13,8 @@ mod lease;
 mod migrations;
 mod openapi;
 mod orders;
+mod pgbouncer;
+mod replicas;
 mod schema;
 mod soak;
 mod sweep;
