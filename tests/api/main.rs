@@ -14,6 +14,7 @@ mod migrations;
 mod openapi;
 mod orders;
 mod pgbouncer;
+mod privilege;
 mod replicas;
 mod schema;
 mod soak;
