@@ -151,7 +151,15 @@ async fn run_command(
         settings.db_pooler.pooled(),
     )
     .await
-    .context("connecting to the database")?;
+    .map_err(|e| {
+        let hint = if matches!(e, sqlx::Error::Tls(_)) || e.to_string().contains("certificate") {
+            " (TLS: sslrootcert must name the CA that signed the server's certificate, \
+             and with sslmode=verify-full the URL's host must match it)"
+        } else {
+            ""
+        };
+        anyhow::Error::new(e).context(format!("connecting to the database{hint}"))
+    })?;
     if settings.db_pooler == DbPooler::Transaction {
         crate::db::check_statement_support(&pool).await?;
     }

@@ -19,3 +19,4 @@ mod replicas;
 mod schema;
 mod soak;
 mod sweep;
+mod tls;
