@@ -1,7 +1,7 @@
 //! Operations endpoints, without a token: liveness, readiness, metrics, and
 //! the OpenAPI document of the JSON API.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use actix_web::{HttpResponse, web};
 use sqlx::PgPool;
@@ -23,13 +23,34 @@ async fn healthz() -> HttpResponse {
 }
 
 /// What `/readyz` knows besides the database: whether this replica is
-/// shutting down (set by `serve` on SIGTERM, before the drain period).
+/// shutting down (set by `serve` on SIGTERM, before the drain period); and
+/// how many requests are being handled, so that `serve` stops the server
+/// only when none is left.
 #[derive(Debug, Default)]
 pub struct Readiness {
     shutting_down: AtomicBool,
+    in_flight: AtomicUsize,
+}
+
+/// Counts one request in flight while it lives.
+pub struct InFlight(web::Data<Readiness>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Readiness {
+    pub fn enter(this: &web::Data<Readiness>) -> InFlight {
+        this.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(this.clone())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
     }

@@ -63,6 +63,22 @@ pub async fn serve(settings: Settings, pool: PgPool) -> anyhow::Result<()> {
         }
     };
     tokio::join!(sweep_stopped, drained);
+    // Let the requests in flight finish while every worker still runs:
+    // actix stops idle workers first, and each worker has its own runtime,
+    // so a pooled connection opened on a stopped worker's runtime fails
+    // ("Tokio context is being shutdown") in a request still running on
+    // another worker, which would answer 503 (seen in tests/api/rolling.rs).
+    tracing::info!(
+        in_flight = readiness.in_flight(),
+        "drain over; stopping once the requests in flight are done"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server_done.is_none()
+        && readiness.in_flight() > 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     if let Some(result) = server_done {
         pool.close().await;
         return match result {

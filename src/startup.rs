@@ -2,7 +2,7 @@
 
 use std::net::TcpListener;
 
-use actix_web::dev::{Server, ServerHandle};
+use actix_web::dev::{Server, ServerHandle, Service};
 use actix_web::{App, HttpServer, web};
 use sqlx::PgPool;
 
@@ -57,7 +57,19 @@ impl Application {
         let listener = TcpListener::bind(state.settings.bind)?;
         let port = listener.local_addr()?.port();
         let server = HttpServer::new(move || {
+            let readiness = state.readiness.clone();
             App::new()
+                // Requests in flight, so that `serve` stops the workers only
+                // when none is left (serve.rs says why).
+                .wrap_fn(move |req, srv| {
+                    let guard = crate::ops::Readiness::enter(&readiness);
+                    let fut = srv.call(req);
+                    async move {
+                        let res = fut.await;
+                        drop(guard);
+                        res
+                    }
+                })
                 .wrap(tracing_actix_web::TracingLogger::default())
                 .wrap(crate::security_headers::default_headers())
                 .configure(configure(state.clone()))

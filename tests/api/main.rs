@@ -16,6 +16,7 @@ mod orders;
 mod pgbouncer;
 mod privilege;
 mod replicas;
+mod rolling;
 mod schema;
 mod soak;
 mod sweep;
