@@ -189,7 +189,7 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
     let slow_machine =
         crate::allocator::machine(&direct, org.id, "SLOW-1", "fra1", "dell", "epyc", "ready").await;
 
-    let mut replicas = vec![
+    let mut replicas = [
         Replica::start("rolling-a1", &env(&db.url())).await,
         Replica::start("rolling-b1", &env(&db.url())).await,
     ];
