@@ -23,6 +23,16 @@ pub struct Replica {
     pub log: PathBuf,
 }
 
+impl Drop for Replica {
+    /// Logs are kept only when the test fails (in
+    /// `$TMPDIR/poolkeeper-deploy-logs`).
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
 impl Replica {
     /// Starts `poolkeeper serve` with `env` on a free port; waits until
     /// `/healthz` answers.
