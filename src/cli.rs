@@ -11,7 +11,7 @@ use sqlx::{ConnectOptions, Connection};
 
 use crate::domain::{Email, Role, Scope, Slug};
 use crate::embedded_pg::{ClusterOptions, EmbeddedPostgres};
-use crate::settings::Settings;
+use crate::settings::{DbPooler, Settings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -128,27 +128,48 @@ async fn run_command(
     settings: Settings,
     database: &Database,
 ) -> anyhow::Result<()> {
-    let report = crate::db::migrate(&database.options)
-        .await
-        .context("running migrations")?;
-    if report.applied > 0 {
-        tracing::info!(applied = report.applied, "migrations applied");
-    }
-    if report.leases_purged > 0 {
-        tracing::info!(
-            purged = report.leases_purged,
-            "purged leases expired for more than 24 h"
-        );
-    }
+    // The migrations need a real session for their advisory lock (and the
+    // owner's rights): POOLKEEPER_MIGRATION_DATABASE_URL when set, else
+    // DATABASE_URL unless it goes through a transaction-mode pooler.
+    let migration = database.migration_options(&settings)?;
     if let Command::Migrate = command {
+        let Some(opts) = migration else {
+            bail!(
+                "POOLKEEPER_DB_POOLER=transaction: set POOLKEEPER_MIGRATION_DATABASE_URL to a direct URL of the owner role to migrate"
+            );
+        };
+        let report = crate::db::migrate(&opts)
+            .await
+            .context("running migrations")?;
+        log_schema_report(report);
         return Ok(());
     }
-    let pool = crate::db::connect_with_acquire_timeout(
+    let pool = crate::db::connect_app(
         database.options.clone(),
         20,
         settings.db_acquire_timeout,
+        settings.db_pooler.pooled(),
     )
-    .await?;
+    .await
+    .map_err(|e| {
+        let hint = if matches!(e, sqlx::Error::Tls(_)) || e.to_string().contains("certificate") {
+            " (TLS: sslrootcert must name the CA that signed the server's certificate, \
+             and with sslmode=verify-full the URL's host must match it)"
+        } else {
+            ""
+        };
+        anyhow::Error::new(e).context(format!("connecting to the database{hint}"))
+    })?;
+    if settings.db_pooler == DbPooler::Transaction {
+        crate::db::check_statement_support(&pool).await?;
+    }
+    if settings.db_pooler.pooled() {
+        crate::db::check_role_limits(&pool).await?;
+    }
+    let report = crate::db::prepare_schema(migration.as_ref(), &pool)
+        .await
+        .context("running migrations")?;
+    log_schema_report(report);
     match command {
         Command::Migrate => {}
         Command::Serve => crate::serve::serve(settings, pool.clone()).await?,
@@ -208,6 +229,18 @@ async fn run_command(
     Ok(())
 }
 
+fn log_schema_report(report: crate::db::MigrationReport) {
+    if report.applied > 0 {
+        tracing::info!(applied = report.applied, "migrations applied");
+    }
+    if report.leases_purged > 0 {
+        tracing::info!(
+            purged = report.leases_purged,
+            "purged leases expired for more than 24 h"
+        );
+    }
+}
+
 fn on_off(b: bool) -> &'static str {
     if b { "on" } else { "off" }
 }
@@ -263,6 +296,19 @@ impl Database {
             options: cluster.connect_options(EMBEDDED_DB),
             embedded: Some(cluster),
         })
+    }
+
+    /// The direct session for migrations, if there is one.
+    fn migration_options(&self, settings: &Settings) -> anyhow::Result<Option<PgConnectOptions>> {
+        if let Some(url) = &settings.migration_database_url {
+            let opts = crate::db::parse_url(url)
+                .context("POOLKEEPER_MIGRATION_DATABASE_URL is not a valid PostgreSQL URL")?;
+            return Ok(Some(opts));
+        }
+        if settings.db_pooler == DbPooler::Transaction && self.embedded.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(self.options.clone()))
     }
 
     fn close(&self) {

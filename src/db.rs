@@ -29,6 +29,145 @@ pub fn with_session_limits(opts: PgConnectOptions) -> PgConnectOptions {
     .application_name("poolkeeper")
 }
 
+/// The session limits and their values (RELIABILITY.md). Sent as startup
+/// `options` on a direct connection; through a transaction-mode pooler,
+/// which refuses startup `options`, they must be set on the role.
+pub const SESSION_LIMITS: [(&str, &str); 3] = [
+    ("statement_timeout", "15s"),
+    ("lock_timeout", "5s"),
+    ("idle_in_transaction_session_timeout", "30s"),
+];
+
+/// Options behind a pooler: no startup `options` (PgBouncer refuses them);
+/// the limits come from the role instead (`check_role_limits`). The
+/// statement cache stays on: sqlx 0.9 names every prepared statement even
+/// with `statement_cache_capacity(0)` (it only stops closing them), so
+/// turning the cache off does not help a transaction-mode pooler; what does
+/// is a pooler that tracks prepared statements (`check_statement_support`).
+pub fn for_pooler(opts: PgConnectOptions) -> PgConnectOptions {
+    opts.application_name("poolkeeper")
+}
+
+/// The application's pool, direct (`pooler = false`: limits as startup
+/// options) or through a pooler.
+pub async fn connect_app(
+    opts: PgConnectOptions,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    pooler: bool,
+) -> Result<PgPool, sqlx::Error> {
+    if !pooler {
+        return connect_with_acquire_timeout(opts, max_connections, acquire_timeout).await;
+    }
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(acquire_timeout)
+        .connect_with(for_pooler(opts))
+        .await
+}
+
+/// The session limits a pooled session does not have, as the SQL that sets
+/// them on the role; empty when every limit is in force (set, and no looser
+/// than RELIABILITY.md's).
+pub async fn missing_role_limits(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    // One round trip; pg_settings gives the values in milliseconds.
+    let rows: Vec<(String, i64, String)> = sqlx::query_as(
+        "SELECT name, setting::bigint, current_user::text FROM pg_settings
+          WHERE name IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout')",
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut missing = Vec::new();
+    for (name, wanted) in SESSION_LIMITS {
+        let wanted_ms = parse_ms(wanted);
+        let row = rows.iter().find(|(n, _, _)| n == name);
+        let ok = row.is_some_and(|(_, ms, _)| *ms > 0 && *ms <= wanted_ms);
+        if !ok {
+            let role = row
+                .map(|(_, _, r)| r.as_str())
+                .or_else(|| rows.first().map(|(_, _, r)| r.as_str()))
+                .unwrap_or("poolkeeper_app");
+            missing.push(format!(
+                "ALTER ROLE {} SET {name} = '{wanted}';",
+                quote_ident(role)
+            ));
+        }
+    }
+    Ok(missing)
+}
+
+fn parse_ms(v: &str) -> i64 {
+    v.trim_end_matches('s').parse::<i64>().unwrap_or(0) * 1000
+}
+
+fn quote_ident(name: &str) -> String {
+    let plain = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if plain && !name.is_empty() {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
+}
+
+/// Through a transaction-mode pooler, refuses to start unless the pooler
+/// keeps prepared statements apart per client (PgBouncer >= 1.21 with
+/// `max_prepared_statements`, which renames them `PGBOUNCER_n` on the
+/// server). Without that, sqlx's statements (prepared in one round trip,
+/// executed in the next) land on server sessions shared with other
+/// clients: `tests/api/pgbouncer.rs` shows PgBouncer 1.18 giving "already
+/// exists" errors and, with unnamed statements, another client's answer.
+/// The probe is deterministic: within one transaction the server session
+/// is ours, and it shows the statement under sqlx's own name or not.
+pub async fn check_statement_support(pool: &PgPool) -> anyhow::Result<()> {
+    let refusal = || {
+        anyhow::anyhow!(
+            "POOLKEEPER_DB_POOLER=transaction: the pooler passes prepared statements through to \
+             shared server sessions, where they would run for other clients. Use PgBouncer 1.21 \
+             or later with max_prepared_statements = 200 (or more), or pool_mode = session with \
+             POOLKEEPER_DB_POOLER=session"
+        )
+    };
+    let mut tx = pool.begin().await?;
+    let probe: Result<(i32, i64), sqlx::Error> = sqlx::query_as(
+        "SELECT $1::int4, (SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'sqlx_s_%')",
+    )
+    .bind(1)
+    .fetch_one(&mut *tx)
+    .await;
+    match probe {
+        Ok((_, passed_through)) => {
+            tx.rollback().await?;
+            if passed_through > 0 {
+                return Err(refusal());
+            }
+            Ok(())
+        }
+        // Another client's statement of the same name already sits on
+        // this server session: the same diagnosis, seen from the other side.
+        Err(e) if sqlstate(&e).as_deref() == Some("42P05") => Err(refusal()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Through a pooler, refuses to go on unless the role carries the limits,
+/// naming the SQL to run: silently running without them would let one stuck
+/// statement hold rows and connections for ever (RELIABILITY.md).
+pub async fn check_role_limits(pool: &PgPool) -> anyhow::Result<()> {
+    let missing = missing_role_limits(pool).await?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "POOLKEEPER_DB_POOLER: a pooler cannot pass the session limits, \
+         and the role does not carry them. As the owner or an administrator, run:\n  {}\n\
+         then reconnect the pooler's server connections (PgBouncer: RECONNECT)",
+        missing.join("\n  ")
+    )
+}
+
 pub fn parse_url(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     PgConnectOptions::from_str(url)
 }
@@ -96,13 +235,7 @@ async fn migrate_locked(conn: &mut PgConnection) -> anyhow::Result<MigrationRepo
     // L5: purge keys whose lease expired more than 24 h ago. The fence comes
     // from a sequence, so a purged key that is claimed again still gets a
     // higher fence than any issued before.
-    let purged = sqlx::query(
-        "DELETE FROM leases WHERE expires_at < clock_timestamp() - make_interval(secs => $1)",
-    )
-    .bind(LEASE_RETENTION.as_secs_f64())
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
+    let purged = purge_leases(&mut *conn).await?;
     Ok(MigrationReport {
         applied: after.saturating_sub(before),
         leases_purged: purged,
@@ -120,6 +253,54 @@ async fn applied_versions(conn: &mut PgConnection) -> Result<usize, sqlx::Error>
         .fetch_one(&mut *conn)
         .await?;
     Ok(n as usize)
+}
+
+/// What `serve` and the other commands do with the schema at start-up.
+///
+/// When every migration is already applied, nothing needs DDL or a session:
+/// only the L5 purge runs, as one statement on the application's own
+/// connection (the least-privileged role has DELETE on `leases`; concurrent
+/// purges by replicas starting together delete each row once). Otherwise
+/// the migrations run under the advisory lock on `migration` (a direct
+/// session as the owner: `POOLKEEPER_MIGRATION_DATABASE_URL`, or
+/// `DATABASE_URL` when no pooler is in between); without one, start-up
+/// fails and says what to set.
+pub async fn prepare_schema(
+    migration: Option<&PgConnectOptions>,
+    app: &PgPool,
+) -> anyhow::Result<MigrationReport> {
+    let current = match migrations_current(app).await {
+        Ok(current) => current,
+        // A database never migrated has no _sqlx_migrations (42P01).
+        Err(e) if sqlstate(&e).as_deref() == Some("42P01") => false,
+        Err(e) => return Err(e.into()),
+    };
+    if !current {
+        let Some(opts) = migration else {
+            anyhow::bail!(
+                "migrations are pending and there is no direct session to run them: \
+                 set POOLKEEPER_MIGRATION_DATABASE_URL to a direct URL (not through the pooler) \
+                 of the owner role, or run `poolkeeper migrate` with it first"
+            );
+        };
+        return migrate(opts).await;
+    }
+    let purged = purge_leases(app).await?;
+    Ok(MigrationReport {
+        applied: 0,
+        leases_purged: purged,
+    })
+}
+
+/// L5: purge keys whose lease expired more than 24 h ago.
+async fn purge_leases<'c>(db: impl sqlx::PgExecutor<'c>) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "DELETE FROM leases WHERE expires_at < clock_timestamp() - make_interval(secs => $1)",
+    )
+    .bind(LEASE_RETENTION.as_secs_f64())
+    .execute(db)
+    .await?
+    .rows_affected())
 }
 
 /// True when every embedded migration is applied (for `/readyz`).

@@ -195,10 +195,38 @@ pub struct ClusterOptions {
     pub throwaway: bool,
 }
 
+/// What a cluster may add to the default Unix-socket-only server: a TCP
+/// listener on 127.0.0.1 and TLS (for tests of a remote, TLS-only
+/// PostgreSQL). Separate from `ClusterOptions` so that existing callers are
+/// unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct ServerExtras {
+    /// Listen on 127.0.0.1 at this port (also the socket's port number).
+    pub tcp_port: Option<u16>,
+    /// `ssl = on` with this certificate and key (PEM files). The key is
+    /// copied into the data directory, owned by the cluster's user with
+    /// mode 0600, as PostgreSQL demands.
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
 impl EmbeddedPostgres {
     /// Starts the cluster in `opts.data_dir` (initialising it on first use),
     /// or attaches to the one already running there.
     pub fn start(opts: &ClusterOptions) -> Result<EmbeddedPostgres, EmbeddedError> {
+        Self::start_with(opts, &ServerExtras::default())
+    }
+
+    /// `start`, with a TCP listener and TLS when `extras` asks for them.
+    pub fn start_with(
+        opts: &ClusterOptions,
+        extras: &ServerExtras,
+    ) -> Result<EmbeddedPostgres, EmbeddedError> {
         let bin = find_binaries()?;
         let who = run_as()?;
         let data_dir = absolute(&opts.data_dir)?;
@@ -254,20 +282,41 @@ impl EmbeddedPostgres {
             .create(true)
             .append(true)
             .open(&opts.log_file)?;
+        let port = extras.tcp_port.unwrap_or(PORT);
+        let listen = if extras.tcp_port.is_some() {
+            "listen_addresses=127.0.0.1"
+        } else {
+            "listen_addresses="
+        };
         let mut server = who.command(bin.join("postgres"));
         server
             .arg("-D")
             .arg(&data_dir)
             .arg("-k")
             .arg(&socket_dir)
-            .args(["-p", &PORT.to_string()])
-            .args(["-c", "listen_addresses="])
+            .args(["-p", &port.to_string()])
+            .args(["-c", listen])
             .args(["-c", "unix_socket_permissions=0700"])
             .args(["-c", "max_connections=300"])
             .args(["-c", "shared_buffers=128MB"])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        if let Some(tls) = &extras.tls {
+            let cert = data_dir.join("server.crt");
+            let key = data_dir.join("server.key");
+            fs::copy(&tls.cert_file, &cert)?;
+            fs::copy(&tls.key_file, &key)?;
+            fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
+            who.chown(&cert)?;
+            who.chown(&key)?;
+            server
+                .args(["-c", "ssl=on"])
+                .arg("-c")
+                .arg(format!("ssl_cert_file={}", cert.display()))
+                .arg("-c")
+                .arg(format!("ssl_key_file={}", key.display()));
+        }
         if opts.throwaway {
             server.args([
                 "-c",
@@ -292,7 +341,7 @@ impl EmbeddedPostgres {
         let cluster = EmbeddedPostgres {
             data_dir,
             socket_dir,
-            port: PORT,
+            port,
             owned_pid: Some(pid),
         };
         cluster.wait_ready(pid, &opts.log_file)?;
@@ -363,6 +412,11 @@ impl EmbeddedPostgres {
             self.port,
             self.socket_dir.display()
         )
+    }
+
+    /// The port: of the socket, and of the TCP listener when there is one.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     pub fn data_dir(&self) -> &Path {

@@ -1,6 +1,8 @@
 //! Operations endpoints, without a token: liveness, readiness, metrics, and
 //! the OpenAPI document of the JSON API.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 use actix_web::{HttpResponse, web};
 use sqlx::PgPool;
 
@@ -20,16 +22,65 @@ async fn healthz() -> HttpResponse {
         .body("ok\n")
 }
 
-/// 200 when the database answers and every migration is applied.
-async fn readyz(pool: web::Data<PgPool>) -> HttpResponse {
+/// What `/readyz` knows besides the database: whether this replica is
+/// shutting down (set by `serve` on SIGTERM, before the drain period); and
+/// how many requests are being handled, so that `serve` stops the server
+/// only when none is left.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    shutting_down: AtomicBool,
+    in_flight: AtomicUsize,
+}
+
+/// Counts one request in flight while it lives.
+pub struct InFlight(web::Data<Readiness>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Readiness {
+    pub fn enter(this: &web::Data<Readiness>) -> InFlight {
+        this.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(this.clone())
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+/// 200 when the replica is not shutting down, the database answers and
+/// every migration is applied; else 503 with the reason in the body, so
+/// that a load balancer drains the replica and an operator sees why.
+async fn readyz(pool: web::Data<PgPool>, readiness: web::Data<Readiness>) -> HttpResponse {
+    if readiness.shutting_down() {
+        return HttpResponse::ServiceUnavailable()
+            .content_type("text/plain; charset=utf-8")
+            .body("shutting down\n");
+    }
     match crate::db::migrations_current(&pool).await {
         Ok(true) => HttpResponse::Ok()
             .content_type("text/plain; charset=utf-8")
             .body("ready\n"),
-        Ok(false) => HttpResponse::ServiceUnavailable().body("migrations pending\n"),
+        Ok(false) => HttpResponse::ServiceUnavailable()
+            .content_type("text/plain; charset=utf-8")
+            .body("migrations pending\n"),
         Err(e) => {
             tracing::warn!(error = %e, "readiness check failed");
-            HttpResponse::ServiceUnavailable().body("database unavailable\n")
+            HttpResponse::ServiceUnavailable()
+                .content_type("text/plain; charset=utf-8")
+                .body("database unavailable\n")
         }
     }
 }

@@ -13,6 +13,7 @@ use crate::startup::{AppState, Application};
 pub async fn serve(settings: Settings, pool: PgPool) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let state = AppState::new(settings.clone(), pool.clone(), metrics.clone());
+    let readiness = state.readiness.clone();
     let app = Application::build(state)?;
     let handle = app.handle();
     tracing::info!(
@@ -31,18 +32,52 @@ pub async fn serve(settings: Settings, pool: PgPool) -> anyhow::Result<()> {
         )
     };
 
-    let server_done = tokio::select! {
+    let mut server_done = tokio::select! {
         _ = wait_for_shutdown_signal() => None,
         r = &mut server => Some(r),
     };
-    tracing::info!("shutting down");
-    // Order matters: stop sweeping and release the lease first, so that
-    // another replica takes the sweep over at once, then stop serving.
+    tracing::info!(
+        drain_seconds = settings.shutdown_drain.as_secs(),
+        "shutting down: /readyz answers 503 while requests drain"
+    );
+    // Order matters: /readyz turns 503 first, so that a load balancer stops
+    // sending new requests while this replica still serves them; the sweep
+    // stops and releases its lease at once, so that another replica takes
+    // the sweep over (L3); only after the drain does the listener close,
+    // and in-flight requests still finish (actix's graceful stop).
+    readiness.begin_shutdown();
     let _ = stop_sweep.send(true);
-    match tokio::time::timeout(Duration::from_secs(30), sweeper).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "sweep worker task failed"),
-        Err(_) => tracing::error!("sweep worker did not stop within 30 s"),
+    let sweep_stopped = async {
+        match tokio::time::timeout(Duration::from_secs(30), sweeper).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "sweep worker task failed"),
+            Err(_) => tracing::error!("sweep worker did not stop within 30 s"),
+        }
+    };
+    let drained = async {
+        if server_done.is_none() {
+            tokio::select! {
+                _ = tokio::time::sleep(settings.shutdown_drain) => {}
+                r = &mut server => server_done = Some(r),
+            }
+        }
+    };
+    tokio::join!(sweep_stopped, drained);
+    // Let the requests in flight finish while every worker still runs:
+    // actix stops idle workers first, and each worker has its own runtime,
+    // so a pooled connection opened on a stopped worker's runtime fails
+    // ("Tokio context is being shutdown") in a request still running on
+    // another worker, which would answer 503 (seen in tests/api/rolling.rs).
+    tracing::info!(
+        in_flight = readiness.in_flight(),
+        "drain over; stopping once the requests in flight are done"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while server_done.is_none()
+        && readiness.in_flight() > 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     if let Some(result) = server_done {
         pool.close().await;

@@ -32,6 +32,37 @@ pub struct Settings {
     /// for a pooled connection before it gets `503` with `Retry-After`
     /// instead of hanging.
     pub db_acquire_timeout: Duration,
+    /// `POOLKEEPER_DB_POOLER` (`none`, `session` or `transaction`):
+    /// `DATABASE_URL` points at a pooler (PgBouncer) in that mode. Then no
+    /// startup `options` are sent (a pooler refuses them) and start-up checks
+    /// that the session limits are set on the role instead.
+    pub db_pooler: DbPooler,
+    /// `POOLKEEPER_MIGRATION_DATABASE_URL`: a direct session (no pooler)
+    /// as the owner role, for the migrations and their advisory lock.
+    pub migration_database_url: Option<String>,
+    /// `POOLKEEPER_SHUTDOWN_DRAIN_SECONDS` (default 5): after SIGTERM,
+    /// `/readyz` answers 503 for this long while requests are still served,
+    /// so that a load balancer stops sending new ones before the listener
+    /// closes.
+    pub shutdown_drain: Duration,
+}
+
+/// What sits between poolkeeper and PostgreSQL (`POOLKEEPER_DB_POOLER`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DbPooler {
+    /// A direct connection: the session limits travel as startup options.
+    None,
+    /// A pooler in session mode: a client keeps its server session.
+    Session,
+    /// A pooler in transaction mode: a session lasts one transaction.
+    Transaction,
+}
+
+impl DbPooler {
+    /// Behind any pooler: no startup options, limits from the role.
+    pub fn pooled(self) -> bool {
+        self != DbPooler::None
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +88,9 @@ impl Settings {
             session_idle: Duration::from_secs(30 * 60),
             session_max: Duration::from_secs(12 * 3600),
             db_acquire_timeout: Duration::from_secs(2),
+            db_pooler: DbPooler::None,
+            migration_database_url: None,
+            shutdown_drain: Duration::from_secs(5),
         }
     }
 
@@ -114,6 +148,29 @@ impl Settings {
         if let Some(v) = get("POOLKEEPER_DB_ACQUIRE_SECONDS") {
             s.db_acquire_timeout =
                 Duration::from_secs(parse_seconds("POOLKEEPER_DB_ACQUIRE_SECONDS", &v, 1, 60)?);
+        }
+        if let Some(v) = get("POOLKEEPER_DB_POOLER") {
+            s.db_pooler = match v.trim().to_ascii_lowercase().as_str() {
+                "transaction" => DbPooler::Transaction,
+                "session" => DbPooler::Session,
+                "none" | "off" => DbPooler::None,
+                _ => {
+                    return Err(SettingsError {
+                        name: "POOLKEEPER_DB_POOLER",
+                        value: v.clone(),
+                        expected: "none, session or transaction",
+                    });
+                }
+            };
+        }
+        s.migration_database_url = get("POOLKEEPER_MIGRATION_DATABASE_URL");
+        if let Some(v) = get("POOLKEEPER_SHUTDOWN_DRAIN_SECONDS") {
+            s.shutdown_drain = Duration::from_secs(parse_seconds(
+                "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS",
+                &v,
+                0,
+                300,
+            )?);
         }
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
@@ -198,6 +255,35 @@ mod tests {
             Settings::from_lookup(|n| (n == "POOLKEEPER_DB_ACQUIRE_SECONDS").then(|| "0".into()))
                 .expect_err("0 would fail every request");
         assert_eq!(err.name, "POOLKEEPER_DB_ACQUIRE_SECONDS");
+    }
+
+    #[test]
+    fn deployment_settings_parse_and_refuse_bad_values() {
+        let s = Settings::from_lookup(|n| match n {
+            "POOLKEEPER_DB_POOLER" => Some("transaction".into()),
+            "POOLKEEPER_MIGRATION_DATABASE_URL" => Some("postgres://owner@db/pk".into()),
+            "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS" => Some("0".into()),
+            _ => None,
+        })
+        .expect("valid");
+        assert_eq!(s.db_pooler, DbPooler::Transaction);
+        assert_eq!(
+            s.migration_database_url.as_deref(),
+            Some("postgres://owner@db/pk")
+        );
+        assert_eq!(s.shutdown_drain, Duration::ZERO);
+        let d = Settings::from_lookup(|_| None).expect("defaults");
+        assert_eq!(d.db_pooler, DbPooler::None);
+        assert_eq!(d.shutdown_drain, Duration::from_secs(5));
+        let err =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_DB_POOLER").then(|| "statement".into()))
+                .expect_err("statement mode cannot run transactions");
+        assert_eq!(err.name, "POOLKEEPER_DB_POOLER");
+        let err = Settings::from_lookup(|n| {
+            (n == "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS").then(|| "301".into())
+        })
+        .expect_err("out of range");
+        assert_eq!(err.name, "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS");
     }
 
     #[test]

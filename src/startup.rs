@@ -2,7 +2,7 @@
 
 use std::net::TcpListener;
 
-use actix_web::dev::{Server, ServerHandle};
+use actix_web::dev::{Server, ServerHandle, Service};
 use actix_web::{App, HttpServer, web};
 use sqlx::PgPool;
 
@@ -21,6 +21,8 @@ pub struct AppState {
     pub settings: web::Data<Settings>,
     pub pool: web::Data<PgPool>,
     pub metrics: web::Data<Metrics>,
+    /// Shutting down or not, for `/readyz` (set by `serve` on SIGTERM).
+    pub readiness: web::Data<crate::ops::Readiness>,
 }
 
 impl AppState {
@@ -29,6 +31,7 @@ impl AppState {
             settings: web::Data::new(settings),
             pool: web::Data::new(pool),
             metrics: web::Data::new(metrics),
+            readiness: web::Data::new(crate::ops::Readiness::default()),
         }
     }
 }
@@ -39,6 +42,7 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
         cfg.app_data(state.settings)
             .app_data(state.pool)
             .app_data(state.metrics)
+            .app_data(state.readiness)
             .configure(crate::ops::configure)
             .configure(crate::api::configure)
             // The dashboard and its /static/ assets: explicit paths only,
@@ -53,7 +57,19 @@ impl Application {
         let listener = TcpListener::bind(state.settings.bind)?;
         let port = listener.local_addr()?.port();
         let server = HttpServer::new(move || {
+            let readiness = state.readiness.clone();
             App::new()
+                // Requests in flight, so that `serve` stops the workers only
+                // when none is left (serve.rs says why).
+                .wrap_fn(move |req, srv| {
+                    let guard = crate::ops::Readiness::enter(&readiness);
+                    let fut = srv.call(req);
+                    async move {
+                        let res = fut.await;
+                        drop(guard);
+                        res
+                    }
+                })
                 .wrap(tracing_actix_web::TracingLogger::default())
                 .wrap(crate::security_headers::default_headers())
                 .configure(configure(state.clone()))

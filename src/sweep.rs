@@ -247,7 +247,11 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let config = WorkerConfig::from_settings(settings);
-    let worker_pool = worker_pool(pool, &config);
+    let worker_pool = worker_pool(
+        pool,
+        &config,
+        settings.db_pooler == crate::settings::DbPooler::Transaction,
+    );
     let mut worker = Worker {
         pool: worker_pool.clone(),
         config,
@@ -262,15 +266,23 @@ pub async fn run(
 
 /// The worker's own small pool: the HTTP load cannot starve it, and its
 /// statement_timeout is shorter than the pool's 15 s.
-fn worker_pool(pool: &PgPool, config: &WorkerConfig) -> PgPool {
+///
+/// Through a transaction-mode pooler a session-level SET would stay on the
+/// server connection and reach other clients' transactions, so there the
+/// worker keeps the role's limits and relies on its client-side call bound.
+fn worker_pool(pool: &PgPool, config: &WorkerConfig, pooler: bool) -> PgPool {
     let options = (*pool.connect_options())
         .clone()
         .application_name("poolkeeper-sweep");
     let statement_timeout = format!("{}ms", config.statement_timeout.as_millis());
-    PgPoolOptions::new()
+    let builder = PgPoolOptions::new()
         .max_connections(2)
         .min_connections(0)
-        .acquire_timeout(config.call_timeout)
+        .acquire_timeout(config.call_timeout);
+    if pooler {
+        return builder.connect_lazy_with(options);
+    }
+    builder
         .after_connect(move |conn, _| {
             let statement_timeout = statement_timeout.clone();
             Box::pin(async move {

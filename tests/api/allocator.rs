@@ -285,7 +285,11 @@ pub async fn decoys(pool: &PgPool, org_id: i64) {
 
 /// Runs `reserve` for each order on its own connection, all released
 /// together by a barrier.
-async fn race(pool: &PgPool, org_id: i64, orders: Vec<ReserveRequest>) -> Vec<ReserveOutcome> {
+pub(crate) async fn race(
+    pool: &PgPool,
+    org_id: i64,
+    orders: Vec<ReserveRequest>,
+) -> Vec<ReserveOutcome> {
     let barrier = Arc::new(Barrier::new(orders.len()));
     let mut tasks = Vec::new();
     for req in orders {
@@ -306,7 +310,7 @@ async fn race(pool: &PgPool, org_id: i64, orders: Vec<ReserveRequest>) -> Vec<Re
 }
 
 /// Checks one round of N orders on `eligible` machines among decoys.
-async fn check_round(
+pub(crate) async fn check_round(
     pool: &PgPool,
     org_id: i64,
     outcomes: &[ReserveOutcome],
