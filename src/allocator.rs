@@ -495,7 +495,10 @@ pub async fn reserve_on(
     // counts are read now, so a machine that a neighbour just took counts as
     // held, and a candidate still being fought over makes it `contended`.
     let excluded = excluded_counts(&mut tx, org_id, &req.spec).await?;
-    tx.rollback().await?;
+    // Issue 15: the refusal is recorded in the transaction that read it.
+    let outcome_kind = crate::demand::RefusalReason::of(&excluded);
+    crate::demand::record_refusal_on(&mut tx, org_id, &req.spec, &outcome_kind, &excluded).await?;
+    tx.commit().await?;
     if excluded.candidates == 0 {
         Ok(ReserveOutcome::Unavailable { excluded })
     } else {

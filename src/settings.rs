@@ -32,6 +32,9 @@ pub struct Settings {
     /// for a pooled connection before it gets `503` with `Retry-After`
     /// instead of hanging.
     pub db_acquire_timeout: Duration,
+    /// `POOLKEEPER_REFUSAL_RETENTION_DAYS` (default 90, 1 to 3650): refusal
+    /// rows older than this are purged by the sweep worker (issue 15).
+    pub refusal_retention_days: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +60,7 @@ impl Settings {
             session_idle: Duration::from_secs(30 * 60),
             session_max: Duration::from_secs(12 * 3600),
             db_acquire_timeout: Duration::from_secs(2),
+            refusal_retention_days: 90,
         }
     }
 
@@ -114,6 +118,18 @@ impl Settings {
         if let Some(v) = get("POOLKEEPER_DB_ACQUIRE_SECONDS") {
             s.db_acquire_timeout =
                 Duration::from_secs(parse_seconds("POOLKEEPER_DB_ACQUIRE_SECONDS", &v, 1, 60)?);
+        }
+        if let Some(v) = get("POOLKEEPER_REFUSAL_RETENTION_DAYS") {
+            s.refusal_retention_days = v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=3650).contains(n))
+                .ok_or(SettingsError {
+                    name: "POOLKEEPER_REFUSAL_RETENTION_DAYS",
+                    value: v.clone(),
+                    expected: "a whole number of days from 1 to 3650",
+                })?;
         }
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
@@ -198,6 +214,24 @@ mod tests {
             Settings::from_lookup(|n| (n == "POOLKEEPER_DB_ACQUIRE_SECONDS").then(|| "0".into()))
                 .expect_err("0 would fail every request");
         assert_eq!(err.name, "POOLKEEPER_DB_ACQUIRE_SECONDS");
+    }
+
+    #[test]
+    fn refusal_retention_defaults_to_90_days_and_is_bounded() {
+        let s = Settings::from_lookup(|_| None).expect("defaults parse");
+        assert_eq!(s.refusal_retention_days, 90);
+        let s = Settings::from_lookup(|n| {
+            (n == "POOLKEEPER_REFUSAL_RETENTION_DAYS").then(|| "7".into())
+        })
+        .expect("7 is in range");
+        assert_eq!(s.refusal_retention_days, 7);
+        for bad in ["0", "3651", "-1", "ninety"] {
+            let err = Settings::from_lookup(|n| {
+                (n == "POOLKEEPER_REFUSAL_RETENTION_DAYS").then(|| bad.into())
+            })
+            .expect_err("out of range or not a number");
+            assert_eq!(err.name, "POOLKEEPER_REFUSAL_RETENTION_DAYS", "{bad}");
+        }
     }
 
     #[test]

@@ -76,6 +76,7 @@ fn segments(c: &SiteCounts) -> Vec<Segment> {
 struct OverviewPage {
     chrome: Chrome,
     sites: Vec<SiteView>,
+    demand: super::demand::OverviewDemand,
 }
 
 pub(crate) async fn overview(
@@ -140,5 +141,6 @@ pub(crate) async fn overview(
     page(&OverviewPage {
         chrome: Chrome::new(&req, &staff, "Overview", "overview"),
         sites,
+        demand: super::demand::overview_part(pool.get_ref(), staff.org_id).await?,
     })
 }
