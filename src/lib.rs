@@ -12,6 +12,7 @@ pub mod demo;
 pub mod domain;
 pub mod embedded_pg;
 pub mod error;
+pub mod head;
 pub mod inventory;
 pub mod lease;
 pub mod metrics;

@@ -54,6 +54,8 @@ impl Application {
         let port = listener.local_addr()?.port();
         let server = HttpServer::new(move || {
             App::new()
+                // Innermost: the log line still says HEAD (issue 15, part 3).
+                .wrap(actix_web::middleware::from_fn(crate::head::head_as_get))
                 .wrap(tracing_actix_web::TracingLogger::default())
                 .wrap(crate::security_headers::default_headers())
                 .configure(configure(state.clone()))
