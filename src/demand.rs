@@ -226,21 +226,36 @@ pub async fn most_refused(
     org_id: i64,
     limit: i64,
 ) -> Result<Vec<RefusedSpec>, sqlx::Error> {
-    // A range scan of reservation_refusals_by_org_at_idx.
+    // A range scan of reservation_refusals_by_org_at_idx: the cut-offs are
+    // computed once (InitPlans), since a volatile clock_timestamp() in the
+    // WHERE clause cannot bound an index scan. The latest `unavailable`
+    // counts are then fetched for the returned specs only (one probe each)
+    // instead of aggregating every row's jsonb.
     sqlx::query_as(
-        "SELECT site, profile, vendor,
-                count(*) FILTER (WHERE reason = 'unavailable'
-                                   AND at > clock_timestamp() - interval '24 hours') AS unavailable_24h,
-                count(*) FILTER (WHERE reason = 'unavailable') AS unavailable_7d,
-                count(*) FILTER (WHERE reason = 'contended') AS contended_7d,
-                max(at) AS last_at,
-                (array_agg(excluded ORDER BY at DESC) FILTER (WHERE reason = 'unavailable'))[1]
-                    AS last_excluded
-           FROM reservation_refusals
-          WHERE org_id = $1 AND at > clock_timestamp() - interval '7 days'
-          GROUP BY site, profile, vendor
-          ORDER BY unavailable_7d DESC, contended_7d DESC, last_at DESC, site, profile, vendor
-          LIMIT $2",
+        "WITH g AS (
+             SELECT site, profile, vendor,
+                    count(*) FILTER (WHERE reason = 'unavailable'
+                                       AND at > (SELECT clock_timestamp() - interval '24 hours'))
+                        AS unavailable_24h,
+                    count(*) FILTER (WHERE reason = 'unavailable') AS unavailable_7d,
+                    count(*) FILTER (WHERE reason = 'contended') AS contended_7d,
+                    max(at) AS last_at,
+                    max(at) FILTER (WHERE reason = 'unavailable') AS last_unavailable_at
+               FROM reservation_refusals
+              WHERE org_id = $1 AND at > (SELECT clock_timestamp() - interval '7 days')
+              GROUP BY site, profile, vendor
+              ORDER BY unavailable_7d DESC, contended_7d DESC, last_at DESC, site, profile, vendor
+              LIMIT $2
+         )
+         SELECT g.site, g.profile, g.vendor, g.unavailable_24h, g.unavailable_7d, g.contended_7d,
+                g.last_at,
+                (SELECT l.excluded FROM reservation_refusals l
+                  WHERE l.org_id = $1 AND l.at = g.last_unavailable_at AND l.reason = 'unavailable'
+                    AND l.site = g.site AND l.profile = g.profile
+                    AND l.vendor IS NOT DISTINCT FROM g.vendor
+                  ORDER BY l.id DESC LIMIT 1) AS last_excluded
+           FROM g
+          ORDER BY g.unavailable_7d DESC, g.contended_7d DESC, g.last_at DESC, g.site, g.profile, g.vendor",
     )
     .bind(org_id)
     .bind(limit)

@@ -186,13 +186,16 @@ pub async fn purge_refusals_batch<'c>(
     retention_days: u32,
     limit: i64,
 ) -> Result<u64, SweepError> {
-    // The rows are chosen in a CTE with LIMIT (a walk of
-    // reservation_refusals_by_at_idx), as in expire_batch.
+    // The rows are chosen in a CTE with LIMIT, as in expire_batch: a walk
+    // of reservation_refusals_by_at_idx bounded by the cut-off, computed
+    // once (a volatile clock_timestamp() in the WHERE clause could not
+    // bound the index scan, and with nothing to purge the walk would read
+    // the whole index every period).
     let sql = format!(
         "WITH {LIVE_LEASE},
          old AS (
              SELECT f.id FROM reservation_refusals f
-              WHERE f.at < clock_timestamp() - make_interval(days => $4)
+              WHERE f.at < (SELECT clock_timestamp() - make_interval(days => $4))
                 AND EXISTS (SELECT 1 FROM lease)
               ORDER BY f.at
               LIMIT $5
