@@ -148,9 +148,10 @@ impl RefusalLabels {
         if all_known || !stale || self.refreshing.swap(true, Ordering::AcqRel) {
             return (s, p);
         }
-        let read = self.refresh(pool).await;
-        self.refreshing.store(false, Ordering::Release);
-        if let Err(e) = read {
+        // Cleared on drop: a request dropped mid-refresh (its client went
+        // away) must not leave the set frozen.
+        let _refreshing = ClearOnDrop(&self.refreshing);
+        if let Err(e) = self.refresh(pool).await {
             tracing::warn!(error = %e, "could not read the inventory's sites and profiles for metric labels");
             return (s, p);
         }
@@ -172,6 +173,14 @@ impl RefusalLabels {
         known.profiles = profiles.into_iter().collect();
         known.read_at = Some(Instant::now());
         Ok(())
+    }
+}
+
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 
