@@ -314,6 +314,17 @@ BEGIN
     v_result.outcome := CASE WHEN v_free = 0 THEN 'unavailable' ELSE 'contended' END;
     v_result.candidates := v_free;
     v_result.excluded := v_counts;
+    -- Lost demand (issue 15), recorded by the statement that read the
+    -- counts. When this transaction has written nothing else (no
+    -- transaction id yet: the API's autocommit call), its commit need not
+    -- wait for the disk: a crash may lose the last refusals, never a
+    -- reservation.
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    INSERT INTO reservation_refusals (org_id, reason, site, profile, vendor, excluded)
+    VALUES (p_org, v_result.outcome, p_site, p_profile, p_vendor,
+            CASE WHEN v_free = 0 THEN v_counts ELSE jsonb_build_object('candidates', v_free) END);
     RETURN v_result;
 END
 $$;

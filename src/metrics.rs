@@ -16,6 +16,10 @@ pub struct Metrics {
     /// Sweep statements that failed with an error (the lease's own errors
     /// are in `lease_errors`).
     pub sweep_errors: IntCounter,
+    /// Refused reserves by reason, site and profile (issue 15); the site
+    /// and profile labels are bounded by `refusal_labels`.
+    pub reservations_refused: IntCounterVec,
+    pub refusal_labels: std::sync::Arc<crate::demand::RefusalLabels>,
 }
 
 impl Metrics {
@@ -35,6 +39,14 @@ impl Metrics {
                 "Reservations marked expired, by who marked them",
             ),
             &["by"],
+        )
+        .expect("static metric definition");
+        let reservations_refused = IntCounterVec::new(
+            Opts::new(
+                "poolkeeper_reservations_refused_total",
+                "Reserves refused as unavailable (buy hardware) or contended (retry), by site and profile of the inventory (other: not in it)",
+            ),
+            &["reason", "site", "profile"],
         )
         .expect("static metric definition");
         let counter =
@@ -58,6 +70,8 @@ impl Metrics {
                 "poolkeeper_sweep_errors_total",
                 "Sweep runs that failed with a database error or timeout (retried next period)",
             ),
+            reservations_refused,
+            refusal_labels: Default::default(),
             registry,
         };
         for c in [
@@ -79,6 +93,9 @@ impl Metrics {
             .expect("metric registered once");
         m.registry
             .register(Box::new(m.last_sweep_unixtime.clone()))
+            .expect("metric registered once");
+        m.registry
+            .register(Box::new(m.reservations_refused.clone()))
             .expect("metric registered once");
         m
     }

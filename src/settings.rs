@@ -45,6 +45,9 @@ pub struct Settings {
     /// so that a load balancer stops sending new ones before the listener
     /// closes.
     pub shutdown_drain: Duration,
+    /// `POOLKEEPER_REFUSAL_RETENTION_DAYS` (default 90, 1 to 3650): refusal
+    /// rows older than this are purged by the sweep worker (issue 15).
+    pub refusal_retention_days: u32,
 }
 
 /// What sits between poolkeeper and PostgreSQL (`POOLKEEPER_DB_POOLER`).
@@ -91,6 +94,7 @@ impl Settings {
             db_pooler: DbPooler::None,
             migration_database_url: None,
             shutdown_drain: Duration::from_secs(5),
+            refusal_retention_days: 90,
         }
     }
 
@@ -171,6 +175,18 @@ impl Settings {
                 0,
                 300,
             )?);
+        }
+        if let Some(v) = get("POOLKEEPER_REFUSAL_RETENTION_DAYS") {
+            s.refusal_retention_days = v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=3650).contains(n))
+                .ok_or(SettingsError {
+                    name: "POOLKEEPER_REFUSAL_RETENTION_DAYS",
+                    value: v.clone(),
+                    expected: "a whole number of days from 1 to 3650",
+                })?;
         }
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
@@ -301,5 +317,23 @@ mod tests {
         })
         .expect_err("maybe is not a switch");
         assert!(err.to_string().contains("on or off"));
+    }
+
+    #[test]
+    fn refusal_retention_defaults_to_90_days_and_is_bounded() {
+        let s = Settings::from_lookup(|_| None).expect("defaults parse");
+        assert_eq!(s.refusal_retention_days, 90);
+        let s = Settings::from_lookup(|n| {
+            (n == "POOLKEEPER_REFUSAL_RETENTION_DAYS").then(|| "7".into())
+        })
+        .expect("7 is in range");
+        assert_eq!(s.refusal_retention_days, 7);
+        for bad in ["0", "3651", "-1", "ninety"] {
+            let err = Settings::from_lookup(|n| {
+                (n == "POOLKEEPER_REFUSAL_RETENTION_DAYS").then(|| bad.into())
+            })
+            .expect_err("out of range or not a number");
+            assert_eq!(err.name, "POOLKEEPER_REFUSAL_RETENTION_DAYS", "{bad}");
+        }
     }
 }

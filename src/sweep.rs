@@ -172,6 +172,54 @@ pub async fn finish_run<'c>(
     id.map(|_| ()).ok_or(SweepError::Lost)
 }
 
+/// Refusal rows (issue 15) deleted per retention statement.
+pub const PURGE_BATCH_SIZE: i64 = 1000;
+
+/// Deletes up to `limit` refusal rows older than `retention_days` (by the
+/// database's clock), oldest first, in one statement that checks the
+/// mandate like `expire_batch`; `Lost` (and nothing deleted) unless it is
+/// live. Returns how many were deleted: fewer than `limit` means done.
+pub async fn purge_refusals_batch<'c>(
+    db: impl PgExecutor<'c>,
+    replica: &str,
+    fence: i64,
+    retention_days: u32,
+    limit: i64,
+) -> Result<u64, SweepError> {
+    // The rows are chosen in a CTE with LIMIT, as in expire_batch: a walk
+    // of reservation_refusals_by_at_idx bounded by the cut-off, computed
+    // once (a volatile clock_timestamp() in the WHERE clause could not
+    // bound the index scan, and with nothing to purge the walk would read
+    // the whole index every period).
+    let sql = format!(
+        "WITH {LIVE_LEASE},
+         old AS (
+             SELECT f.id FROM reservation_refusals f
+              WHERE f.at < (SELECT clock_timestamp() - make_interval(days => $4))
+                AND EXISTS (SELECT 1 FROM lease)
+              ORDER BY f.at
+              LIMIT $5
+                FOR UPDATE OF f SKIP LOCKED
+         ),
+         purged AS (
+             DELETE FROM reservation_refusals f USING old WHERE f.id = old.id RETURNING f.id
+         )
+         SELECT (SELECT count(*) FROM lease) AS live, (SELECT count(*) FROM purged) AS purged"
+    );
+    let (live, purged): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(SWEEP_KEY)
+        .bind(replica)
+        .bind(fence)
+        .bind(i32::try_from(retention_days).unwrap_or(i32::MAX))
+        .bind(limit)
+        .fetch_one(db)
+        .await?;
+    if live == 0 {
+        return Err(SweepError::Lost);
+    }
+    Ok(purged as u64)
+}
+
 /// What one complete sweep did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SweepReport {
@@ -215,6 +263,8 @@ pub struct WorkerConfig {
     /// Client-side bound on every call (a hung network answers nothing).
     pub call_timeout: Duration,
     pub batch_size: i64,
+    /// `POOLKEEPER_REFUSAL_RETENTION_DAYS`.
+    pub refusal_retention_days: u32,
 }
 
 impl WorkerConfig {
@@ -231,6 +281,7 @@ impl WorkerConfig {
             statement_timeout,
             call_timeout: statement_timeout + Duration::from_secs(1),
             batch_size: BATCH_SIZE,
+            refusal_retention_days: settings.refusal_retention_days,
         }
     }
 }
@@ -351,6 +402,7 @@ impl Worker {
                 }
                 if self.held.is_some() {
                     self.sweep().await;
+                    self.purge_refusals().await;
                 }
             }
         }
@@ -543,6 +595,52 @@ impl Worker {
             tracing::info!(replica = %replica, fence, expired = total, "sweep expired overdue reservations");
         } else {
             tracing::debug!(replica = %replica, fence, "sweep found nothing overdue");
+        }
+    }
+
+    /// Issue 15: refusal rows past their retention, batch by batch, under
+    /// the same mandate as the sweep (each batch checks it), heartbeating
+    /// between batches when one is due.
+    async fn purge_refusals(&mut self) {
+        let Some(fence) = self.held.as_ref().map(|h| h.mandate.fence) else {
+            return;
+        };
+        let replica = self.config.replica.clone();
+        let mut purged = 0u64;
+        loop {
+            if self.stop_requested() || !self.trusted() {
+                break;
+            }
+            let batch = bounded(
+                self.config.call_timeout,
+                purge_refusals_batch(
+                    &self.pool,
+                    &replica,
+                    fence,
+                    self.config.refusal_retention_days,
+                    PURGE_BATCH_SIZE,
+                ),
+            )
+            .await;
+            match batch {
+                Ok(n) => {
+                    purged += n;
+                    if (n as i64) < PURGE_BATCH_SIZE {
+                        break;
+                    }
+                }
+                Err(e) => return self.sweep_failed("purge refusals", fence, e),
+            }
+            if self
+                .held
+                .as_ref()
+                .is_some_and(|h| Instant::now() >= h.next_heartbeat)
+            {
+                self.heartbeat().await;
+            }
+        }
+        if purged > 0 {
+            tracing::info!(replica = %replica, fence, purged, retention_days = self.config.refusal_retention_days, "sweep purged old refusal rows");
         }
     }
 

@@ -167,6 +167,8 @@ async fn reserve(
         .reservations
         .with_label_values(&[outcome.label()])
         .inc();
+    // Issue 15: lost demand, labelled by the inventory's sites and profiles.
+    crate::demand::count_refusal(&metrics, &pool, &outcome, &req.spec).await;
     match outcome {
         ReserveOutcome::Created { reservation, .. } => {
             Ok(HttpResponse::Created().json(body_with(&reservation, None)?))

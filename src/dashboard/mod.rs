@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod assets;
 pub mod csrf;
+pub mod demand;
 pub mod error;
 pub mod gate;
 pub mod jobs;
@@ -59,6 +60,7 @@ routes! {
     "/search" => [get => search::search],
     "/why-not" => [get => why_not::why_not],
     "/jobs" => [get => jobs::jobs],
+    "/demand" => [get => demand::demand],
     "/settings" => [get => org_settings::show, post => org_settings::save],
     "/audit" => [get => admin::audit_log],
     "/users" => [get => admin::users, post => admin::add_user],

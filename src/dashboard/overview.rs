@@ -181,6 +181,7 @@ struct OverviewPage {
     chrome: Chrome,
     sites: Vec<SiteView>,
     series: [(&'static str, &'static str); 4],
+    demand: super::demand::OverviewDemand,
 }
 
 pub(crate) async fn overview(
@@ -302,6 +303,7 @@ pub(crate) async fn overview(
         chrome: Chrome::new(&req, &staff, "Overview", "overview"),
         sites,
         series: SERIES,
+        demand: super::demand::overview_part(pool.get_ref(), staff.org_id).await?,
     })
 }
 

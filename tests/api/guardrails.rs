@@ -1,6 +1,7 @@
 //! Issue 6, guardrails: the access matrix of every dashboard route and API
 //! call, the R12 switches against raw requests, sessions, throttling across
-//! two processes, security headers, limits, admin pages and the audit log.
+//! two processes, security headers, limits, admin pages and the audit log;
+//! HEAD on every GET route.
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
@@ -48,6 +49,8 @@ const WHO: [Who; 5] = [
 /// organization's objects, so the other organization's admin gets 404.
 /// 303 for anonymous is always to /login. POST /login here is a crafted
 /// POST without the login form's token (the form itself is tested apart).
+/// Every GET cell is also asked with HEAD, which must answer the same
+/// status and headers with no body (issue 15).
 #[rustfmt::skip]
 const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     //                                             anon viewer support admin other
@@ -66,6 +69,7 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/search",                     "get",  [303, 200, 200, 200, 200]),
     ("/why-not",                    "get",  [303, 200, 200, 200, 200]),
     ("/jobs",                       "get",  [303, 200, 200, 200, 200]),
+    ("/demand",                     "get",  [303, 200, 200, 200, 200]),
     ("/settings",                   "get",  [303, 403, 403, 200, 200]),
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
     ("/audit",                      "get",  [303, 403, 403, 200, 200]),
@@ -318,11 +322,93 @@ async fn dashboard_cell(
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    (r.status().as_u16(), location)
+    let status = r.status().as_u16();
+    if m == "get" {
+        let get = Answer::of(r).await;
+        let head = http.head(app.url(&concrete)).send().await.expect("HEAD");
+        if let Err(e) = get.same_as_head(head).await {
+            return (0, format!("HEAD {concrete} as {who:?}: {e}"));
+        }
+    }
+    (status, location)
+}
+
+/// A GET's answer, to compare the HEAD of the same URL with.
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body_len: usize,
+}
+
+impl Answer {
+    async fn of(r: reqwest::Response) -> Answer {
+        Answer {
+            status: r.status().as_u16(),
+            headers: r.headers().clone(),
+            body_len: r.bytes().await.expect("body").len(),
+        }
+    }
+
+    /// Issue 15, part 3: HEAD answers with the GET's status and headers
+    /// (the Content-Length of the GET's body included) and no body. Only
+    /// the date and the values of fresh cookies may differ.
+    async fn same_as_head(&self, head: reqwest::Response) -> Result<(), String> {
+        let status = head.status().as_u16();
+        let headers = head.headers().clone();
+        let body = head.bytes().await.expect("HEAD body");
+        if status != self.status {
+            return Err(format!("status {status}, GET {}", self.status));
+        }
+        if !body.is_empty() {
+            return Err(format!("a body of {} bytes", body.len()));
+        }
+        let comparable = |h: &reqwest::header::HeaderMap| -> Vec<(String, String)> {
+            let mut v: Vec<(String, String)> = h
+                .iter()
+                .filter(|(k, _)| k.as_str() != "date")
+                .map(|(k, v)| {
+                    let v = v.to_str().unwrap_or_default();
+                    let v = if k.as_str() == "set-cookie" {
+                        v.split('=').next().unwrap_or_default()
+                    } else {
+                        v
+                    };
+                    (k.as_str().to_owned(), v.to_owned())
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        if comparable(&headers) != comparable(&self.headers) {
+            return Err(format!(
+                "headers {:?}, GET {:?}",
+                comparable(&headers),
+                comparable(&self.headers)
+            ));
+        }
+        let length = headers
+            .get("content-length")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        if length != Some(self.body_len) {
+            return Err(format!(
+                "content-length {length:?}, GET body {} bytes",
+                self.body_len
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One API cell.
-async fn api_cell(app: &TestApp, path: &str, m: &str, scope: &str, caller: Caller) -> u16 {
+/// Its status, or the HEAD's difference from the GET (GET cells).
+async fn api_cell(
+    app: &TestApp,
+    path: &str,
+    m: &str,
+    scope: &str,
+    caller: Caller,
+) -> Result<u16, String> {
     let n = next();
     let token = match (caller, scope) {
         (Caller::NoToken, _) => None,
@@ -334,13 +420,25 @@ async fn api_cell(app: &TestApp, path: &str, m: &str, scope: &str, caller: Calle
     };
     let (concrete, body) = api_request(app, path, m, n).await;
     let mut req = app.http.request(method(m), app.url(&concrete));
-    if let Some(t) = token {
+    if let Some(t) = &token {
         req = req.bearer_auth(t);
     }
     if let Some(b) = body {
         req = req.json(&b);
     }
-    req.send().await.expect("request").status().as_u16()
+    let r = req.send().await.expect("request");
+    let status = r.status().as_u16();
+    if m == "get" {
+        let get = Answer::of(r).await;
+        let mut head = app.http.head(app.url(&concrete));
+        if let Some(t) = &token {
+            head = head.bearer_auth(t);
+        }
+        if let Err(e) = get.same_as_head(head.send().await.expect("HEAD")).await {
+            return Err(format!("HEAD {concrete} as {caller:?}: {e}"));
+        }
+    }
+    Ok(status)
 }
 
 /// A valid concrete request for an API path: fresh objects of the
@@ -459,7 +557,10 @@ async fn access_matrix_of_every_route_and_api_call() {
     for (path, m, expected) in DASHBOARD {
         for (who, want) in WHO.iter().zip(expected) {
             let (got, location) = dashboard_cell(&app, &world, path, m, *who).await;
-            if got != *want {
+            if got == 0 {
+                // The GET was as expected or not; its HEAD was not the same.
+                failures.push(location);
+            } else if got != *want {
                 failures.push(format!("{m} {path} as {who:?}: {got}, expected {want}"));
             } else if got == 303 && *who == Who::Anonymous && location != "/login" {
                 failures.push(format!(
@@ -472,7 +573,13 @@ async fn access_matrix_of_every_route_and_api_call() {
     }
     for (path, m, scope, expected) in API {
         for (caller, want) in CALLERS.iter().zip(expected) {
-            let got = api_cell(&app, path, m, scope, *caller).await;
+            let got = match api_cell(&app, path, m, scope, *caller).await {
+                Ok(got) => got,
+                Err(e) => {
+                    failures.push(e);
+                    continue;
+                }
+            };
             if got != *want {
                 failures.push(format!("{m} {path} as {caller:?}: {got}, expected {want}"));
             }
@@ -498,6 +605,11 @@ async fn access_matrix_of_every_route_and_api_call() {
         if r.status() != *want {
             failures.push(format!("get {path}: {}, expected {want}", r.status()));
         }
+        let get = Answer::of(r).await;
+        let head = app.http.head(app.url(path)).send().await.expect("HEAD");
+        if let Err(e) = get.same_as_head(head).await {
+            failures.push(format!("head {path}: {e}"));
+        }
         served.push((path, vec!["get"]));
     }
     for (path, ms) in &served {
@@ -510,6 +622,19 @@ async fn access_matrix_of_every_route_and_api_call() {
                 .expect("request");
             if r.status() != 405 {
                 failures.push(format!("{m} {path}: {}, expected 405", r.status()));
+            }
+        }
+        // HEAD is served wherever GET is (checked in every GET cell above),
+        // and nowhere else.
+        if !ms.contains(&"get") {
+            let r = app
+                .http
+                .head(app.url(&concrete_for_405(path)))
+                .send()
+                .await
+                .expect("HEAD");
+            if r.status() != 405 {
+                failures.push(format!("head {path}: {}, expected 405", r.status()));
             }
         }
     }
@@ -1014,7 +1139,7 @@ async fn security_headers_on_200_404_405_413_and_500() {
         .await
         .expect("DELETE");
     assert_eq!(r.status(), 405);
-    assert_eq!(r.headers()["allow"], "GET");
+    assert_eq!(r.headers()["allow"], "GET, HEAD");
     assert_security_headers(&r, "405 page");
     let r = app
         .http

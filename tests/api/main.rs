@@ -5,6 +5,7 @@ mod allocator;
 mod bad_input;
 mod browser;
 mod dashboard;
+mod demand;
 mod deploy_unit;
 mod embedded;
 mod guardrails;

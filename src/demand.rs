@@ -1,0 +1,356 @@
+//! Lost demand (issue 15): the refusals of the reserve API, recorded for the
+//! people who act on them. `unavailable` means "buy hardware" and
+//! `contended` means "capacity exists but is hot" (R7: two messages, two
+//! buttons); both are kept apart here as they are in the API.
+//!
+//! Writing: one row per refusal, in the transaction that read the counts.
+//! Reading: the overview's per site and profile figures and `/demand`'s most
+//! refused specs. Counting: `poolkeeper_reservations_refused_total` with
+//! labels bounded by the inventory. Purging: the sweep worker, under its
+//! lease (`sweep::purge_refusals_batch`).
+
+use std::collections::HashSet;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::allocator::{ExcludedCounts, OrderSpec, ReserveOutcome};
+use crate::metrics::Metrics;
+
+/// Why a reserve was refused: the two 409s that mean "no machine for you".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// Nothing matches: more hardware is needed.
+    Unavailable,
+    /// Machines match but faster orders are taking them.
+    Contended,
+}
+
+impl RefusalReason {
+    /// The `reason` column (its CHECK names these) and the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Unavailable => "unavailable",
+            RefusalReason::Contended => "contended",
+        }
+    }
+
+    /// R7: no candidate left when the counts were read is `unavailable`.
+    pub fn of(excluded: &ExcludedCounts) -> RefusalReason {
+        if excluded.candidates == 0 {
+            RefusalReason::Unavailable
+        } else {
+            RefusalReason::Contended
+        }
+    }
+}
+
+/// The `excluded` column: API.md's counts for `unavailable`, the number of
+/// candidates for `contended`.
+pub fn excluded_json(reason: RefusalReason, excluded: &ExcludedCounts) -> Value {
+    match reason {
+        RefusalReason::Unavailable => json!(excluded),
+        RefusalReason::Contended => json!({ "candidates": excluded.candidates }),
+    }
+}
+
+// Recording: the allocator's `reserve_machine`
+// (migrations/20261203000001_allocator.sql) inserts the refusal row in the
+// statement that read the counts, with `excluded` shaped as
+// `excluded_json` says.
+
+// ---------------------------------------------------------------------------
+// The metric's bounded labels
+// ---------------------------------------------------------------------------
+
+/// The label value of a site or profile not in the inventory.
+pub const OTHER: &str = "other";
+
+/// How old the known set may be before an unknown name triggers a refresh.
+pub const LABELS_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// The sites and profiles of the inventory (every organization's), kept in
+/// process so that labelling a refusal costs no query. A name outside the
+/// set is `other`, so a caller sending random sites cannot grow the metric
+/// without bound. The set is read at the first refusal, then again only
+/// when a refusal names something unknown and the set is older than
+/// `LABELS_MAX_AGE`: at most one query per 30 s per process, and none at
+/// all while refusals name known sites and profiles. (A periodic refresh
+/// would query even when nobody is refused; a query per refusal would put
+/// a scan of `machines` on the 409 path.) One refresh at a time: a
+/// concurrent refusal labels with the set it finds.
+#[derive(Debug, Default)]
+pub struct RefusalLabels {
+    known: RwLock<Known>,
+    refreshing: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct Known {
+    sites: HashSet<String>,
+    profiles: HashSet<String>,
+    read_at: Option<Instant>,
+}
+
+impl Known {
+    fn label(&self, site: &str, profile: &str) -> (String, String, bool) {
+        let s = self.sites.contains(site);
+        let p = self.profiles.contains(profile);
+        (
+            if s { site } else { OTHER }.to_owned(),
+            if p { profile } else { OTHER }.to_owned(),
+            s && p,
+        )
+    }
+
+    fn stale(&self) -> bool {
+        self.read_at.is_none_or(|at| at.elapsed() >= LABELS_MAX_AGE)
+    }
+}
+
+impl RefusalLabels {
+    /// The (site, profile) labels of a refusal for `spec`.
+    pub async fn labels(&self, pool: &PgPool, site: &str, profile: &str) -> (String, String) {
+        let (s, p, all_known, stale) = {
+            let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+            let (s, p, all) = known.label(site, profile);
+            (s, p, all, known.stale())
+        };
+        if all_known || !stale || self.refreshing.swap(true, Ordering::AcqRel) {
+            return (s, p);
+        }
+        // Cleared on drop: a request dropped mid-refresh (its client went
+        // away) must not leave the set frozen.
+        let _refreshing = ClearOnDrop(&self.refreshing);
+        if let Err(e) = self.refresh(pool).await {
+            tracing::warn!(error = %e, "could not read the inventory's sites and profiles for metric labels");
+            return (s, p);
+        }
+        let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+        let (s, p, _) = known.label(site, profile);
+        (s, p)
+    }
+
+    /// Reads the inventory's sites and profiles now.
+    pub async fn refresh(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+        let (sites, profiles): (Vec<String>, Vec<String>) = sqlx::query_as(
+            "SELECT coalesce(array_agg(DISTINCT site), '{}'), coalesce(array_agg(DISTINCT profile), '{}')
+               FROM machines",
+        )
+        .fetch_one(pool)
+        .await?;
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        known.sites = sites.into_iter().collect();
+        known.profiles = profiles.into_iter().collect();
+        known.read_at = Some(Instant::now());
+        Ok(())
+    }
+}
+
+struct ClearOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// Counts a refused reserve in `poolkeeper_reservations_refused_total`;
+/// other outcomes are not refusals and count nothing here.
+pub async fn count_refusal(
+    metrics: &Metrics,
+    pool: &PgPool,
+    outcome: &ReserveOutcome,
+    spec: &OrderSpec,
+) {
+    let reason = match outcome {
+        ReserveOutcome::Unavailable { .. } => RefusalReason::Unavailable,
+        ReserveOutcome::Contended { .. } => RefusalReason::Contended,
+        ReserveOutcome::Created { .. } | ReserveOutcome::Existing(_) => return,
+    };
+    let (site, profile) = metrics
+        .refusal_labels
+        .labels(pool, spec.site.as_str(), spec.profile.as_str())
+        .await;
+    metrics
+        .reservations_refused
+        .with_label_values(&[reason.as_str(), site.as_str(), profile.as_str()])
+        .inc();
+}
+
+// ---------------------------------------------------------------------------
+// Reading
+// ---------------------------------------------------------------------------
+
+/// Hours in the overview's chart: the last 7 days, one bar per hour.
+pub const CHART_HOURS: i32 = 7 * 24;
+
+/// A spec that was refused in the last 7 days, for `/demand`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct RefusedSpec {
+    pub site: String,
+    pub profile: String,
+    pub vendor: Option<String>,
+    pub unavailable_24h: i64,
+    pub unavailable_7d: i64,
+    pub contended_7d: i64,
+    pub last_at: DateTime<Utc>,
+    /// The `excluded` counts of the latest `unavailable` refusal, if any.
+    pub last_excluded: Option<sqlx::types::Json<Value>>,
+}
+
+/// The specs of `org_id` refused in the last 7 days, most refused as
+/// `unavailable` first (then `contended`), at most `limit`.
+pub async fn most_refused(
+    pool: &PgPool,
+    org_id: i64,
+    limit: i64,
+) -> Result<Vec<RefusedSpec>, sqlx::Error> {
+    // A range scan of reservation_refusals_by_org_at_idx: the cut-offs are
+    // computed once (InitPlans), since a volatile clock_timestamp() in the
+    // WHERE clause cannot bound an index scan. The latest `unavailable`
+    // counts are then fetched for the returned specs only (one probe each)
+    // instead of aggregating every row's jsonb.
+    sqlx::query_as(
+        "WITH g AS (
+             SELECT site, profile, vendor,
+                    count(*) FILTER (WHERE reason = 'unavailable'
+                                       AND at > (SELECT clock_timestamp() - interval '24 hours'))
+                        AS unavailable_24h,
+                    count(*) FILTER (WHERE reason = 'unavailable') AS unavailable_7d,
+                    count(*) FILTER (WHERE reason = 'contended') AS contended_7d,
+                    max(at) AS last_at,
+                    max(at) FILTER (WHERE reason = 'unavailable') AS last_unavailable_at
+               FROM reservation_refusals
+              WHERE org_id = $1 AND at > (SELECT clock_timestamp() - interval '7 days')
+              GROUP BY site, profile, vendor
+              ORDER BY unavailable_7d DESC, contended_7d DESC, last_at DESC, site, profile, vendor
+              LIMIT $2
+         )
+         SELECT g.site, g.profile, g.vendor, g.unavailable_24h, g.unavailable_7d, g.contended_7d,
+                g.last_at,
+                (SELECT l.excluded FROM reservation_refusals l
+                  WHERE l.org_id = $1 AND l.at = g.last_unavailable_at AND l.reason = 'unavailable'
+                    AND l.site = g.site AND l.profile = g.profile
+                    AND l.vendor IS NOT DISTINCT FROM g.vendor
+                  ORDER BY l.id DESC LIMIT 1) AS last_excluded
+           FROM g
+          ORDER BY g.unavailable_7d DESC, g.contended_7d DESC, g.last_at DESC, g.site, g.profile, g.vendor",
+    )
+    .bind(org_id)
+    .bind(limit)
+    .fetch_all(pool)
+    .await
+}
+
+/// Per site and profile of `org_id`: what is sellable now and how many
+/// orders were refused as `unavailable`, per hour of the last 7 days.
+#[derive(Debug, Clone, Default)]
+pub struct SiteProfileDemand {
+    pub site: String,
+    pub profile: String,
+    /// Ready, with no held reservation and no live service (the overview's
+    /// "sellable now").
+    pub sellable: i64,
+    /// `unavailable` refusals per hour: index 0 is the hour ending now,
+    /// index `CHART_HOURS - 1` the one that began 7 days ago.
+    pub per_hour: Vec<i64>,
+}
+
+impl SiteProfileDemand {
+    pub fn unavailable_24h(&self) -> i64 {
+        self.per_hour.iter().take(24).sum()
+    }
+
+    pub fn unavailable_7d(&self) -> i64 {
+        self.per_hour.iter().sum()
+    }
+}
+
+/// Every site and profile of the inventory, and every one refused in the
+/// last 7 days (a profile never stocked is the plainest "buy hardware"),
+/// most refused first, at most `limit`.
+pub async fn by_site_and_profile(
+    pool: &PgPool,
+    org_id: i64,
+    limit: usize,
+) -> Result<Vec<SiteProfileDemand>, sqlx::Error> {
+    // The same four disjoint categories as the overview: sellable is ready
+    // with neither a live service link nor a held reservation.
+    let stock: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT m.site, m.profile,
+                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NULL
+                                   AND m.status = 'ready') AS sellable
+           FROM machines m
+           LEFT JOIN reservations r ON r.machine_id = m.id AND r.state = 'held'
+           LEFT JOIN service_links s ON s.machine_id = m.id AND s.ended_at IS NULL
+          WHERE m.org_id = $1
+          GROUP BY m.site, m.profile",
+    )
+    .bind(org_id)
+    .fetch_all(pool)
+    .await?;
+    // One reading of the clock: hour 0 ends now. A range scan of
+    // reservation_refusals_by_org_at_idx.
+    let hours: Vec<(String, String, i32, i64)> = sqlx::query_as(
+        "WITH t AS (SELECT clock_timestamp() AS now)
+         SELECT f.site, f.profile,
+                least(greatest(floor(extract(epoch FROM t.now - f.at) / 3600), 0), $2 - 1)::int AS hours_ago,
+                count(*)
+           FROM reservation_refusals f, t
+          WHERE f.org_id = $1 AND f.reason = 'unavailable'
+            AND f.at > t.now - make_interval(hours => $2)
+          GROUP BY 1, 2, 3",
+    )
+    .bind(org_id)
+    .bind(CHART_HOURS)
+    .fetch_all(pool)
+    .await?;
+    let mut rows: Vec<SiteProfileDemand> = stock
+        .into_iter()
+        .map(|(site, profile, sellable)| SiteProfileDemand {
+            site,
+            profile,
+            sellable,
+            per_hour: vec![0; CHART_HOURS as usize],
+        })
+        .collect();
+    let mut index: std::collections::HashMap<(String, String), usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| ((r.site.clone(), r.profile.clone()), i))
+        .collect();
+    for (site, profile, hours_ago, n) in hours {
+        let key = (site, profile);
+        let i = match index.get(&key) {
+            Some(&i) => i,
+            None => {
+                rows.push(SiteProfileDemand {
+                    site: key.0.clone(),
+                    profile: key.1.clone(),
+                    sellable: 0,
+                    per_hour: vec![0; CHART_HOURS as usize],
+                });
+                index.insert(key, rows.len() - 1);
+                rows.len() - 1
+            }
+        };
+        if let Some(slot) = usize::try_from(hours_ago)
+            .ok()
+            .and_then(|h| rows[i].per_hour.get_mut(h))
+        {
+            *slot += n;
+        }
+    }
+    rows.sort_by(|a, b| {
+        b.unavailable_7d()
+            .cmp(&a.unavailable_7d())
+            .then_with(|| (&a.site, &a.profile).cmp(&(&b.site, &b.profile)))
+    });
+    rows.truncate(limit);
+    Ok(rows)
+}
