@@ -32,6 +32,22 @@ pub struct Settings {
     /// for a pooled connection before it gets `503` with `Retry-After`
     /// instead of hanging.
     pub db_acquire_timeout: Duration,
+    /// `POOLKEEPER_WEBHOOK_ALLOW_PRIVATE` (default off): let webhook URLs
+    /// reach loopback, private, link-local and unspecified addresses. Off,
+    /// a tenant admin cannot make the server call internal services.
+    pub webhook_allow_private: bool,
+    /// `POOLKEEPER_WEBHOOK_POLL_MS` (default 1000): how often the delivery
+    /// worker looks for due deliveries.
+    pub webhook_poll: Duration,
+    /// `POOLKEEPER_WEBHOOK_BACKOFF_MS` (default 10000): the first retry's
+    /// delay; each further retry doubles it (capped at an hour), with jitter.
+    pub webhook_backoff_base: Duration,
+    /// `POOLKEEPER_WEBHOOK_LEASE_SECONDS` (default 30): the delivery
+    /// worker's lease (key `webhooks`).
+    pub webhook_lease_duration: Duration,
+    /// `POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS` (default 86400): retries stop
+    /// this long after the event.
+    pub webhook_give_up: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +73,11 @@ impl Settings {
             session_idle: Duration::from_secs(30 * 60),
             session_max: Duration::from_secs(12 * 3600),
             db_acquire_timeout: Duration::from_secs(2),
+            webhook_allow_private: false,
+            webhook_poll: Duration::from_millis(1000),
+            webhook_backoff_base: Duration::from_millis(10_000),
+            webhook_lease_duration: Duration::from_secs(30),
+            webhook_give_up: Duration::from_secs(86_400),
         }
     }
 
@@ -115,6 +136,37 @@ impl Settings {
             s.db_acquire_timeout =
                 Duration::from_secs(parse_seconds("POOLKEEPER_DB_ACQUIRE_SECONDS", &v, 1, 60)?);
         }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_ALLOW_PRIVATE") {
+            s.webhook_allow_private = parse_switch("POOLKEEPER_WEBHOOK_ALLOW_PRIVATE", &v)?;
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_POLL_MS") {
+            s.webhook_poll =
+                Duration::from_millis(parse_number("POOLKEEPER_WEBHOOK_POLL_MS", &v, 10, 60_000)?);
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_BACKOFF_MS") {
+            s.webhook_backoff_base = Duration::from_millis(parse_number(
+                "POOLKEEPER_WEBHOOK_BACKOFF_MS",
+                &v,
+                1,
+                3_600_000,
+            )?);
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_LEASE_SECONDS") {
+            s.webhook_lease_duration = Duration::from_secs(parse_seconds(
+                "POOLKEEPER_WEBHOOK_LEASE_SECONDS",
+                &v,
+                1,
+                3_600,
+            )?);
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS") {
+            s.webhook_give_up = Duration::from_secs(parse_seconds(
+                "POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS",
+                &v,
+                1,
+                7 * 86_400,
+            )?);
+        }
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
         }
@@ -149,6 +201,19 @@ fn parse_seconds(
             name,
             value: value.to_owned(),
             expected: "a whole number of seconds in range",
+        })
+}
+
+fn parse_number(name: &'static str, value: &str, min: u64, max: u64) -> Result<u64, SettingsError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or(SettingsError {
+            name,
+            value: value.to_owned(),
+            expected: "a whole number in range",
         })
 }
 
