@@ -48,11 +48,11 @@ pub const WEBHOOKS_KEY: &str = "webhooks";
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Deliveries in flight at once, all organizations together.
-pub const CONCURRENCY: usize = 16;
+pub const CONCURRENCY: usize = 32;
 
 /// Deliveries in flight at once for one organization: a slow endpoint holds
 /// these slots and no more.
-pub const PER_ORG: usize = 4;
+pub const PER_ORG: usize = 8;
 
 /// The longest delay between two attempts.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);

@@ -16,3 +16,4 @@ mod orders;
 mod schema;
 mod soak;
 mod sweep;
+mod webhooks;
