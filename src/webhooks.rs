@@ -337,6 +337,25 @@ pub async fn set_on(
     ))
 }
 
+/// Gives the organization's webhook a new secret; false when it has none.
+pub async fn rotate_secret_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    actor: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE webhooks SET secret = $2, updated_at = clock_timestamp(), updated_by = $3
+          WHERE org_id = $1",
+    )
+    .bind(org_id)
+    .bind(generate_secret())
+    .bind(actor)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(done == 1)
+}
+
 /// Removes the organization's webhook; its pending deliveries are dropped
 /// (nobody to send them to). Returns how many were dropped, or None when
 /// there was no webhook.

@@ -59,6 +59,7 @@ routes! {
     "/why-not" => [get => why_not::why_not],
     "/jobs" => [get => jobs::jobs],
     "/settings" => [get => org_settings::show, post => org_settings::save],
+    "/settings/webhook" => [post => org_settings::save_webhook],
     "/audit" => [get => admin::audit_log],
     "/users" => [get => admin::users, post => admin::add_user],
     "/users/{id}/disable" => [post => admin::disable_user],

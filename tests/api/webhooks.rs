@@ -384,8 +384,25 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
 
     let requests = receiver.requests();
     assert_eq!(receiver.delivered(), expected);
+    // Each body matches the OpenAPI document's ReservationEventDelivery.
+    let mut doc: Value = app
+        .http
+        .get(app.url("/api/openapi.json"))
+        .send()
+        .await
+        .expect("openapi")
+        .json()
+        .await
+        .expect("json");
+    doc["$ref"] = json!("#/components/schemas/ReservationEventDelivery");
+    let schema = jsonschema::validator_for(&doc).expect("the document compiles");
     let mut kinds = BTreeMap::new();
     for r in &requests {
+        let errors: Vec<String> = schema
+            .iter_errors(&r.json())
+            .map(|e| e.to_string())
+            .collect();
+        assert!(errors.is_empty(), "event {}: {errors:?}", r.event_id);
         assert!(verify(&secret, r), "signature of event {}", r.event_id);
         assert!(!verify("whsec_wrong", r), "a wrong secret does not verify");
         let mut tampered = r.clone();
