@@ -1053,3 +1053,176 @@ fn tempdir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir
 }
+
+// ---- The dashboard ----------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_sets_rotates_and_removes_the_webhook_on_the_settings_page() {
+    let app = webhook_app().await;
+    let admin = app.staff("ada@acme.example", "admin").await;
+    let support = app.staff("sam@acme.example", "support").await;
+    let (status, body) = admin.page("/settings").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("id=\"no-webhook\""), "{body}");
+    let csrf = admin.csrf().await;
+    let url = "http://127.0.0.1:9/hooks";
+
+    // No CSRF token, or not an admin: refused, nothing written.
+    let r = admin
+        .post_form("/settings/webhook", &[("action", "save"), ("url", url)])
+        .await;
+    assert_eq!(r.status().as_u16(), 403);
+    let support_csrf = support.csrf().await;
+    let r = support
+        .post_form(
+            "/settings/webhook",
+            &[("csrf", &support_csrf), ("action", "save"), ("url", url)],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 403);
+    // A bad URL: the page again, with the reason, nothing written.
+    let r = admin
+        .post_form(
+            "/settings/webhook",
+            &[
+                ("csrf", &csrf),
+                ("action", "save"),
+                ("url", "ftp://x.example/"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 400);
+    let body = r.text().await.expect("body");
+    assert!(
+        body.contains("id=\"webhook-error\"") && body.contains("http:// or https://"),
+        "{body}"
+    );
+    let r = admin
+        .post_form(
+            "/settings/webhook",
+            &[("csrf", &csrf), ("action", "explode")],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(app.count("SELECT count(*) FROM webhooks").await, 0);
+
+    let r = admin
+        .post_form(
+            "/settings/webhook",
+            &[("csrf", &csrf), ("action", "save"), ("url", url)],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(r.headers()["location"], "/settings?flash=webhook_saved");
+    let secret = |body: &str| {
+        let doc = scraper::Html::parse_document(body);
+        let sel = scraper::Selector::parse("#webhook-secret").expect("selector");
+        doc.select(&sel)
+            .next()
+            .map(|e| e.text().collect::<String>())
+    };
+    let (_, body) = admin.page("/settings").await;
+    let stored: String = sqlx::query_scalar("SELECT secret FROM webhooks WHERE org_id = $1")
+        .bind(app.org.id)
+        .fetch_one(&app.pool)
+        .await
+        .expect("secret");
+    assert_eq!(secret(&body).as_deref(), Some(stored.as_str()));
+    assert!(body.contains(url));
+
+    let r = admin
+        .post_form(
+            "/settings/webhook",
+            &[("csrf", &csrf), ("action", "rotate")],
+        )
+        .await;
+    assert_eq!(r.headers()["location"], "/settings?flash=webhook_rotated");
+    let (_, body) = admin.page("/settings").await;
+    let rotated = secret(&body).expect("a secret shown");
+    assert_ne!(rotated, stored);
+
+    let r = admin
+        .post_form(
+            "/settings/webhook",
+            &[("csrf", &csrf), ("action", "remove")],
+        )
+        .await;
+    assert_eq!(r.headers()["location"], "/settings?flash=webhook_removed");
+    let r = admin
+        .post_form(
+            "/settings/webhook",
+            &[("csrf", &csrf), ("action", "remove")],
+        )
+        .await;
+    assert_eq!(r.headers()["location"], "/settings?flash=webhook_absent");
+    assert_eq!(app.count("SELECT count(*) FROM webhooks").await, 0);
+    let actions: Vec<String> = sqlx::query_scalar(
+        "SELECT action FROM audit_log WHERE action LIKE 'org.webhook%' AND actor = 'ada@acme.example' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("audit");
+    assert_eq!(
+        actions,
+        [
+            "org.webhook_set",
+            "org.webhook_secret_rotated",
+            "org.webhook_removed"
+        ]
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE detail LIKE '%whsec_%'")
+            .await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_shows_the_delivery_lease_the_backlog_and_only_the_own_organizations_failures() {
+    let app = webhook_app().await;
+    let receiver = Receiver::start().await;
+    receiver.fail_next.store(usize::MAX, Ordering::SeqCst);
+    machines(&app, app.org.id, "j", 1).await;
+    register(&app, &app.org.orders_token, &receiver.url()).await;
+    reserve(&app, &app.org.token, "ORD-J").await;
+    let worker = start_worker(&app);
+    wait_for("a failed attempt", Duration::from_secs(30), || async {
+        app.count("SELECT count(*) FROM webhook_attempts WHERE status = 500")
+            .await
+            >= 1
+    })
+    .await;
+    let viewer = app.staff("vera@acme.example", "viewer").await;
+    let (status, body) = viewer.page("/jobs").await;
+    assert_eq!(status, 200);
+    let doc = scraper::Html::parse_document(&body);
+    let text = |sel: &str| {
+        let s = scraper::Selector::parse(sel).expect("selector");
+        doc.select(&s)
+            .next()
+            .map(|e| e.text().collect::<String>())
+            .unwrap_or_default()
+    };
+    assert!(
+        text("#webhooks-lease").contains(&app.settings.replica),
+        "{body}"
+    );
+    assert!(
+        text("#webhooks-backlog").contains("Pending1"),
+        "{}",
+        text("#webhooks-backlog")
+    );
+    assert!(text("#webhooks-failures").contains("HTTP 500"), "{body}");
+    stop_worker(worker).await;
+    // The other organization's staff see the lease and the counts, never
+    // acme's failures (they carry its URL).
+    app.create_staff(app.other.id, "root@other.example", "admin")
+        .await;
+    let other = app.logged_in("root@other.example").await;
+    let (_, body) = other.page("/jobs").await;
+    assert!(body.contains("webhooks-backlog"));
+    assert!(
+        !body.contains("HTTP 500") && !body.contains(&receiver.url()),
+        "{body}"
+    );
+}
