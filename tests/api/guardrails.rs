@@ -668,6 +668,13 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             format!("/api/v1/services/{link}/end"),
             Some(json!({})),
         ),
+        ("GET", "/api/v1/webhook".into(), None),
+        (
+            "PUT",
+            "/api/v1/webhook".into(),
+            Some(json!({"url": "https://203.0.113.10/hooks"})),
+        ),
+        ("DELETE", "/api/v1/webhook".into(), None),
     ];
     // Every operation of the OpenAPI document is among the calls.
     for (path, m) in openapi_operations(app).await {
