@@ -924,7 +924,7 @@ async fn no_delivery_is_lost_when_the_delivering_replica_is_killed_mid_batch() {
     let app = webhook_app().await;
     let receiver = Receiver::start().await;
     // Slow answers: many deliveries are in flight when the holder dies.
-    receiver.delay_ms.store(60, Ordering::SeqCst);
+    receiver.delay_ms.store(100, Ordering::SeqCst);
     register(&app, &app.org.orders_token, &receiver.url()).await;
     // 120 reservations, 240 events, written in SQL (the trigger writes the
     // outbox whatever the writer).
