@@ -89,46 +89,58 @@ CREATE TABLE webhook_attempts (
 CREATE INDEX webhook_attempts_by_delivery_idx ON webhook_attempts (delivery_id, id);
 CREATE INDEX webhook_attempts_failures_idx ON webhook_attempts (at DESC) WHERE error IS NOT NULL;
 
--- Row level, one statement: the reservation by its primary key joined to
--- the webhook by its primary key. An organization without a webhook costs
--- that one indexed probe and inserts nothing. (A statement-level trigger
--- with a transition table would cache one plan chosen for whatever batch
--- size came first; this plan is the same for every row.)
-CREATE FUNCTION reservation_event_to_outbox() RETURNS trigger
+-- Statement level, with the statement's new rows as a transition table:
+-- one call per INSERT, however many events it writes (the sweep writes
+-- up to 500 at a time). Without any webhook in the deployment the call is
+-- one indexed probe of the tiny webhooks table and nothing else. Otherwise
+-- each event costs the reservation by its primary key and the webhook by
+-- its primary key; an organization without a webhook gets no row. The
+-- reservation is fetched per event (OFFSET 0 keeps the subquery from being
+-- flattened): the plan PL/pgSQL caches then stays an index probe per row
+-- whatever batch size came first, never a scan of reservations.
+CREATE FUNCTION reservation_events_to_outbox() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM webhooks) THEN
+        RETURN NULL;
+    END IF;
     INSERT INTO webhook_deliveries (event_id, org_id, reservation_id, payload)
-    SELECT NEW.id, r.org_id, r.id,
+    SELECT e.id, r.org_id, r.id,
            jsonb_build_object(
-               'event_id', NEW.id,
-               'type', 'reservation.' || NEW.kind,
-               'occurred_at', to_char(NEW.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+               'event_id', e.id,
+               'type', 'reservation.' || e.kind,
+               'occurred_at', to_char(e.at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
                'organization', o.slug,
                'reservation', jsonb_build_object(
                    'id', r.id,
                    'order_ref', r.order_ref,
                    -- The state this event moved it to (the row may be
                    -- updated after the event in the same transaction).
-                   'state', NEW.to_state,
+                   'state', e.to_state,
                    'fence', r.fence,
                    'expires_at', to_char(r.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
                    'machine', r.machine_snapshot),
                'event', jsonb_build_object(
-                   'kind', NEW.kind,
-                   'from_state', NEW.from_state,
-                   'to_state', NEW.to_state,
-                   'actor', NEW.actor,
-                   'detail', NEW.detail,
-                   'replica', NEW.replica,
-                   'lease_fence', NEW.lease_fence))
-      FROM reservations r
+                   'kind', e.kind,
+                   'from_state', e.from_state,
+                   'to_state', e.to_state,
+                   'actor', e.actor,
+                   'detail', e.detail,
+                   'replica', e.replica,
+                   'lease_fence', e.lease_fence))
+      FROM inserted e
+      CROSS JOIN LATERAL (
+          SELECT rr.id, rr.org_id, rr.order_ref, rr.fence, rr.expires_at, rr.machine_snapshot
+            FROM reservations rr WHERE rr.id = e.reservation_id OFFSET 0
+      ) r
       JOIN webhooks w ON w.org_id = r.org_id
       JOIN organizations o ON o.id = r.org_id
-     WHERE r.id = NEW.reservation_id;
+     ORDER BY e.id;
     RETURN NULL;
 END
 $$;
 
 CREATE TRIGGER reservation_events_outbox
     AFTER INSERT ON reservation_events
-    FOR EACH ROW EXECUTE FUNCTION reservation_event_to_outbox();
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION reservation_events_to_outbox();
