@@ -1226,3 +1226,104 @@ async fn jobs_shows_the_delivery_lease_the_backlog_and_only_the_own_organization
         "{body}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_row_commits_or_rolls_back_with_its_event() {
+    let app = webhook_app().await;
+    register(
+        &app,
+        &app.org.orders_token,
+        "http://127.0.0.1:9/never-called",
+    )
+    .await;
+    app.insert_machine(app.org.id, "tx-1", "par1", "dell", "r650", "ready")
+        .await;
+    let (id, _) = app.insert_held(app.org.id, "ORD-TX", "tx-1", 900).await;
+    let mut writer = app.db.connection().await;
+    for outcome in ["ROLLBACK", "COMMIT"] {
+        sqlx::query("BEGIN")
+            .execute(&mut writer)
+            .await
+            .expect("begin");
+        sqlx::query(
+            "INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor)
+             VALUES ($1, 'cancelled', 'held', 'cancelled', 'tx-test')",
+        )
+        .bind(id)
+        .execute(&mut writer)
+        .await
+        .expect("event");
+        let inside: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM webhook_deliveries d JOIN reservation_events e ON e.id = d.event_id
+              WHERE e.actor = 'tx-test'",
+        )
+        .fetch_one(&mut writer)
+        .await
+        .expect("count inside");
+        assert_eq!(inside, 1, "written by the event's own statement");
+        assert_eq!(
+            app.count(
+                "SELECT count(*) FROM webhook_deliveries d JOIN reservation_events e ON e.id = d.event_id
+                  WHERE e.actor = 'tx-test'"
+            )
+            .await,
+            0,
+            "invisible outside before {outcome}"
+        );
+        sqlx::query(outcome)
+            .execute(&mut writer)
+            .await
+            .expect("end");
+    }
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM webhook_deliveries d JOIN reservation_events e ON e.id = d.event_id
+              WHERE e.actor = 'tx-test'"
+        )
+        .await,
+        1,
+        "the rolled-back event left no delivery, the committed one did"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_that_keeps_failing_is_given_up_after_the_retry_window() {
+    let app = spawn_app_with(|s| {
+        s.webhook_allow_private = true;
+        s.webhook_poll = Duration::from_millis(20);
+        s.webhook_backoff_base = Duration::from_millis(20);
+        s.webhook_lease_duration = Duration::from_secs(5);
+        s.webhook_give_up = Duration::from_millis(500);
+    })
+    .await;
+    let receiver = Receiver::start().await;
+    receiver.fail_next.store(usize::MAX, Ordering::SeqCst);
+    machines(&app, app.org.id, "gu", 1).await;
+    register(&app, &app.org.orders_token, &receiver.url()).await;
+    reserve(&app, &app.org.token, "ORD-GU").await;
+    let worker = start_worker(&app);
+    wait_for("the delivery given up", Duration::from_secs(30), || async {
+        app.count("SELECT count(*) FROM webhook_deliveries WHERE state = 'failed'")
+            .await
+            == 1
+    })
+    .await;
+    let attempts = app.count("SELECT count(*) FROM webhook_attempts").await;
+    stop_worker(worker).await;
+    assert!(attempts >= 2, "retried before giving up: {attempts}");
+    // Given up after the window, by the database clock; nothing after it
+    // (the last attempt is the one that gave up).
+    let late: bool = sqlx::query_scalar(
+        "SELECT finished_at >= created_at + interval '500 milliseconds' FROM webhook_deliveries",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("delivery");
+    assert!(late);
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_attempts").await,
+        attempts,
+        "no attempt once given up"
+    );
+    assert_eq!(receiver.requests().len() as i64, attempts);
+}
