@@ -266,6 +266,29 @@ mod tests {
     }
 
     #[test]
+    fn webhook_settings_parse_and_are_bounded() {
+        let s = Settings::from_lookup(|_| None).expect("defaults parse");
+        assert!(!s.webhook_allow_private);
+        assert_eq!(s.webhook_give_up, Duration::from_secs(86_400));
+        let env = |n: &str| match n {
+            "POOLKEEPER_WEBHOOK_ALLOW_PRIVATE" => Some("on".into()),
+            "POOLKEEPER_WEBHOOK_POLL_MS" => Some("20".into()),
+            "POOLKEEPER_WEBHOOK_BACKOFF_MS" => Some("50".into()),
+            "POOLKEEPER_WEBHOOK_LEASE_SECONDS" => Some("2".into()),
+            _ => None,
+        };
+        let s = Settings::from_lookup(env).expect("valid");
+        assert!(s.webhook_allow_private);
+        assert_eq!(s.webhook_poll, Duration::from_millis(20));
+        assert_eq!(s.webhook_backoff_base, Duration::from_millis(50));
+        assert_eq!(s.webhook_lease_duration, Duration::from_secs(2));
+        let err =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_WEBHOOK_POLL_MS").then(|| "0".into()))
+                .expect_err("0 would spin");
+        assert_eq!(err.name, "POOLKEEPER_WEBHOOK_POLL_MS");
+    }
+
+    #[test]
     fn replica_names_are_unique_per_process_instance() {
         assert_ne!(default_replica_name(), default_replica_name());
     }
