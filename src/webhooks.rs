@@ -177,8 +177,10 @@ async fn resolve_checked(
     port: u16,
     allow_private: bool,
 ) -> Result<Vec<SocketAddr>, UrlError> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name, port))
+    // Bounded like the request itself: a registration never hangs on DNS.
+    let addrs: Vec<SocketAddr> = timeout(REQUEST_TIMEOUT, tokio::net::lookup_host((name, port)))
         .await
+        .map_err(|_| UrlError::Unresolved(name.to_owned()))?
         .map_err(|_| UrlError::Unresolved(name.to_owned()))?
         .collect();
     for a in &addrs {
