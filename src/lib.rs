@@ -27,3 +27,4 @@ pub mod startup;
 pub mod sweep;
 pub mod telemetry;
 pub mod tokens;
+pub mod webhooks;

@@ -31,6 +31,15 @@ pub async fn serve(settings: Settings, pool: PgPool) -> anyhow::Result<()> {
             async move { crate::sweep::run(&pool, &settings, metrics, sweep_stopped).await },
         )
     };
+    // The webhook delivery worker: its own lease (key `webhooks`), pool and
+    // task, so a slow receiver never delays the sweep (issue 15).
+    let (stop_webhooks, webhooks_stopped) = watch::channel(false);
+    let deliverer = {
+        let (pool, settings, metrics) = (pool.clone(), settings.clone(), metrics.clone());
+        tokio::spawn(async move {
+            crate::webhooks::run(&pool, &settings, metrics, webhooks_stopped).await
+        })
+    };
 
     let mut server_done = tokio::select! {
         _ = wait_for_shutdown_signal() => None,
@@ -47,11 +56,17 @@ pub async fn serve(settings: Settings, pool: PgPool) -> anyhow::Result<()> {
     // and in-flight requests still finish (actix's graceful stop).
     readiness.begin_shutdown();
     let _ = stop_sweep.send(true);
+    let _ = stop_webhooks.send(true);
     let sweep_stopped = async {
         match tokio::time::timeout(Duration::from_secs(30), sweeper).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!(error = %e, "sweep worker task failed"),
             Err(_) => tracing::error!("sweep worker did not stop within 30 s"),
+        }
+        match tokio::time::timeout(Duration::from_secs(30), deliverer).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "webhook worker task failed"),
+            Err(_) => tracing::error!("webhook worker did not stop within 30 s"),
         }
     };
     let drained = async {

@@ -48,6 +48,22 @@ pub struct Settings {
     /// `POOLKEEPER_REFUSAL_RETENTION_DAYS` (default 90, 1 to 3650): refusal
     /// rows older than this are purged by the sweep worker (issue 15).
     pub refusal_retention_days: u32,
+    /// `POOLKEEPER_WEBHOOK_ALLOW_PRIVATE` (default off): let webhook URLs
+    /// reach loopback, private, link-local and unspecified addresses. Off,
+    /// a tenant admin cannot make the server call internal services.
+    pub webhook_allow_private: bool,
+    /// `POOLKEEPER_WEBHOOK_POLL_MS` (default 1000): how often the delivery
+    /// worker looks for due deliveries.
+    pub webhook_poll: Duration,
+    /// `POOLKEEPER_WEBHOOK_BACKOFF_MS` (default 10000): the first retry's
+    /// delay; each further retry doubles it (capped at an hour), with jitter.
+    pub webhook_backoff_base: Duration,
+    /// `POOLKEEPER_WEBHOOK_LEASE_SECONDS` (default 30): the delivery
+    /// worker's lease (key `webhooks`).
+    pub webhook_lease_duration: Duration,
+    /// `POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS` (default 86400): retries stop
+    /// this long after the event.
+    pub webhook_give_up: Duration,
 }
 
 /// What sits between poolkeeper and PostgreSQL (`POOLKEEPER_DB_POOLER`).
@@ -95,6 +111,11 @@ impl Settings {
             migration_database_url: None,
             shutdown_drain: Duration::from_secs(5),
             refusal_retention_days: 90,
+            webhook_allow_private: false,
+            webhook_poll: Duration::from_millis(1000),
+            webhook_backoff_base: Duration::from_millis(10_000),
+            webhook_lease_duration: Duration::from_secs(30),
+            webhook_give_up: Duration::from_secs(86_400),
         }
     }
 
@@ -188,6 +209,37 @@ impl Settings {
                     expected: "a whole number of days from 1 to 3650",
                 })?;
         }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_ALLOW_PRIVATE") {
+            s.webhook_allow_private = parse_switch("POOLKEEPER_WEBHOOK_ALLOW_PRIVATE", &v)?;
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_POLL_MS") {
+            s.webhook_poll =
+                Duration::from_millis(parse_number("POOLKEEPER_WEBHOOK_POLL_MS", &v, 10, 60_000)?);
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_BACKOFF_MS") {
+            s.webhook_backoff_base = Duration::from_millis(parse_number(
+                "POOLKEEPER_WEBHOOK_BACKOFF_MS",
+                &v,
+                1,
+                3_600_000,
+            )?);
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_LEASE_SECONDS") {
+            s.webhook_lease_duration = Duration::from_secs(parse_seconds(
+                "POOLKEEPER_WEBHOOK_LEASE_SECONDS",
+                &v,
+                1,
+                3_600,
+            )?);
+        }
+        if let Some(v) = get("POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS") {
+            s.webhook_give_up = Duration::from_secs(parse_seconds(
+                "POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS",
+                &v,
+                1,
+                7 * 86_400,
+            )?);
+        }
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
         }
@@ -222,6 +274,19 @@ fn parse_seconds(
             name,
             value: value.to_owned(),
             expected: "a whole number of seconds in range",
+        })
+}
+
+fn parse_number(name: &'static str, value: &str, min: u64, max: u64) -> Result<u64, SettingsError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (min..=max).contains(n))
+        .ok_or(SettingsError {
+            name,
+            value: value.to_owned(),
+            expected: "a whole number in range",
         })
 }
 
@@ -300,6 +365,29 @@ mod tests {
         })
         .expect_err("out of range");
         assert_eq!(err.name, "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS");
+    }
+
+    #[test]
+    fn webhook_settings_parse_and_are_bounded() {
+        let s = Settings::from_lookup(|_| None).expect("defaults parse");
+        assert!(!s.webhook_allow_private);
+        assert_eq!(s.webhook_give_up, Duration::from_secs(86_400));
+        let env = |n: &str| match n {
+            "POOLKEEPER_WEBHOOK_ALLOW_PRIVATE" => Some("on".into()),
+            "POOLKEEPER_WEBHOOK_POLL_MS" => Some("20".into()),
+            "POOLKEEPER_WEBHOOK_BACKOFF_MS" => Some("50".into()),
+            "POOLKEEPER_WEBHOOK_LEASE_SECONDS" => Some("2".into()),
+            _ => None,
+        };
+        let s = Settings::from_lookup(env).expect("valid");
+        assert!(s.webhook_allow_private);
+        assert_eq!(s.webhook_poll, Duration::from_millis(20));
+        assert_eq!(s.webhook_backoff_base, Duration::from_millis(50));
+        assert_eq!(s.webhook_lease_duration, Duration::from_secs(2));
+        let err =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_WEBHOOK_POLL_MS").then(|| "0".into()))
+                .expect_err("0 would spin");
+        assert_eq!(err.name, "POOLKEEPER_WEBHOOK_POLL_MS");
     }
 
     #[test]

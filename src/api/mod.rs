@@ -3,6 +3,7 @@
 pub mod machines;
 pub mod reservations;
 pub mod services;
+pub mod webhook;
 
 use actix_web::web;
 
@@ -14,6 +15,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .app_data(crate::error::query_config())
             .configure(machines::configure)
             .configure(reservations::configure)
-            .configure(services::configure),
+            .configure(services::configure)
+            .configure(webhook::configure),
     );
 }

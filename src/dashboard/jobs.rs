@@ -1,5 +1,7 @@
 //! `/jobs`: the sweep's lease (L1), its last runs and recent lease errors
-//! (L6), so that a job that stopped running is visible.
+//! (L6), so that a job that stopped running is visible; and the webhook
+//! delivery worker's lease, its backlog and the last failed deliveries
+//! (issue 15).
 
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
@@ -56,6 +58,9 @@ struct ErrRow {
 #[template(path = "jobs.html")]
 struct JobsPage {
     chrome: Chrome,
+    webhooks_lease: Option<LeaseView>,
+    backlog: super::org_settings::BacklogView,
+    failures: Vec<super::org_settings::FailureView>,
     lease: Option<LeaseView>,
     runs: Vec<RunView>,
     errors: Vec<(String, String, String, String)>,
@@ -72,6 +77,18 @@ pub(crate) async fn jobs(
     )
     .fetch_optional(pool.get_ref())
     .await?;
+    let webhooks_lease: Option<LeaseRow> = sqlx::query_as(
+        "SELECT holder, fence, acquired_at, expires_at, expires_at > clock_timestamp() AS live
+           FROM leases WHERE key = $1",
+    )
+    .bind(crate::webhooks::WEBHOOKS_KEY)
+    .fetch_optional(pool.get_ref())
+    .await?;
+    // The backlog is the worker's, all organizations together (counts
+    // only, as the sweep's runs); failures name URLs, so only this staff
+    // member's organization's are listed.
+    let b = crate::webhooks::backlog(pool.get_ref(), None).await?;
+    let failures = crate::webhooks::recent_failures(pool.get_ref(), Some(staff.org_id), 20).await?;
     let runs: Vec<RunRow> = sqlx::query_as(
         "SELECT replica, lease_fence, started_at, finished_at, expired
            FROM sweep_runs ORDER BY started_at DESC LIMIT 20",
@@ -85,6 +102,18 @@ pub(crate) async fn jobs(
     .await?;
     page(&JobsPage {
         chrome: Chrome::new(&req, &staff, "Jobs", "jobs"),
+        webhooks_lease: webhooks_lease.map(lease_view),
+        backlog: super::org_settings::BacklogView {
+            pending: b.pending,
+            due: b.due,
+            oldest_pending: fmt_opt_time(&b.oldest_pending),
+            delivered_24h: b.delivered_24h,
+            failed_24h: b.failed_24h,
+        },
+        failures: failures
+            .into_iter()
+            .map(super::org_settings::failure_view)
+            .collect(),
         lease: lease.map(|l| LeaseView {
             holder: l.holder,
             fence: l.fence,
@@ -107,4 +136,14 @@ pub(crate) async fn jobs(
             .map(|e| (fmt_time(&e.at), e.key, e.replica, e.message))
             .collect(),
     })
+}
+
+fn lease_view(l: LeaseRow) -> LeaseView {
+    LeaseView {
+        holder: l.holder,
+        fence: l.fence,
+        acquired_at: fmt_time(&l.acquired_at),
+        expires_at: fmt_time(&l.expires_at),
+        live: l.live,
+    }
 }

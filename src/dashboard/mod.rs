@@ -62,6 +62,7 @@ routes! {
     "/jobs" => [get => jobs::jobs],
     "/demand" => [get => demand::demand],
     "/settings" => [get => org_settings::show, post => org_settings::save],
+    "/settings/webhook" => [post => org_settings::save_webhook],
     "/audit" => [get => admin::audit_log],
     "/users" => [get => admin::users, post => admin::add_user],
     "/users/{id}/disable" => [post => admin::disable_user],

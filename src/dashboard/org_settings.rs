@@ -1,6 +1,8 @@
 //! `/settings` (admin): the organization's half of the R12 switch, with the
-//! deployment's half shown read-only.
+//! deployment's half shown read-only, and the organization's webhook
+//! (issue 15): its URL, its signing secret, its backlog and last failures.
 
+use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
@@ -9,8 +11,9 @@ use sqlx::PgPool;
 use super::csrf;
 use super::error::DashError;
 use super::session::{Staff, audit_on};
-use super::view::{Chrome, page, see_other};
+use super::view::{Chrome, fmt_opt_time, fmt_time, html_response, see_other};
 use crate::settings::Settings;
+use crate::webhooks;
 
 pub(crate) fn require_admin(staff: &Staff) -> Result<(), DashError> {
     if staff.is_admin() {
@@ -28,19 +31,98 @@ struct SettingsPage {
     chrome: Chrome,
     org_enabled: bool,
     deployment_on: bool,
+    webhook: Option<WebhookView>,
+    /// What the URL field shows (the refused URL after an error).
+    url_value: String,
+    error: Option<String>,
+    allow_private: bool,
+    backlog: BacklogView,
+    failures: Vec<FailureView>,
+}
+
+pub struct WebhookView {
+    pub url: String,
+    pub secret: String,
+    pub updated_at: String,
+    pub updated_by: String,
+}
+
+pub struct BacklogView {
+    pub pending: i64,
+    pub due: i64,
+    pub oldest_pending: String,
+    pub delivered_24h: i64,
+    pub failed_24h: i64,
+}
+
+pub struct FailureView {
+    pub at: String,
+    pub event_id: i64,
+    pub status: String,
+    pub latency_ms: i32,
+    pub error: String,
 }
 
 pub(crate) async fn show(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
 ) -> Result<HttpResponse, DashError> {
     require_admin(&staff)?;
-    page(&SettingsPage {
-        chrome: Chrome::new(&req, &staff, "Settings", "settings"),
+    settings_page(&req, &staff, &settings, &pool, StatusCode::OK, None, None).await
+}
+
+/// The page, with `error` and the refused `url` after a bad webhook form.
+async fn settings_page(
+    req: &HttpRequest,
+    staff: &Staff,
+    settings: &Settings,
+    pool: &PgPool,
+    status: StatusCode,
+    error: Option<String>,
+    url: Option<String>,
+) -> Result<HttpResponse, DashError> {
+    let hook = webhooks::get(pool, staff.org_id).await?;
+    let b = webhooks::backlog(pool, Some(staff.org_id)).await?;
+    let failures = webhooks::recent_failures(pool, Some(staff.org_id), 10).await?;
+    let body = SettingsPage {
+        chrome: Chrome::new(req, staff, "Settings", "settings"),
         org_enabled: staff.datacenter_enabled,
         deployment_on: settings.datacenter_module,
-    })
+        url_value: url.unwrap_or_else(|| hook.as_ref().map(|h| h.url.clone()).unwrap_or_default()),
+        webhook: hook.map(|h| WebhookView {
+            url: h.url,
+            secret: h.secret,
+            updated_at: fmt_time(&h.updated_at),
+            updated_by: h.updated_by,
+        }),
+        error,
+        allow_private: settings.webhook_allow_private,
+        backlog: BacklogView {
+            pending: b.pending,
+            due: b.due,
+            oldest_pending: fmt_opt_time(&b.oldest_pending),
+            delivered_24h: b.delivered_24h,
+            failed_24h: b.failed_24h,
+        },
+        failures: failures.into_iter().map(failure_view).collect(),
+    }
+    .render()?;
+    Ok(html_response(status, body))
+}
+
+pub(crate) fn failure_view(f: webhooks::Failure) -> FailureView {
+    FailureView {
+        at: fmt_time(&f.at),
+        event_id: f.event_id,
+        status: f
+            .status
+            .map(|s| s.to_string())
+            .unwrap_or_else(|| "no answer".into()),
+        latency_ms: f.latency_ms,
+        error: f.error,
+    }
 }
 
 #[derive(Deserialize)]
@@ -82,4 +164,107 @@ pub(crate) async fn save(
     .await?;
     tx.commit().await?;
     Ok(see_other("/settings?flash=settings_saved"))
+}
+
+#[derive(Deserialize)]
+pub struct WebhookForm {
+    #[serde(default)]
+    csrf: String,
+    #[serde(default)]
+    action: String,
+    #[serde(default)]
+    url: String,
+}
+
+/// `POST /settings/webhook`: `action` is `save` (set or change the URL; a
+/// new webhook gets a secret, a changed URL keeps it), `rotate` (a new
+/// secret) or `remove`. Each writes its audit row in the same transaction;
+/// the secret is never in the audit log.
+pub(crate) async fn save_webhook(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<PgPool>,
+    form: web::Form<WebhookForm>,
+) -> Result<HttpResponse, DashError> {
+    csrf::check(&staff, &form.csrf)?;
+    require_admin(&staff)?;
+    let object = format!("org:{}", staff.org_id);
+    match form.action.as_str() {
+        "save" => {
+            let checked = match webhooks::parse_url(&form.url) {
+                Ok(url) => webhooks::check_destination(&url, settings.webhook_allow_private)
+                    .await
+                    .map(|_| url),
+                Err(e) => Err(e),
+            };
+            let url = match checked {
+                Ok(url) => url,
+                Err(e) => {
+                    let msg = format!("{e}. Nothing was saved.");
+                    return settings_page(
+                        &req,
+                        &staff,
+                        &settings,
+                        &pool,
+                        StatusCode::BAD_REQUEST,
+                        Some(msg),
+                        Some(form.url.clone()),
+                    )
+                    .await;
+                }
+            };
+            let mut tx = pool.begin().await?;
+            webhooks::set_on(&mut tx, staff.org_id, url.as_str(), false, &staff.email).await?;
+            audit_on(
+                &mut tx,
+                &req,
+                &staff,
+                "org.webhook_set",
+                &object,
+                Some(url.as_str()),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(see_other("/settings?flash=webhook_saved"))
+        }
+        "rotate" => {
+            let mut tx = pool.begin().await?;
+            if !webhooks::rotate_secret_on(&mut tx, staff.org_id, &staff.email).await? {
+                return Ok(see_other("/settings?flash=webhook_absent"));
+            }
+            audit_on(
+                &mut tx,
+                &req,
+                &staff,
+                "org.webhook_secret_rotated",
+                &object,
+                None,
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(see_other("/settings?flash=webhook_rotated"))
+        }
+        "remove" => {
+            let mut tx = pool.begin().await?;
+            let Some(dropped) = webhooks::remove_on(&mut tx, staff.org_id).await? else {
+                return Ok(see_other("/settings?flash=webhook_absent"));
+            };
+            let detail = format!("{dropped} pending deliveries dropped");
+            audit_on(
+                &mut tx,
+                &req,
+                &staff,
+                "org.webhook_removed",
+                &object,
+                Some(&detail),
+            )
+            .await?;
+            tx.commit().await?;
+            Ok(see_other("/settings?flash=webhook_removed"))
+        }
+        _ => Err(DashError::bad_request(
+            "The webhook action must be save, rotate or remove.",
+        )),
+    }
 }

@@ -72,6 +72,7 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/demand",                     "get",  [303, 200, 200, 200, 200]),
     ("/settings",                   "get",  [303, 403, 403, 200, 200]),
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
+    ("/settings/webhook",           "post", [303, 403, 403, 303, 303]),
     ("/audit",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "post", [303, 403, 403, 303, 303]),
@@ -119,6 +120,9 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/reservations/{id}/convert",  "post", "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}/cancel",   "post", "orders",    [401, 403, 200, 404]),
     ("/api/v1/services/{id}/end",          "post", "orders",    [401, 403, 200, 404]),
+    ("/api/v1/webhook",                    "get",  "orders",    [401, 403, 200, 404]),
+    ("/api/v1/webhook",                    "put",  "orders",    [401, 403, 201, 201]),
+    ("/api/v1/webhook",                    "delete", "orders",  [401, 403, 200, 404]),
 ];
 
 /// Operations endpoints: no token, GET only, the same answer for everyone.
@@ -259,6 +263,7 @@ async fn dashboard_cell(
             }
         }
         "/settings" => fields.push(("datacenter".into(), "on".into())),
+        "/settings/webhook" => fields.push(("action".into(), "remove".into())),
         "/users" => {
             fields.push(("email".into(), format!("new{n}@example.com")));
             fields.push(("role".into(), "viewer".into()));
@@ -479,6 +484,28 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
         ("/api/v1/reservations", _) => {
             let (_, _, order) = fresh_held(app).await;
             (format!("/api/v1/reservations?order_ref={order}"), None)
+        }
+        ("/api/v1/webhook", m) => {
+            // Each cell starts from: the organization has a webhook (none
+            // for a PUT, which creates it), the other organization none.
+            sqlx::query("DELETE FROM webhooks")
+                .execute(&app.pool)
+                .await
+                .expect("reset webhooks");
+            if m != "put" {
+                sqlx::query(
+                    "INSERT INTO webhooks (org_id, url, secret, updated_by)
+                     VALUES ($1, 'https://203.0.113.10/hooks', 'whsec_' || repeat('x', 40), 'matrix')",
+                )
+                .bind(app.org.id)
+                .execute(&app.pool)
+                .await
+                .expect("a webhook");
+            }
+            // A documentation address (TEST-NET-3): public, and never called
+            // (no delivery worker runs in this test).
+            let body = (m == "put").then(|| json!({"url": "https://203.0.113.10/hooks"}));
+            ("/api/v1/webhook".into(), body)
         }
         ("/api/v1/services/{id}/end", _) => {
             let tag = format!("SV-{n}");
@@ -766,6 +793,13 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             format!("/api/v1/services/{link}/end"),
             Some(json!({})),
         ),
+        ("GET", "/api/v1/webhook".into(), None),
+        (
+            "PUT",
+            "/api/v1/webhook".into(),
+            Some(json!({"url": "https://203.0.113.10/hooks"})),
+        ),
+        ("DELETE", "/api/v1/webhook".into(), None),
     ];
     // Every operation of the OpenAPI document is among the calls.
     for (path, m) in openapi_operations(app).await {

@@ -23,3 +23,4 @@ mod schema;
 mod soak;
 mod sweep;
 mod tls;
+mod webhooks;

@@ -447,6 +447,53 @@ async fn real_answers_validate_against_the_documented_schemas() {
         c.check(END, "post", r).await;
     }
 
+    // The webhook (issue 15): absent, created, changed, refused, removed.
+    const W: &str = "/api/v1/webhook";
+    let hook = |m: &str, body: Option<Value>| {
+        let mut req = http
+            .request(m.to_uppercase().parse().expect("method"), api("/webhook"))
+            .bearer_auth(t);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send()
+    };
+    // A documentation address (TEST-NET-3): public, never called here.
+    let public = json!({"url": "https://203.0.113.10/hooks"});
+    c.check(W, "get", hook("get", None).await.expect("404"))
+        .await;
+    c.check(W, "delete", hook("delete", None).await.expect("404"))
+        .await;
+    c.check(
+        W,
+        "put",
+        hook("put", Some(public.clone())).await.expect("201"),
+    )
+    .await;
+    c.check(
+        W,
+        "put",
+        hook(
+            "put",
+            Some(json!({"url": "https://203.0.113.11/hooks", "rotate_secret": true})),
+        )
+        .await
+        .expect("200"),
+    )
+    .await;
+    c.check(
+        W,
+        "put",
+        hook("put", Some(json!({"url": "http://10.0.0.1/"})))
+            .await
+            .expect("400"),
+    )
+    .await;
+    c.check(W, "get", hook("get", None).await.expect("200"))
+        .await;
+    c.check(W, "delete", hook("delete", None).await.expect("200"))
+        .await;
+
     // 503: the same routes on a pool with no connection to give.
     let pool = poolkeeper::db::connect_with_acquire_timeout(
         app.db.options.clone(),
@@ -505,6 +552,9 @@ async fn real_answers_validate_against_the_documented_schemas() {
             Some(json!({"fence": fence3, "reason": "r"})),
         ),
         ("post", END, format!("{base}/services/{sid}/end"), None),
+        ("get", W, format!("{base}/webhook"), None),
+        ("put", W, format!("{base}/webhook"), Some(public.clone())),
+        ("delete", W, format!("{base}/webhook"), None),
     ];
     for (method, path, url, body) in cases {
         let mut req = http
@@ -523,7 +573,7 @@ async fn real_answers_validate_against_the_documented_schemas() {
         .expect("paths")
         .iter()
         .flat_map(|(path, item)| {
-            ["get", "put", "post"]
+            ["get", "put", "post", "delete"]
                 .into_iter()
                 .filter(|m| item.get(*m).is_some())
                 .map(|m| (path.clone(), m.to_owned()))
