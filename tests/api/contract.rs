@@ -1000,3 +1000,365 @@ fn generated_requests_agree_with_the_published_document() {
         started.elapsed()
     );
 }
+
+// ---------------------------------------------------------------------------
+// Links
+// ---------------------------------------------------------------------------
+
+/// The schema a `$response.body#/a/b` pointer lands on, walking
+/// `properties` through `$ref`, `anyOf` and `oneOf`.
+fn schema_at(doc: &Value, schema: &Value, pointer: &str) -> Option<Value> {
+    let mut here = schema.clone();
+    for key in pointer.split('/').skip(1) {
+        here = property(doc, &here, key)?;
+    }
+    Some(here)
+}
+
+fn property(doc: &Value, schema: &Value, key: &str) -> Option<Value> {
+    if schema.get("$ref").is_some() {
+        return property(doc, resolve_ref(doc, schema).0, key);
+    }
+    if let Some(p) = schema["properties"].get(key) {
+        return Some(p.clone());
+    }
+    schema
+        .get("anyOf")
+        .or_else(|| schema.get("oneOf"))
+        .and_then(Value::as_array)?
+        .iter()
+        .find_map(|b| property(doc, b, key))
+}
+
+/// Whether a schema (through `$ref`) is or admits an integer.
+fn is_integer(doc: &Value, schema: &Value) -> bool {
+    admits_integer(doc, schema)
+}
+
+/// A validator of a schema that may `$ref` into the document.
+fn validator_of(doc: &Value, schema: &Value) -> jsonschema::Validator {
+    let mut root = doc.clone();
+    for (k, v) in schema.as_object().expect("a schema object") {
+        root[k] = v.clone();
+    }
+    jsonschema::validator_for(&root).expect("compiles")
+}
+
+#[tokio::test]
+async fn document_links_resolve_to_operations_parameters_and_answer_fields() {
+    let app = spawn_app().await;
+    let doc = Conformance::new(&app).await.doc;
+    let ops = operations(&doc);
+    let mut seen = Vec::new();
+    for op in &ops {
+        let responses = doc
+            .pointer(&format!(
+                "/paths/{}/{}/responses",
+                escape_pointer(&op.path),
+                op.method
+            ))
+            .and_then(Value::as_object)
+            .expect("responses");
+        for status in responses.keys() {
+            let status: u16 = status.parse().expect("a numeric status");
+            let schema = doc
+                .pointer(&format!(
+                    "/paths/{}/{}/responses/{status}/content/application~1json/schema",
+                    escape_pointer(&op.path),
+                    op.method
+                ))
+                .cloned()
+                .unwrap_or(Value::Null);
+            for (target, link) in links_of(&doc, op, status) {
+                let what = format!("{} {status} -> {target}", op.id);
+                let t = ops
+                    .iter()
+                    .find(|o| o.id == target)
+                    .unwrap_or_else(|| panic!("{what}: no operation {target}"));
+                let evaluated = |expr: &Value, target_schema: &Value, name: &str| {
+                    if let Some(pointer) = expr
+                        .as_str()
+                        .and_then(|s| s.strip_prefix("$response.body#"))
+                    {
+                        let field = schema_at(&doc, &schema, pointer)
+                            .unwrap_or_else(|| panic!("{what}: the answer has no {pointer}"));
+                        // An id or a fence feeds an integer, a string a string.
+                        assert_eq!(
+                            is_integer(&doc, &field),
+                            is_integer(&doc, target_schema),
+                            "{what}: {name} from {pointer} has the target's type"
+                        );
+                    } else {
+                        assert!(
+                            !expr.as_str().is_some_and(|s| s.starts_with('$')),
+                            "{what}: {expr} is not an expression this test knows"
+                        );
+                        // A literal must be a valid value of its field.
+                        assert!(
+                            validator_of(&doc, target_schema).is_valid(expr),
+                            "{what}: {name} = {expr} is valid for the target"
+                        );
+                    }
+                };
+                for (name, expr) in link["parameters"].as_object().expect("parameters") {
+                    let p = t
+                        .params
+                        .iter()
+                        .find(|p| &p.name == name)
+                        .unwrap_or_else(|| panic!("{what}: {target} has no parameter {name}"));
+                    let target_schema = doc.pointer(&p.schema).expect("schema").clone();
+                    evaluated(expr, &target_schema, name);
+                }
+                let required_params = t.params.iter().filter(|p| p.location == Location::Path);
+                for p in required_params {
+                    assert!(
+                        link["parameters"].get(&p.name).is_some(),
+                        "{what}: the link gives the path parameter {}",
+                        p.name
+                    );
+                }
+                if let Some(body) = link.get("requestBody") {
+                    let (pointer, _) = t
+                        .body
+                        .as_ref()
+                        .unwrap_or_else(|| panic!("{what}: {target} takes no body"));
+                    let body_schema = doc.pointer(pointer).expect("body schema").clone();
+                    for (name, expr) in body.as_object().expect("a body object") {
+                        let field = property(&doc, &body_schema, name)
+                            .unwrap_or_else(|| panic!("{what}: the body has no field {name}"));
+                        evaluated(expr, &field, name);
+                    }
+                }
+                seen.push((op.id.clone(), target));
+            }
+        }
+    }
+    // The order flow of API.md: reserve -> read -> convert or cancel, with
+    // the fence of the answer; convert -> end the service.
+    for (from, to) in [
+        ("reserve", "getReservation"),
+        ("reserve", "convert"),
+        ("reserve", "cancel"),
+        ("findReservation", "convert"),
+        ("convert", "endService"),
+    ] {
+        assert!(
+            seen.iter().any(|(f, t)| f == from && t == to),
+            "a link {from} -> {to}: {seen:?}"
+        );
+    }
+    for target in ["convert", "cancel"] {
+        let link = doc["components"]["links"]
+            .as_object()
+            .expect("links")
+            .values()
+            .find(|l| l["operationId"] == target)
+            .expect("a link");
+        assert_eq!(link["requestBody"]["fence"], "$response.body#/fence");
+    }
+}
+
+/// Following the links of one real answer walks the whole order flow.
+#[tokio::test]
+async fn following_the_links_of_a_reservation_walks_the_order_flow() {
+    let app = spawn_app().await;
+    let doc = Conformance::new(&app).await.doc;
+    let ops = operations(&doc);
+    for tag in ["LK-1", "LK-2"] {
+        let r = app
+            .put_machine(
+                &app.org.token,
+                tag,
+                "par1",
+                "dell",
+                "epyc-9354-256g",
+                "ready",
+            )
+            .await;
+        assert_eq!(r.status(), 201);
+    }
+    let op = |id: &str| ops.iter().find(|o| o.id == id).expect("operation").clone();
+    // Calls `target` with the values a link evaluates from `answer`.
+    let follow = |link: Value, answer: Value, target: Operation| {
+        let app = &app;
+        async move {
+            let mut url = target.path.clone();
+            let mut query = Vec::new();
+            for (name, expr) in link["parameters"].as_object().expect("parameters") {
+                let v = to_text(&evaluate(expr, &answer).expect("the answer has it"));
+                match target
+                    .params
+                    .iter()
+                    .find(|p| &p.name == name)
+                    .map(|p| p.location)
+                {
+                    Some(Location::Path) => url = url.replace(&format!("{{{name}}}"), &v),
+                    _ => query.push((name.clone(), v)),
+                }
+            }
+            let mut req = app
+                .http
+                .request(
+                    target.method.to_uppercase().parse().expect("method"),
+                    app.url(&url),
+                )
+                .bearer_auth(&app.org.token)
+                .query(&query);
+            if let Some(body) = link["requestBody"].as_object() {
+                let body: Map<String, Value> = body
+                    .iter()
+                    .map(|(k, e)| (k.clone(), evaluate(e, &answer).expect("the answer has it")))
+                    .collect();
+                req = req.json(&body);
+            }
+            let r = req.send().await.expect("request");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.expect("json"))
+        }
+    };
+    let reserve = |order: &'static str| {
+        app.http
+            .post(app.url("/api/v1/reservations"))
+            .bearer_auth(&app.org.token)
+            .json(&json!({"order_ref": order, "site": "par1", "profile": "epyc-9354-256g"}))
+            .send()
+    };
+    let first: Value = reserve("ORD-LINK-1")
+        .await
+        .expect("reserve")
+        .json()
+        .await
+        .expect("json");
+    let second: Value = reserve("ORD-LINK-2")
+        .await
+        .expect("reserve")
+        .json()
+        .await
+        .expect("json");
+    let links: BTreeMap<String, Value> = links_of(&doc, &op("reserve"), 201).into_iter().collect();
+    for read in ["getReservation", "reservationEvents", "findReservation"] {
+        let (status, body) = follow(links[read].clone(), first.clone(), op(read)).await;
+        assert_eq!(status, 200, "{read}: {body}");
+    }
+    let (status, converted) = follow(links["convert"].clone(), first.clone(), op("convert")).await;
+    assert_eq!(status, 200, "convert: {converted}");
+    assert_eq!(converted["state"], "converted");
+    let (status, cancelled) = follow(links["cancel"].clone(), second.clone(), op("cancel")).await;
+    assert_eq!(status, 200, "cancel: {cancelled}");
+    assert_eq!(cancelled["state"], "cancelled");
+    let after_convert: BTreeMap<String, Value> =
+        links_of(&doc, &op("convert"), 200).into_iter().collect();
+    let (status, ended) = follow(
+        after_convert["endService"].clone(),
+        converted,
+        op("endService"),
+    )
+    .await;
+    assert_eq!(status, 200, "end: {ended}");
+    assert!(ended["ended_at"].is_string(), "{ended}");
+}
+
+// ---------------------------------------------------------------------------
+// The four disagreements of issue 13, as explicit regressions
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn integral_numbers_in_float_form_and_empty_filters_agree_with_the_document() {
+    let app = spawn_app().await;
+    let doc = Conformance::new(&app).await.doc;
+    for tag in ["RG-1", "RG-2", "RG-3"] {
+        app.put_machine(&app.org.token, tag, "par1", "dell", "epyc", "ready")
+            .await;
+    }
+    let post = |path: String, body: Value| {
+        app.http
+            .post(app.url(&format!("/api/v1{path}")))
+            .bearer_auth(&app.org.token)
+            .json(&body)
+            .send()
+    };
+    let reserve_schema = validator_at(&doc, "/components/schemas/ReserveBody");
+    let body =
+        json!({"order_ref": "ORD-F1", "site": "par1", "profile": "epyc", "hold_seconds": 40121.0});
+    assert!(
+        reserve_schema.is_valid(&body),
+        "the document accepts 40121.0"
+    );
+    let r = post("/reservations".into(), body).await.expect("reserve");
+    assert_eq!(r.status(), 201);
+    let held: Value = r.json().await.expect("json");
+    assert_eq!(held["hold_seconds"], 40121);
+
+    let body =
+        json!({"order_ref": "ORD-F2", "site": "par1", "profile": "epyc", "hold_seconds": 40121.5});
+    assert!(
+        !reserve_schema.is_valid(&body),
+        "the document refuses 40121.5"
+    );
+    let r = post("/reservations".into(), body).await.expect("reserve");
+    assert_eq!(r.status(), 400);
+    let refused: Value = r.json().await.expect("json");
+    assert_eq!(refused["error"], "invalid");
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("hold_seconds") && message.contains("whole number"),
+        "{message}"
+    );
+
+    let (id, fence) = (
+        held["id"].as_i64().expect("id"),
+        held["fence"].as_i64().expect("fence"),
+    );
+    let r = post(
+        format!("/reservations/{id}/cancel"),
+        json!({"fence": fence as f64 + 0.5, "reason": "gave up"}),
+    )
+    .await
+    .expect("cancel");
+    assert_eq!(r.status(), 400);
+    let message = r.json::<Value>().await.expect("json")["message"].to_string();
+    assert!(message.contains("fence"), "{message}");
+    let r = post(
+        format!("/reservations/{id}/cancel"),
+        json!({"fence": fence as f64, "reason": "gave up"}),
+    )
+    .await
+    .expect("cancel");
+    assert_eq!(r.status(), 200);
+    let r = post(
+        "/reservations".into(),
+        json!({"order_ref": "ORD-F3", "site": "par1", "profile": "epyc"}),
+    )
+    .await
+    .expect("reserve");
+    let third: Value = r.json().await.expect("json");
+    let r = post(
+        format!("/reservations/{}/convert", third["id"]),
+        json!({"fence": third["fence"].as_i64().expect("fence") as f64, "service_ref": "SRV-1"}),
+    )
+    .await
+    .expect("convert");
+    assert_eq!(r.status(), 200);
+
+    // An empty filter is no filter, on both sides.
+    let vendor = doc
+        .pointer("/paths/~1api~1v1~1machines/get/parameters")
+        .and_then(Value::as_array)
+        .and_then(|ps| ps.iter().position(|p| p["name"] == "vendor"))
+        .expect("a vendor parameter");
+    let v = validator_at(
+        &doc,
+        &format!("/paths/~1api~1v1~1machines/get/parameters/{vendor}/schema"),
+    );
+    assert!(v.is_valid(&json!("")), "the document allows vendor=");
+    let r = app
+        .http
+        .get(app.url("/api/v1/machines?vendor=&site=&profile=&status=&after="))
+        .bearer_auth(&app.org.token)
+        .send()
+        .await
+        .expect("list");
+    assert_eq!(r.status(), 200);
+    let all: Value = r.json().await.expect("json");
+    assert_eq!(all["machines"].as_array().map(Vec::len), Some(3));
+}
