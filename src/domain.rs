@@ -20,8 +20,9 @@ fn parse_error(what: &'static str, problem: impl Into<String>) -> ParseError {
 }
 
 /// Checks a short identifier: 1 to `max` characters of ASCII letters,
-/// digits, '.', '_' and '-'.
-fn parse_label(what: &'static str, s: &str, max: usize) -> Result<String, ParseError> {
+/// digits, '.', '_' and '-'. Public for query values that follow the rule
+/// without being a domain value (the API's `after`).
+pub fn parse_label(what: &'static str, s: &str, max: usize) -> Result<String, ParseError> {
     if s.is_empty() {
         return Err(parse_error(what, "must not be empty"));
     }
@@ -45,6 +46,9 @@ fn parse_label(what: &'static str, s: &str, max: usize) -> Result<String, ParseE
 
 macro_rules! label {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:literal) => {
+        label!($(#[$doc])* $name, $what, $max, Ok);
+    };
+    ($(#[$doc:meta])* $name:ident, $what:literal, $max:literal, $check:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
@@ -52,7 +56,7 @@ macro_rules! label {
 
         impl $name {
             pub fn parse(s: &str) -> Result<Self, ParseError> {
-                parse_label($what, s, $max).map($name)
+                parse_label($what, s, $max).and_then($check).map($name)
             }
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -78,9 +82,21 @@ macro_rules! label {
 }
 
 label!(
-    /// A machine's asset tag, unique within an organization.
-    AssetTag, "asset_tag", 64
+    /// A machine's asset tag, unique within an organization. It is a path
+    /// segment of the API (`/machines/{asset_tag}`), so `.` and `..`, which
+    /// every HTTP client resolves away before sending, cannot be one.
+    AssetTag, "asset_tag", 64, not_a_dot_segment
 );
+
+fn not_a_dot_segment(s: String) -> Result<String, ParseError> {
+    if s == "." || s == ".." {
+        return Err(parse_error(
+            "asset_tag",
+            "cannot be \".\" or \"..\": those are not path segments a client can send",
+        ));
+    }
+    Ok(s)
+}
 label!(
     /// A datacenter site, such as `par1`.
     Site, "site", 64
@@ -272,6 +288,10 @@ mod tests {
         assert!(Site::parse("par 1").is_err());
         assert!(Site::parse("par\u{0}1").is_err());
         assert!(OrderRef::parse("ORD-2026.12_01").is_ok());
+        assert!(AssetTag::parse(".").is_err());
+        assert!(AssetTag::parse("..").is_err());
+        assert!(AssetTag::parse("...").is_ok());
+        assert!(AssetTag::parse(".a").is_ok());
     }
 
     #[test]

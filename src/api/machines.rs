@@ -5,7 +5,8 @@ use serde::Deserialize;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::domain::{AssetTag, MachineStatus, Profile, Scope, Site, Vendor};
+use crate::api::json::integer_text;
+use crate::domain::{AssetTag, MachineStatus, Profile, Scope, Site, Vendor, parse_label};
 use crate::error::{ApiError, invalid};
 use crate::inventory::{self, MachineFilter, MachineSpec, Upserted};
 use crate::settings::Settings;
@@ -76,10 +77,11 @@ pub struct ListQuery {
     profile: Option<String>,
     status: Option<String>,
     after: Option<String>,
-    limit: Option<i64>,
+    limit: Option<String>,
 }
 
-/// Empty query values mean "no filter", as an HTML form would send them.
+/// Empty query values mean "no filter", as an HTML form would send them;
+/// the document says so (issue 13).
 fn opt<T>(
     v: &Option<String>,
     parse: impl Fn(&str) -> Result<T, crate::domain::ParseError>,
@@ -103,12 +105,17 @@ async fn list(
         profile: opt(&query.profile, Profile::parse)?,
         status: opt(&query.status, MachineStatus::parse)?,
     };
-    let limit = query.limit.unwrap_or(500);
+    let limit = match query.limit.as_deref() {
+        None => 500,
+        Some(s) => integer_text("limit", s).map_err(|e| invalid(e.to_string()))?,
+    };
     if !(1..=1000).contains(&limit) {
-        return Err(invalid("limit must be between 1 and 1000"));
+        return Err(invalid("limit: must be between 1 and 1000"));
     }
-    let machines =
-        inventory::list(&pool, client.org_id, &filter, query.after.as_deref(), limit).await?;
+    // `after` is an asset tag from `next_after`; empty means from the start.
+    // Checked like a label, so that junk (a NUL) never reaches PostgreSQL.
+    let after = opt(&query.after, |s| parse_label("after", s, 64))?;
+    let machines = inventory::list(&pool, client.org_id, &filter, after.as_deref(), limit).await?;
     let next = (machines.len() as i64 == limit)
         .then(|| machines.last().map(|m| m.asset_tag.clone()))
         .flatten();

@@ -1,5 +1,6 @@
 //! The JSON API of API.md, under `/api/v1`.
 
+pub mod json;
 pub mod machines;
 pub mod reservations;
 pub mod services;

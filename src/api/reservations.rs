@@ -8,6 +8,7 @@ use sqlx::PgPool;
 use crate::allocator::{
     self, CallerRefusal, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest,
 };
+use crate::api::json;
 use crate::domain::{OrderRef, Profile, Scope, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
@@ -35,7 +36,8 @@ pub struct ReserveBody {
     profile: Profile,
     #[serde(default)]
     vendor: Option<Vendor>,
-    #[serde(default)]
+    /// 40121 or 40121.0 (see `json`); null is absent.
+    #[serde(default, deserialize_with = "json::hold_seconds")]
     hold_seconds: Option<i64>,
 }
 
@@ -64,10 +66,9 @@ pub(crate) async fn read_body(mut payload: web::Payload) -> Result<web::BytesMut
     Ok(body)
 }
 
-/// A numeric id from the path.
+/// A numeric id from the path: digits, from 1 (see `json::path_id`).
 pub(crate) fn path_id(raw: &str) -> Result<i64, ApiError> {
-    raw.parse::<i64>()
-        .map_err(|_| invalid(format!("{raw:?} is not an id: ids are whole numbers")))
+    json::path_id(raw).map_err(|e| invalid(e.to_string()))
 }
 
 /// The API's view of a reservation: the row (with its frozen machine, R8)
@@ -267,6 +268,7 @@ fn refusal(e: TransitionError) -> ApiError {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConvertBody {
+    #[serde(deserialize_with = "json::fence")]
     fence: i64,
     service_ref: ServiceRef,
 }
@@ -321,7 +323,9 @@ async fn convert(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
+    #[serde(deserialize_with = "json::fence")]
     fence: i64,
+    #[serde(deserialize_with = "json::reason")]
     reason: String,
 }
 

@@ -302,7 +302,20 @@ fn valid_reserve(body: &Value) -> bool {
         && o.get("vendor")
             .is_none_or(|v| v.is_null() || label_ok(Some(v), 64))
         && o.get("hold_seconds")
-            .is_none_or(|v| v.is_null() || v.as_i64().is_some_and(|n| (1..=86_400).contains(&n)))
+            .is_none_or(|v| v.is_null() || whole(v).is_some_and(|n| (1..=86_400).contains(&n)))
+}
+
+/// A JSON number that is a whole int64, in any of its forms (227 or 227.0,
+/// issue 13).
+fn whole(v: &Value) -> Option<i64> {
+    v.as_i64().or_else(|| {
+        v.as_f64()
+            .filter(|f| {
+                f.fract() == 0.0
+                    && (-9.223_372_036_854_776e18..9.223_372_036_854_776e18).contains(f)
+            })
+            .map(|f| f as i64)
+    })
 }
 
 fn valid_convert(body: &Value) -> bool {
@@ -310,7 +323,7 @@ fn valid_convert(body: &Value) -> bool {
         return false;
     };
     o.len() == 2
-        && o.get("fence").is_some_and(|v| v.as_i64().is_some())
+        && o.get("fence").is_some_and(|v| whole(v).is_some())
         && label_ok(o.get("service_ref"), 128)
 }
 
@@ -319,10 +332,10 @@ fn valid_cancel(body: &Value) -> bool {
         return false;
     };
     o.len() == 2
-        && o.get("fence").is_some_and(|v| v.as_i64().is_some())
-        && o.get("reason")
-            .and_then(Value::as_str)
-            .is_some_and(|r| poolkeeper::reservations::check_reason(r).is_ok())
+        && o.get("fence").is_some_and(|v| whole(v).is_some())
+        && o.get("reason").and_then(Value::as_str).is_some_and(|r| {
+            r.chars().count() <= 500 && poolkeeper::reservations::check_reason(r).is_ok()
+        })
 }
 
 /// A path segment: the real id, other numbers, or anything at all.
@@ -441,7 +454,7 @@ fn orders_endpoints_refuse_bad_input_cleanly() {
             rt.block_on(async {
                 let before = order_fingerprint(&app).await;
                 let api = |p: &str| app.url(&format!("/api/v1{p}"));
-                let is_id = |p: &str| p.parse::<i64>().is_ok();
+                let is_id = |p: &str| poolkeeper::api::json::path_id(p).is_ok();
                 let (req, valid, ok_statuses): (_, bool, &[u16]) = match &call {
                     OrderCall::Reserve(b) => (
                         app.http.post(api("/reservations")).json(b),

@@ -4,6 +4,7 @@
 mod allocator;
 mod bad_input;
 mod browser;
+mod contract;
 mod dashboard;
 mod demand;
 mod deploy_unit;

@@ -69,18 +69,30 @@ async fn security_headers_on_success_and_errors() {
 
 /// Validates a served answer against the document: the status must be
 /// documented for the operation, the body must match the status's schema.
-struct Conformance {
-    doc: Value,
-    failures: Vec<String>,
-    checked: std::collections::BTreeSet<(String, String, u16)>,
+/// Shared with the fuzzer of `contract.rs`.
+pub(crate) struct Conformance {
+    pub(crate) doc: Value,
+    pub(crate) failures: Vec<String>,
+    pub(crate) checked: std::collections::BTreeSet<(String, String, u16)>,
+    validators: std::collections::HashMap<String, jsonschema::Validator>,
 }
 
-fn escape_pointer(s: &str) -> String {
+pub(crate) fn escape_pointer(s: &str) -> String {
     s.replace('~', "~0").replace('/', "~1")
 }
 
+/// A validator of the schema at `pointer` (from the document's root), with
+/// the whole document around it so that its `$ref`s resolve.
+pub(crate) fn validator_at(doc: &Value, pointer: &str) -> jsonschema::Validator {
+    let mut schema = doc.clone();
+    // A URI fragment: the braces of path templates are percent-encoded.
+    let fragment = pointer.replace('{', "%7B").replace('}', "%7D");
+    schema["$ref"] = Value::from(format!("#{fragment}"));
+    jsonschema::validator_for(&schema).expect("the document compiles")
+}
+
 impl Conformance {
-    async fn new(app: &crate::helpers::TestApp) -> Conformance {
+    pub(crate) async fn new(app: &crate::helpers::TestApp) -> Conformance {
         let doc: Value = app
             .http
             .get(app.url("/api/openapi.json"))
@@ -94,6 +106,7 @@ impl Conformance {
             doc,
             failures: Vec::new(),
             checked: Default::default(),
+            validators: Default::default(),
         }
     }
 
@@ -115,20 +128,33 @@ impl Conformance {
         let status = resp.status().as_u16();
         let retry_after = resp.headers().contains_key("retry-after");
         let body: Value = resp.json().await.unwrap_or(Value::Null);
+        self.record(path, method, status, retry_after, &body);
+        body
+    }
+
+    /// Checks an answer already read; returns how many mismatches it added.
+    pub(crate) fn record(
+        &mut self,
+        path: &str,
+        method: &str,
+        status: u16,
+        retry_after: bool,
+        body: &Value,
+    ) -> usize {
+        let before = self.failures.len();
         self.checked
             .insert((method.to_owned(), path.to_owned(), status));
         let what = format!("{method} {path} {status}");
         let Some(pointer) = self.schema_pointer(path, method, status) else {
             self.failures
                 .push(format!("{what}: status not documented (body {body})"));
-            return body;
+            return self.failures.len() - before;
         };
-        let mut schema = self.doc.clone();
-        // A URI fragment: the braces of path templates are percent-encoded.
-        let fragment = pointer.replace('{', "%7B").replace('}', "%7D");
-        schema["$ref"] = Value::from(format!("#{fragment}"));
-        let validator = jsonschema::validator_for(&schema).expect("the document compiles");
-        for e in validator.iter_errors(&body) {
+        let validator = self
+            .validators
+            .entry(pointer.clone())
+            .or_insert_with(|| validator_at(&self.doc, &pointer));
+        for e in validator.iter_errors(body) {
             self.failures.push(format!(
                 "{what}: {e} at {} (body {body})",
                 e.instance_path()
@@ -140,7 +166,7 @@ impl Conformance {
                 "{what}: Retry-After {retry_after}, expected {needs_retry}"
             ));
         }
-        body
+        self.failures.len() - before
     }
 }
 
