@@ -24,6 +24,12 @@ pub enum ApiError {
     /// 404 `not_found`: absent, or another organization's (never 403).
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// 422 with a machine-readable code: the body is well formed (valid by
+    /// the published document) but its content is refused, for a reason
+    /// no JSON Schema can say (a webhook URL whose host resolves to an
+    /// internal address, say). Nothing was written.
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
     /// 409 with a machine-readable code and extra fields.
     #[error("{message}")]
     Conflict {
@@ -66,6 +72,7 @@ impl ApiError {
             ApiError::ModuleDisabled(_) => "module_disabled",
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict { code, .. } => code,
+            ApiError::Unprocessable { code, .. } => code,
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -124,6 +131,7 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::ModuleDisabled(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,

@@ -11,7 +11,7 @@ use sqlx::PgPool;
 
 use crate::api::reservations::{json_body, read_body};
 use crate::domain::Scope;
-use crate::error::{ApiError, invalid, not_found};
+use crate::error::{ApiError, not_found};
 use crate::settings::Settings;
 use crate::tokens::ApiClient;
 use crate::webhooks::{self, Saved};
@@ -54,10 +54,17 @@ async fn put(
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
     let b: WebhookBody = json_body(&read_body(payload).await?)?;
-    let url = webhooks::parse_url(&b.url).map_err(|e| invalid(e.to_string()))?;
+    // A body of the documented shape whose URL is refused is 422, not 400:
+    // whether a URL is acceptable (it parses, its host is not internal)
+    // is more than the document's schema can say.
+    let refused = |e: webhooks::UrlError| ApiError::Unprocessable {
+        code: "url_refused",
+        message: e.to_string(),
+    };
+    let url = webhooks::parse_url(&b.url).map_err(refused)?;
     webhooks::check_destination(&url, settings.webhook_allow_private)
         .await
-        .map_err(|e| invalid(e.to_string()))?;
+        .map_err(refused)?;
     let mut tx = pool.begin().await?;
     let (hook, saved) = webhooks::set_on(
         &mut tx,

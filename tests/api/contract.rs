@@ -897,7 +897,11 @@ fn generated_requests_agree_with_the_published_document() {
         .enable_all()
         .build()
         .expect("runtime");
-    let app = rt.block_on(spawn_app());
+    // Webhook URLs of the examples resolve nowhere here: the deployment
+    // setting lets the fuzzer register a loopback one (see below).
+    let app = rt.block_on(crate::helpers::spawn_app_with(|s| {
+        s.webhook_allow_private = true;
+    }));
     let conformance = rt.block_on(Conformance::new(&app));
     let doc = conformance.doc.clone();
     let ops = operations(&doc);
@@ -959,6 +963,20 @@ fn generated_requests_agree_with_the_published_document() {
             };
             fuzzer.run(reserve, c).await.expect("a reservation");
         }
+        // A webhook, so that reading it answers 200 before a generated
+        // DELETE removes it.
+        let put_hook = ops
+            .iter()
+            .position(|o| o.id == "putWebhook")
+            .expect("putWebhook");
+        let c = Case {
+            params: vec![],
+            body: Some(json!({"url": "http://127.0.0.1:8081/hooks/poolkeeper"})),
+            broken: None,
+            link: None,
+            floats: false,
+        };
+        fuzzer.run(put_hook, c).await.expect("a webhook");
     });
 
     let strategies: Vec<BoxedStrategy<Case>> = ops.iter().map(|op| case(&doc, op)).collect();
@@ -980,13 +998,15 @@ fn generated_requests_agree_with_the_published_document() {
     }
 
     // Both sides of the property, and the 2xx of every operation, were
-    // exercised: a generator that only makes junk proves nothing.
+    // exercised: a generator that only makes junk proves nothing. (An
+    // operation with no parameter and no body has no invalid request.)
     let summary = format!("{:#?}", fuzzer.tally);
     for op in &ops {
         let t = fuzzer.tally.get(&op.id);
         let (v, inv, ok) = t.map_or((0, 0, 0), |t| (t.valid, t.invalid, t.success));
+        let has_input = !op.params.is_empty() || op.body.is_some();
         assert!(
-            v > 0 && inv > 0 && ok > 0,
+            v > 0 && (inv > 0 || !has_input) && ok > 0,
             "{}: {v} valid, {inv} invalid, {ok} 2xx\n{summary}",
             op.id
         );

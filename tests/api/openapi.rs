@@ -512,7 +512,13 @@ async fn real_answers_validate_against_the_documented_schemas() {
         "put",
         hook("put", Some(json!({"url": "http://10.0.0.1/"})))
             .await
-            .expect("400"),
+            .expect("422"),
+    )
+    .await;
+    c.check(
+        W,
+        "put",
+        hook("put", Some(json!({"url": 10}))).await.expect("400"),
     )
     .await;
     c.check(W, "get", hook("get", None).await.expect("200"))

@@ -705,10 +705,12 @@ async fn internal_addresses_and_bad_urls_are_refused_at_registration_and_at_deli
         "https://user:pw@hooks.example/x",
         "not a url",
     ] {
+        // Well-formed JSON of the documented shape: the URL itself is
+        // refused, 422 (the document cannot say which URLs resolve inward).
         let r = put(url).await.expect("PUT");
-        assert_eq!(r.status().as_u16(), 400, "{url}");
+        assert_eq!(r.status().as_u16(), 422, "{url}");
         let body: Value = r.json().await.expect("json");
-        assert_eq!(body["error"], "invalid", "{url}: {body}");
+        assert_eq!(body["error"], "url_refused", "{url}: {body}");
     }
     let r = put("http://10.0.0.1/hook").await.expect("PUT");
     let body: Value = r.json().await.expect("json");
