@@ -25,7 +25,7 @@ pub struct Run {
 
 /// N held reservations, overdue, one per machine, with their `created` events.
 async fn load(db: &Db, org_id: i64, n: i64) -> anyhow::Result<()> {
-    db.exec("TRUNCATE reservation_events, service_links, reservations, sweep_runs")
+    db.exec("TRUNCATE reservation_events, service_links, reservations, sweep_runs CASCADE")
         .await?;
     sqlx::query(
         "WITH ins AS (

@@ -142,12 +142,14 @@ pub(crate) async fn list(
     // it, never reads its own wall clock. Keyset paging on (expires_at, id)
     // walks reservations_held_by_deadline_idx (the sweep's index) in order,
     // forwards or backwards, and stops after a page: no OFFSET, no per-row
-    // query. The redundant `expires_at >=`/`<=` lets the index bound the walk.
+    // query. The redundant `expires_at >=`/`<=` lets the index bound the walk,
+    // and `expires_at IS NOT NULL` (always true) matches the index's
+    // predicate, which says so to keep the allocator's probes off it.
     let sql = format!(
         "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.expires_at,
                 floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining
            FROM reservations r JOIN machines m ON m.id = r.machine_id
-          WHERE r.org_id = $1 AND r.state = 'held'
+          WHERE r.org_id = $1 AND r.state = 'held' AND r.expires_at IS NOT NULL
             AND ($2::text IS NULL OR m.site = $2::text)
             AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))
             AND ($4::timestamptz IS NULL OR (r.expires_at {cmp}= $4 AND (r.expires_at, r.id) {cmp} ($4, $5)))
@@ -176,7 +178,7 @@ pub(crate) async fn list(
     let (total, refreshed_at): (i64, DateTime<Utc>) = sqlx::query_as(
         "SELECT count(*), clock_timestamp()
            FROM reservations r
-          WHERE r.org_id = $1 AND r.state = 'held'
+          WHERE r.org_id = $1 AND r.state = 'held' AND r.expires_at IS NOT NULL
             AND ($2::text IS NULL OR (SELECT m.site FROM machines m WHERE m.id = r.machine_id) = $2::text)
             AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))",
     )
