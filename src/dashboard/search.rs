@@ -65,6 +65,12 @@ pub(crate) async fn search(
             "The search text must be at most 200 characters.",
         ));
     }
+    // PostgreSQL text cannot hold a NUL: refused here, not a 500 there.
+    if q.chars().any(char::is_control) {
+        return Err(DashError::bad_request(
+            "The search text must not contain control characters.",
+        ));
+    }
     let mut reservations = Vec::new();
     let mut machines = Vec::new();
     if !q.is_empty() {
