@@ -146,7 +146,7 @@ async fn run_command(
     }
     let pool = crate::db::connect_app(
         database.options.clone(),
-        20,
+        settings.db_max_connections,
         settings.db_acquire_timeout,
         settings.db_pooler.pooled(),
     )

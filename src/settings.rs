@@ -48,6 +48,10 @@ pub struct Settings {
     /// `POOLKEEPER_REFUSAL_RETENTION_DAYS` (default 90, 1 to 3650): refusal
     /// rows older than this are purged by the sweep worker (issue 15).
     pub refusal_retention_days: u32,
+    /// `POOLKEEPER_DB_MAX_CONNECTIONS` (default 20, 1 to 1000): the
+    /// application pool's size (the sweep and the webhook worker have their
+    /// own small pools).
+    pub db_max_connections: u32,
     /// `POOLKEEPER_WEBHOOK_ALLOW_PRIVATE` (default off): let webhook URLs
     /// reach loopback, private, link-local and unspecified addresses. Off,
     /// a tenant admin cannot make the server call internal services.
@@ -111,6 +115,7 @@ impl Settings {
             migration_database_url: None,
             shutdown_drain: Duration::from_secs(5),
             refusal_retention_days: 90,
+            db_max_connections: 20,
             webhook_allow_private: false,
             webhook_poll: Duration::from_millis(1000),
             webhook_backoff_base: Duration::from_millis(10_000),
@@ -239,6 +244,10 @@ impl Settings {
                 1,
                 7 * 86_400,
             )?);
+        }
+        if let Some(v) = get("POOLKEEPER_DB_MAX_CONNECTIONS") {
+            s.db_max_connections =
+                parse_number("POOLKEEPER_DB_MAX_CONNECTIONS", &v, 1, 1000)? as u32;
         }
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
