@@ -113,12 +113,27 @@ because the shipped path is now PL/pgSQL as well, the table also gives the
 server's CPU per request and the round trips per call, so that the gain is
 visible and not just moved into PostgreSQL.
 
-What is left between the two: the HTTP exchange itself (the server parses
-the request, checks the body, serialises the answer; the client does the
-same), one round trip per request instead of one per cycle's half in the
-ceiling's loop, and the shipped functions doing a little more than the
-ceiling's (the token check, the frozen reason's words, the walk's counters
-returned as a row).";
+What is left between the two, measured while writing this (pgbench on one
+connection, the same prepared statements the server sends, the backend's
+CPU read from /proc): at the database alone, `api_reserve` + `api_transition`
+cost 0.74 ms of PostgreSQL CPU per cycle against 0.51 ms for the ceiling's
+pair (x1.45). That part is what the shipped functions do beyond the
+ceiling: the token check in the same statement, the frozen reason's words,
+the walk's counters returned as a row, nested PL/pgSQL calls each with its
+`SET` clauses, and, on every insert, the webhook outbox trigger and one more
+index on `reservations` (the overview's 24-hour chart). Through HTTP the
+PostgreSQL CPU per cycle roughly doubles again (the CPU columns above): the
+same two statements arrive one at a time on a pool of 20 connections that
+sqlx hands out in turn, so each request wakes a different, cold backend
+rather than one hot one. Quick runs with `POOLKEEPER_DB_MAX_CONNECTIONS=4`
+measured 1.06 to 1.36 ms of PostgreSQL CPU per cycle against 1.5 to 1.7 ms
+with the default 20 (and 983 against 878 cycles/s at 8 clients), so the
+pool accounts for part of it. What would close the rest: fewer, hotter
+backends (a smaller pool, or a pool that hands out the most recently used
+connection first, which sqlx's pool cannot be told to do), one PL/pgSQL frame
+per call instead of four nested ones with their `SET` clauses, and a server
+that sends less per request (its CPU per request is 0.14 to 0.22 ms now,
+against about 0.4 ms before).";
 
 const LATENCY8: &str = "The p99 at 8 clients is time spent waiting for a CPU: 8 clients, the
 server's threads and 8 backends share the CPUs, and any other load on the
@@ -196,7 +211,18 @@ run's `sweep_runs` row and held that row lock until it committed, so the two
 statements took turns. The count is now added up by the worker and written
 once by `finish_run`; with that, `BENCH_ONLY=sweep` measured 2.2 to 2.4 s
 for 100,000 two at a time, against 3.6 to 3.9 s before. The margin under the
-3 s target is thin on this 2-CPU machine and varies between runs.";
+3 s target is thin on this 2-CPU machine and varies between runs.
+
+Since 2026-12-03 every expired reservation also costs the webhook outbox
+trigger (one call per batch statement: it reads the statement's new events
+and, when no organization has a webhook, probes the empty `webhooks` table
+once) and one more index entry (`reservations_created_recently_idx`, for the
+overview's 24-hour chart). Measured alone in psql (100,000 expiries in
+batches of 500), the trigger costs about 5% and the index about 3%. The two
+full runs of that day measured 3.51 s (09:37 UTC, a miss) and the figure in
+the table: the margin under 3 s is thinner than before. What would widen
+it: the chart reading its counts from `reservation_events` instead of an
+index of its own, or a third batch statement at a time.";
 
 const PAGES: &str = "### What limits item 5 (pages)
 
