@@ -132,7 +132,7 @@ pool accounts for part of it. What would close the rest: fewer, hotter
 backends (a smaller pool, or a pool that hands out the most recently used
 connection first, which sqlx's pool cannot be told to do), one PL/pgSQL frame
 per call instead of four nested ones with their `SET` clauses, and a server
-that sends less per request (its CPU per request is 0.14 to 0.22 ms now,
+that sends less per request (its CPU per request is 0.15 to 0.3 ms now,
 against about 0.4 ms before).";
 
 const LATENCY8: &str = "The p99 at 8 clients is time spent waiting for a CPU: 8 clients, the
