@@ -42,8 +42,6 @@ pub const MAX_SCANNED: usize = 25;
 pub const MAX_ATTEMPTS: usize = 5;
 /// What `contended` tells the caller to wait before retrying, in seconds.
 pub const RETRY_AFTER_SECONDS: u32 = 1;
-/// Who expires an overdue reservation found at the point of use (R11).
-pub const ENDED_BY_ALLOCATOR: &str = "allocator";
 
 /// What an order asks for.
 #[derive(Debug, Clone)]

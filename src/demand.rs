@@ -15,10 +15,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::allocator::{ExcludedCounts, OrderSpec, ReserveOutcome};
+use crate::allocator::{OrderSpec, ReserveOutcome};
 use crate::metrics::Metrics;
 
 /// Why a reserve was refused: the two 409s that mean "no machine for you".
@@ -38,30 +38,12 @@ impl RefusalReason {
             RefusalReason::Contended => "contended",
         }
     }
-
-    /// R7: no candidate left when the counts were read is `unavailable`.
-    pub fn of(excluded: &ExcludedCounts) -> RefusalReason {
-        if excluded.candidates == 0 {
-            RefusalReason::Unavailable
-        } else {
-            RefusalReason::Contended
-        }
-    }
-}
-
-/// The `excluded` column: API.md's counts for `unavailable`, the number of
-/// candidates for `contended`.
-pub fn excluded_json(reason: RefusalReason, excluded: &ExcludedCounts) -> Value {
-    match reason {
-        RefusalReason::Unavailable => json!(excluded),
-        RefusalReason::Contended => json!({ "candidates": excluded.candidates }),
-    }
 }
 
 // Recording: the allocator's `reserve_machine`
 // (migrations/20261203000001_allocator.sql) inserts the refusal row in the
-// statement that read the counts, with `excluded` shaped as
-// `excluded_json` says.
+// statement that read the counts: `excluded` holds API.md's counts for
+// `unavailable`, `{"candidates": N}` for `contended`.
 
 // ---------------------------------------------------------------------------
 // The metric's bounded labels

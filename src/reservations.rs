@@ -107,13 +107,6 @@ pub const RESERVATION_COLUMNS: &str = "id, org_id, order_ref, machine_id, state,
 const LINK_COLUMNS: &str =
     "id, machine_id, reservation_id, service_ref, created_at, ended_at, ended_by";
 
-/// Who ends an overdue reservation found by a conversion (R11, API.md).
-pub const ENDED_BY_CONVERSION: &str = "conversion";
-/// Who ends an overdue reservation found by a cancellation. Nobody decided
-/// before the deadline, so it is recorded as expired, not cancelled (R2);
-/// the actor names what found it, as `conversion` and `allocator` do.
-pub const ENDED_BY_CANCELLATION: &str = "cancellation";
-
 /// The longest cancellation reason, in characters.
 pub const MAX_REASON_CHARS: usize = 500;
 
@@ -330,30 +323,26 @@ pub(crate) struct MaybeReservation {
 }
 
 impl MaybeReservation {
-    /// The reservation, or None when the row carried none.
-    pub(crate) fn into_reservation(self) -> Option<Reservation> {
-        Some(Reservation {
-            id: self.id?,
-            org_id: self.org_id?,
-            order_ref: self.order_ref?,
-            machine_id: self.machine_id?,
-            state: self.state?,
-            fence: self.fence?,
-            reason: self.reason?,
-            hold_seconds: self.hold_seconds?,
-            created_at: self.created_at?,
-            expires_at: self.expires_at?,
+    /// The reservation a function promised.
+    pub(crate) fn required(self) -> Result<Reservation, sqlx::Error> {
+        let missing = || {
+            sqlx::Error::Protocol("a reservation was expected in the function's answer".to_owned())
+        };
+        Ok(Reservation {
+            id: self.id.ok_or_else(missing)?,
+            org_id: self.org_id.ok_or_else(missing)?,
+            order_ref: self.order_ref.ok_or_else(missing)?,
+            machine_id: self.machine_id.ok_or_else(missing)?,
+            state: self.state.ok_or_else(missing)?,
+            fence: self.fence.ok_or_else(missing)?,
+            reason: self.reason.ok_or_else(missing)?,
+            hold_seconds: self.hold_seconds.ok_or_else(missing)?,
+            created_at: self.created_at.ok_or_else(missing)?,
+            expires_at: self.expires_at.ok_or_else(missing)?,
             ended_at: self.ended_at,
             ended_by: self.ended_by,
             end_reason: self.end_reason,
             machine: self.machine.map(|j| j.0).unwrap_or_default(),
-        })
-    }
-
-    /// The reservation a function promised.
-    pub(crate) fn required(self) -> Result<Reservation, sqlx::Error> {
-        self.into_reservation().ok_or_else(|| {
-            sqlx::Error::Protocol("a reservation was expected in the function's answer".to_owned())
         })
     }
 }

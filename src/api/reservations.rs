@@ -339,18 +339,17 @@ async fn cancel(
     let bytes = read_body(payload).await;
     let request = path_id(&path).and_then(|id| {
         let b: CancelBody = json_body(&bytes?)?;
-        reservations::check_reason(&b.reason).map_err(invalid)?;
-        Ok((id, b))
+        let reason = reservations::check_reason(&b.reason).map_err(invalid)?;
+        Ok((id, b.fence, reason.to_owned()))
     });
-    let (id, b) = parsed(request, &token, &pool, &settings).await?;
-    let reason = reservations::check_reason(&b.reason).map_err(invalid)?;
+    let (id, fence, reason) = parsed(request, &token, &pool, &settings).await?;
     transition(
         &token,
         &settings,
         &pool,
         id,
-        b.fence,
-        Transition::Cancel(reason),
+        fence,
+        Transition::Cancel(&reason),
     )
     .await
 }
