@@ -28,9 +28,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection};
 
 use crate::domain::{MachineStatus, OrderRef, ParseError, Profile, Site, Vendor};
 use crate::inventory::{Machine, MachineFilter};
@@ -187,7 +188,7 @@ fn bind_spec<'q, O>(
 /// `filter`, ordered by asset tag after `after`, at most `limit`, each with
 /// its exclusion for `spec` (the same rules reserve applies).
 pub async fn explain(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     spec: &OrderSpec,
     filter: &MachineFilter,
@@ -289,7 +290,7 @@ pub struct PassTwo {
 }
 
 pub async fn lockable_now(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     spec: &OrderSpec,
 ) -> Result<PassTwo, sqlx::Error> {
@@ -408,12 +409,14 @@ pub enum Walked {
 
 /// Reserves a machine for `req.order_ref` in `org_id` (R3-R9).
 pub async fn reserve(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<ReserveOutcome, sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    reserve_on(&mut conn, org_id, req).await
+    let outcome = reserve_on(&mut conn, org_id, req).await?;
+    conn.finish().await?;
+    Ok(outcome)
 }
 
 /// `reserve` on a given connection (tests run many of these on separate
@@ -477,12 +480,11 @@ impl CallerRefusal {
 /// very next request with no round trip of its own. `req.actor` is ignored:
 /// the actor is the token's name.
 pub async fn reserve_for_token(
-    pool: &PgPool,
+    pool: &Db,
     token_hash: &[u8],
     module_on: bool,
     req: &ReserveRequest,
 ) -> Result<Result<ReserveOutcome, CallerRefusal>, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
     let row: CallerRow<ReserveRow> = sqlx::query_as(
         "SELECT c.caller, (c.result).* FROM api_reserve($1, $2, $3, $4, $5, $6::text, $7) c",
     )
@@ -493,7 +495,7 @@ pub async fn reserve_for_token(
     .bind(req.spec.profile.as_str())
     .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
     .bind(req.hold.get() as i32)
-    .fetch_one(&mut *conn)
+    .fetch_one(pool)
     .await?;
     match CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),

@@ -2,8 +2,9 @@
 //! where, on what. Never a password or a token: callers pass an object name
 //! ("user:ana@…", "token:checkout", "reservation:12") and a short detail.
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 /// One audit row to write.
 pub struct Entry<'a> {
@@ -48,7 +49,7 @@ pub struct Row {
 /// row id (a cursor, so pages do not shift when rows arrive). Returns up to
 /// `limit + 1` rows: the extra one says there is a next page.
 pub async fn page(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     before: Option<i64>,
     limit: i64,

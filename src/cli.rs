@@ -149,6 +149,7 @@ async fn run_command(
         settings.db_max_connections,
         settings.db_acquire_timeout,
         settings.db_pooler.pooled(),
+        !settings.db_statement_cache,
     )
     .await
     .map_err(|e| {

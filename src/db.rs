@@ -4,9 +4,14 @@ use std::error::Error as StdError;
 use std::str::FromStr;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::{BoxStream, TryStreamExt};
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{
+    PgConnectOptions, PgPool, PgPoolOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
+};
+use sqlx::{Connection, Either, Execute, Executor, PgConnection, Postgres, SqlStr, Transaction};
 
 /// The migrations, embedded in the binary.
 pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
@@ -39,38 +44,43 @@ pub const SESSION_LIMITS: [(&str, &str); 3] = [
 ];
 
 /// Options behind a pooler: no startup `options` (PgBouncer refuses them);
-/// the limits come from the role instead (`check_role_limits`). The
-/// statement cache stays on: sqlx 0.9 names every prepared statement even
-/// with `statement_cache_capacity(0)` (it only stops closing them), so
-/// turning the cache off does not help a transaction-mode pooler; what does
-/// is a pooler that tracks prepared statements (`check_statement_support`).
+/// the limits come from the role instead (`check_role_limits`).
 pub fn for_pooler(opts: PgConnectOptions) -> PgConnectOptions {
     opts.application_name("poolkeeper")
 }
 
-/// The application's pool, direct (`pooler = false`: limits as startup
-/// options) or through a pooler.
+/// The application's database, direct (`pooler = false`: limits as startup
+/// options) or through a pooler; `pinned` turns the statement cache off and
+/// runs every statement in a transaction (`Db`).
 pub async fn connect_app(
     opts: PgConnectOptions,
     max_connections: u32,
     acquire_timeout: Duration,
     pooler: bool,
-) -> Result<PgPool, sqlx::Error> {
+    pinned: bool,
+) -> Result<Db, sqlx::Error> {
+    let opts = if pinned {
+        opts.statement_cache_capacity(0)
+    } else {
+        opts
+    };
     if !pooler {
-        return connect_with_acquire_timeout(opts, max_connections, acquire_timeout).await;
+        let pool = connect_pool(opts, max_connections, acquire_timeout).await?;
+        return Ok(Db::new(pool, pinned));
     }
-    PgPoolOptions::new()
+    let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)
         .connect_with(for_pooler(opts))
-        .await
+        .await?;
+    Ok(Db::new(pool, pinned))
 }
 
 /// The session limits a pooled session does not have, as the SQL that sets
 /// them on the role; empty when every limit is in force (set, and no looser
 /// than RELIABILITY.md's).
-pub async fn missing_role_limits(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+pub async fn missing_role_limits(pool: &Db) -> Result<Vec<String>, sqlx::Error> {
     // One round trip; pg_settings gives the values in milliseconds.
     let rows: Vec<(String, i64, String)> = sqlx::query_as(
         "SELECT name, setting::bigint, current_user::text FROM pg_settings
@@ -112,25 +122,40 @@ fn quote_ident(name: &str) -> String {
     }
 }
 
-/// Through a transaction-mode pooler, refuses to start unless the pooler
-/// keeps prepared statements apart per client (PgBouncer >= 1.21 with
-/// `max_prepared_statements`, which renames them `PGBOUNCER_n` on the
-/// server). Without that, sqlx's statements (prepared in one round trip,
-/// executed in the next) land on server sessions shared with other
-/// clients: `tests/api/pgbouncer.rs` shows PgBouncer 1.18 giving "already
-/// exists" errors and, with unnamed statements, another client's answer.
+/// Through a transaction-mode pooler, checks that the way statements run
+/// suits the pooler, and refuses to start otherwise.
+///
+/// - Statement cache on (the default): the pooler must keep prepared
+///   statements apart per client (PgBouncer >= 1.21 with
+///   `max_prepared_statements`, which renames them `PGBOUNCER_n` on the
+///   server). One that passes them through to shared server sessions
+///   (PgBouncer 1.18) would run another client's statement of the same name:
+///   refused, pointing to `POOLKEEPER_DB_STATEMENT_CACHE=off`.
+/// - Statement cache off (`Db` pinned): the pooler must pass statements
+///   through, because each pinned transaction starts with `DEALLOCATE ALL`,
+///   which would remove the statements a tracking pooler believes it has
+///   prepared on the server: refused, pointing to the cache on.
+///
 /// The probe is deterministic: within one transaction the server session
 /// is ours, and it shows the statement under sqlx's own name or not.
-pub async fn check_statement_support(pool: &PgPool) -> anyhow::Result<()> {
-    let refusal = || {
+pub async fn check_statement_support(db: &Db) -> anyhow::Result<()> {
+    let passes_through = || {
         anyhow::anyhow!(
             "POOLKEEPER_DB_POOLER=transaction: the pooler passes prepared statements through to \
-             shared server sessions, where they would run for other clients. Use PgBouncer 1.21 \
-             or later with max_prepared_statements = 200 (or more), or pool_mode = session with \
-             POOLKEEPER_DB_POOLER=session"
+             shared server sessions, where cached statements would run for other clients. Set \
+             POOLKEEPER_DB_STATEMENT_CACHE=off (every statement then runs in its own transaction), \
+             or use PgBouncer 1.21 or later with max_prepared_statements = 200 (or more), or \
+             pool_mode = session with POOLKEEPER_DB_POOLER=session"
         )
     };
-    let mut tx = pool.begin().await?;
+    let tracks = || {
+        anyhow::anyhow!(
+            "POOLKEEPER_DB_STATEMENT_CACHE=off: the pooler tracks prepared statements \
+             (max_prepared_statements), and the pinned transactions' DEALLOCATE ALL would drop \
+             them behind its back. Leave the statement cache on (POOLKEEPER_DB_STATEMENT_CACHE=on)"
+        )
+    };
+    let mut tx = db.begin().await?;
     let probe: Result<(i32, i64), sqlx::Error> = sqlx::query_as(
         "SELECT $1::int4, (SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'sqlx_s_%')",
     )
@@ -140,14 +165,17 @@ pub async fn check_statement_support(pool: &PgPool) -> anyhow::Result<()> {
     match probe {
         Ok((_, passed_through)) => {
             tx.rollback().await?;
-            if passed_through > 0 {
-                return Err(refusal());
+            match (db.is_pinned(), passed_through > 0) {
+                (false, true) => Err(passes_through()),
+                (true, false) => Err(tracks()),
+                _ => Ok(()),
             }
-            Ok(())
         }
         // Another client's statement of the same name already sits on
         // this server session: the same diagnosis, seen from the other side.
-        Err(e) if sqlstate(&e).as_deref() == Some("42P05") => Err(refusal()),
+        Err(e) if sqlstate(&e).as_deref() == Some("42P05") && !db.is_pinned() => {
+            Err(passes_through())
+        }
         Err(e) => Err(e.into()),
     }
 }
@@ -155,7 +183,7 @@ pub async fn check_statement_support(pool: &PgPool) -> anyhow::Result<()> {
 /// Through a pooler, refuses to go on unless the role carries the limits,
 /// naming the SQL to run: silently running without them would let one stuck
 /// statement hold rows and connections for ever (RELIABILITY.md).
-pub async fn check_role_limits(pool: &PgPool) -> anyhow::Result<()> {
+pub async fn check_role_limits(pool: &Db) -> anyhow::Result<()> {
     let missing = missing_role_limits(pool).await?;
     if missing.is_empty() {
         return Ok(());
@@ -177,14 +205,25 @@ pub fn parse_url(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The application's pool.
-pub async fn connect(opts: PgConnectOptions, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+pub async fn connect(opts: PgConnectOptions, max_connections: u32) -> Result<Db, sqlx::Error> {
     connect_with_acquire_timeout(opts, max_connections, DEFAULT_ACQUIRE_TIMEOUT).await
 }
 
-/// The application's pool, waiting at most `acquire_timeout` for a
-/// connection (`POOLKEEPER_DB_ACQUIRE_SECONDS`). Every connection carries the
-/// session limits; the sweep's own pool clones these options.
+/// The application's database, direct, waiting at most `acquire_timeout`
+/// for a connection (`POOLKEEPER_DB_ACQUIRE_SECONDS`).
 pub async fn connect_with_acquire_timeout(
+    opts: PgConnectOptions,
+    max_connections: u32,
+    acquire_timeout: Duration,
+) -> Result<Db, sqlx::Error> {
+    Ok(Db::direct(
+        connect_pool(opts, max_connections, acquire_timeout).await?,
+    ))
+}
+
+/// A direct pool. Every connection carries the session limits; the
+/// workers' own pools clone these options.
+async fn connect_pool(
     opts: PgConnectOptions,
     max_connections: u32,
     acquire_timeout: Duration,
@@ -255,6 +294,252 @@ async fn applied_versions(conn: &mut PgConnection) -> Result<usize, sqlx::Error>
     Ok(n as usize)
 }
 
+/// `BEGIN` for a pinned transaction: the statement that follows `BEGIN`
+/// drops whatever prepared statements an earlier client of the pooler left
+/// on this server session, so that sqlx's names (`sqlx_s_N`, numbered per
+/// client connection) cannot collide with them. One round trip: both run
+/// as one simple query.
+const PINNED_BEGIN: &str = "BEGIN; DEALLOCATE ALL";
+
+/// The application's database: a pool, and how its statements must run
+/// through whatever sits in front of PostgreSQL.
+///
+/// Direct, or behind a pooler that keeps a client's server session (or
+/// tracks prepared statements), statements run as sqlx runs them: prepared
+/// once per connection, then one round trip each.
+///
+/// *Pinned* (`POOLKEEPER_DB_STATEMENT_CACHE=off`), for a transaction-mode
+/// pooler that passes prepared statements through to shared server
+/// sessions (PgBouncer 1.18): sqlx prepares a statement in one round trip
+/// and executes it in the next, and such a pooler may hand each round trip
+/// to a different server session, where another client's statement of the
+/// same name runs instead (`tests/api/pgbouncer.rs`). So every statement
+/// runs inside an explicit transaction, which keeps one server session for
+/// the client until it ends, begun by `PINNED_BEGIN`; and nothing is cached
+/// (`statement_cache_capacity(0)`), so no statement is ever executed in a
+/// later transaction than the one that prepared it. A statement on `&Db`
+/// is its own transaction, committed before the call returns.
+#[derive(Clone, Debug)]
+pub struct Db {
+    pool: PgPool,
+    pinned: bool,
+}
+
+impl Db {
+    /// Statements run as sqlx runs them (a direct connection, or a pooler
+    /// that keeps sessions or tracks prepared statements).
+    pub fn direct(pool: PgPool) -> Db {
+        Db {
+            pool,
+            pinned: false,
+        }
+    }
+
+    /// Every statement inside an explicit transaction (see the type's
+    /// documentation). `pool`'s options must have the statement cache off.
+    pub fn pinned(pool: PgPool) -> Db {
+        Db { pool, pinned: true }
+    }
+
+    /// Pinned or direct, as `pinned` says.
+    pub fn new(pool: PgPool, pinned: bool) -> Db {
+        Db { pool, pinned }
+    }
+
+    pub fn is_pinned(&self) -> bool {
+        self.pinned
+    }
+
+    /// A transaction; pinned, it first clears the server session's
+    /// leftover prepared statements (`PINNED_BEGIN`).
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        if self.pinned {
+            self.pool.begin_with(PINNED_BEGIN).await
+        } else {
+            self.pool.begin().await
+        }
+    }
+
+    /// A connection for several statements in a row. Pinned, it is a
+    /// transaction: what it wrote is kept only by `finish`, and dropping it
+    /// unfinished rolls back, as a transaction would.
+    pub async fn acquire(&self) -> Result<Conn, sqlx::Error> {
+        if self.pinned {
+            Ok(Conn::Pinned(self.begin().await?))
+        } else {
+            Ok(Conn::Direct(self.pool.acquire().await?))
+        }
+    }
+
+    /// A background worker's own small pool (the sweep's, the webhook
+    /// worker's), lazily connecting and pinned as this one is, so that the
+    /// HTTP load cannot starve the worker; each session gets the worker's
+    /// shorter `statement_timeout`. Not through a transaction-mode pooler:
+    /// there a session-level SET would stay on the server session and reach
+    /// other clients' transactions, so the worker keeps the role's limits
+    /// and relies on its client-side call bound.
+    pub fn worker_pool(
+        &self,
+        application_name: &str,
+        max_connections: u32,
+        acquire_timeout: Duration,
+        statement_timeout: Duration,
+        transaction_pooler: bool,
+    ) -> Db {
+        let options = (*self.pool.connect_options())
+            .clone()
+            .application_name(application_name);
+        let builder = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .min_connections(0)
+            .acquire_timeout(acquire_timeout);
+        if transaction_pooler {
+            return Db::new(builder.connect_lazy_with(options), self.pinned);
+        }
+        let statement_timeout = format!("{}ms", statement_timeout.as_millis());
+        let pool = builder
+            .after_connect(move |conn, _| {
+                let statement_timeout = statement_timeout.clone();
+                Box::pin(async move {
+                    conn.execute(
+                        sqlx::query("SELECT set_config('statement_timeout', $1, false)")
+                            .bind(statement_timeout),
+                    )
+                    .await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options);
+        Db::new(pool, self.pinned)
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.pool.is_closed()
+    }
+
+    pub fn connect_options(&self) -> std::sync::Arc<PgConnectOptions> {
+        self.pool.connect_options()
+    }
+
+    /// Connections open, and of those idle (for /metrics and /jobs).
+    pub fn size(&self) -> u32 {
+        self.pool.size()
+    }
+
+    pub fn num_idle(&self) -> usize {
+        self.pool.num_idle()
+    }
+}
+
+/// A connection from `Db::acquire`: the pool's connection, or, pinned, a
+/// transaction on it.
+pub enum Conn {
+    Direct(PoolConnection<Postgres>),
+    Pinned(Transaction<'static, Postgres>),
+}
+
+impl Conn {
+    /// Keeps what was written: pinned, commits; direct, each statement
+    /// already committed on its own.
+    pub async fn finish(self) -> Result<(), sqlx::Error> {
+        match self {
+            Conn::Direct(_) => Ok(()),
+            Conn::Pinned(tx) => tx.commit().await,
+        }
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        match self {
+            Conn::Direct(c) => c,
+            Conn::Pinned(t) => t,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        match self {
+            Conn::Direct(c) => c,
+            Conn::Pinned(t) => t,
+        }
+    }
+}
+
+impl<'c> Executor<'c> for &'c Db {
+    type Database = Postgres;
+
+    fn fetch_many<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxStream<'e, Result<Either<PgQueryResult, PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        if !self.pinned {
+            return self.pool.fetch_many(query);
+        }
+        // Pinned: the whole answer is read inside the transaction, which
+        // commits before the first row is handed out.
+        Box::pin(
+            futures_util::stream::once(async move {
+                let mut tx = self.begin().await?;
+                let steps: Vec<_> = (&mut *tx).fetch_many(query).try_collect().await?;
+                tx.commit().await?;
+                Ok::<_, sqlx::Error>(futures_util::stream::iter(steps.into_iter().map(Ok)))
+            })
+            .try_flatten(),
+        )
+    }
+
+    fn fetch_optional<'e, 'q: 'e, E>(
+        self,
+        query: E,
+    ) -> BoxFuture<'e, Result<Option<PgRow>, sqlx::Error>>
+    where
+        'c: 'e,
+        E: 'q + Execute<'q, Postgres>,
+    {
+        if !self.pinned {
+            return self.pool.fetch_optional(query);
+        }
+        Box::pin(async move {
+            let mut tx = self.begin().await?;
+            let row = (&mut *tx).fetch_optional(query).await?;
+            tx.commit().await?;
+            Ok(row)
+        })
+    }
+
+    fn prepare_with<'e>(
+        self,
+        sql: SqlStr,
+        parameters: &'e [PgTypeInfo],
+    ) -> BoxFuture<'e, Result<PgStatement, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.pool.prepare_with(sql, parameters)
+    }
+
+    fn describe<'e>(
+        self,
+        sql: SqlStr,
+    ) -> BoxFuture<'e, Result<sqlx::Describe<Postgres>, sqlx::Error>>
+    where
+        'c: 'e,
+    {
+        self.pool.describe(sql)
+    }
+}
+
 /// What `serve` and the other commands do with the schema at start-up.
 ///
 /// When every migration is already applied, nothing needs DDL or a session:
@@ -267,7 +552,7 @@ async fn applied_versions(conn: &mut PgConnection) -> Result<usize, sqlx::Error>
 /// fails and says what to set.
 pub async fn prepare_schema(
     migration: Option<&PgConnectOptions>,
-    app: &PgPool,
+    app: &Db,
 ) -> anyhow::Result<MigrationReport> {
     let current = match migrations_current(app).await {
         Ok(current) => current,
@@ -304,7 +589,7 @@ async fn purge_leases<'c>(db: impl sqlx::PgExecutor<'c>) -> Result<u64, sqlx::Er
 }
 
 /// True when every embedded migration is applied (for `/readyz`).
-pub async fn migrations_current(pool: &PgPool) -> Result<bool, sqlx::Error> {
+pub async fn migrations_current(pool: &Db) -> Result<bool, sqlx::Error> {
     let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
     let applied: Option<i64> =
         sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")

@@ -14,9 +14,9 @@ use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use sqlx::PgPool;
 
 use crate::allocator::{OrderSpec, ReserveOutcome};
 use crate::metrics::Metrics;
@@ -96,7 +96,7 @@ impl Known {
 
 impl RefusalLabels {
     /// The (site, profile) labels of a refusal for `spec`.
-    pub async fn labels(&self, pool: &PgPool, site: &str, profile: &str) -> (String, String) {
+    pub async fn labels(&self, pool: &Db, site: &str, profile: &str) -> (String, String) {
         let (s, p, all_known, stale) = {
             let known = self.known.read().unwrap_or_else(|e| e.into_inner());
             let (s, p, all) = known.label(site, profile);
@@ -118,7 +118,7 @@ impl RefusalLabels {
     }
 
     /// Reads the inventory's sites and profiles now.
-    pub async fn refresh(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+    pub async fn refresh(&self, pool: &Db) -> Result<(), sqlx::Error> {
         let (sites, profiles): (Vec<String>, Vec<String>) = sqlx::query_as(
             "SELECT coalesce(array_agg(DISTINCT site), '{}'), coalesce(array_agg(DISTINCT profile), '{}')
                FROM machines",
@@ -145,7 +145,7 @@ impl Drop for ClearOnDrop<'_> {
 /// other outcomes are not refusals and count nothing here.
 pub async fn count_refusal(
     metrics: &Metrics,
-    pool: &PgPool,
+    pool: &Db,
     outcome: &ReserveOutcome,
     spec: &OrderSpec,
 ) {
@@ -188,7 +188,7 @@ pub struct RefusedSpec {
 /// The specs of `org_id` refused in the last 7 days, most refused as
 /// `unavailable` first (then `contended`), at most `limit`.
 pub async fn most_refused(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     limit: i64,
 ) -> Result<Vec<RefusedSpec>, sqlx::Error> {
@@ -257,7 +257,7 @@ impl SiteProfileDemand {
 /// last 7 days (a profile never stocked is the plainest "buy hardware"),
 /// most refused first, at most `limit`.
 pub async fn by_site_and_profile(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     limit: usize,
 ) -> Result<Vec<SiteProfileDemand>, sqlx::Error> {

@@ -3,7 +3,7 @@
 //! and holds whose countdown is seen moving (issue 12). Idempotent: running
 //! it again changes nothing that exists, and tops the live holds up.
 
-use sqlx::PgPool;
+use crate::db::Db;
 
 use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
 use crate::domain::{
@@ -65,7 +65,7 @@ impl DemoReport {
     }
 }
 
-pub async fn load(pool: &PgPool) -> anyhow::Result<DemoReport> {
+pub async fn load(pool: &Db) -> anyhow::Result<DemoReport> {
     let slug = Slug::parse(ORG)?;
     let org = match orgs::create(pool, &slug, "Demo Hosting", true).await {
         Ok(org) => org,
@@ -169,7 +169,7 @@ fn spec(i: usize, vendor: Option<&str>) -> anyhow::Result<OrderSpec> {
 /// Reserves through the allocator itself (so each carries a real frozen
 /// reason, R8); a replay of an existing order returns it unchanged.
 async fn reserve(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     order_ref: &str,
     spec: OrderSpec,
@@ -196,7 +196,7 @@ async fn reserve(
 /// times, overdue holds and a history spread over the last day without
 /// waiting for them. Every timestamp of the row moves by the same amount,
 /// so CHECK (expires_at > created_at) and the order of events stay true.
-async fn backdate(pool: &PgPool, id: i64, seconds: i64) -> anyhow::Result<()> {
+async fn backdate(pool: &Db, id: i64, seconds: i64) -> anyhow::Result<()> {
     let mut tx = pool.begin().await?;
     sqlx::query(
         "UPDATE reservations
@@ -234,7 +234,7 @@ async fn backdate(pool: &PgPool, id: i64, seconds: i64) -> anyhow::Result<()> {
 /// already ended. One still held (a run cut short) is picked up again: the
 /// reserve is a replay (R9) and the chapter finishes.
 async fn new_chapter(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     order_ref: &str,
     spec: OrderSpec,
@@ -252,7 +252,7 @@ async fn new_chapter(
     reserve(pool, org_id, order_ref, spec).await
 }
 
-async fn exists(pool: &PgPool, org_id: i64, order_ref: &str) -> anyhow::Result<bool> {
+async fn exists(pool: &Db, org_id: i64, order_ref: &str) -> anyhow::Result<bool> {
     Ok(sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM reservations WHERE org_id = $1 AND order_ref = $2)",
     )
@@ -269,7 +269,7 @@ async fn exists(pool: &PgPool, org_id: i64, order_ref: &str) -> anyhow::Result<b
 /// provisioning), and holds of the default 15 minutes at staggered times.
 /// Each ended chapter is written once (keyed by its order ref); the live
 /// holds are topped up to `HOLDS`. Returns how many demo reservations exist.
-async fn demo_reservations(pool: &PgPool, org_id: i64) -> anyhow::Result<i64> {
+async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
     // Timed out, noticed by the sweep: overdue holds, then one sweep run
     // under the sweep lease (the worker's own functions). When a running
     // server holds the lease, its sweep expires them within a period.

@@ -1,8 +1,8 @@
 //! The pool: machines, their attributes and the datacenter team's status.
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
-use sqlx::PgPool;
 
 use crate::domain::{AssetTag, MachineStatus, Profile, Site, Vendor};
 
@@ -39,7 +39,7 @@ const MACHINE_COLUMNS: &str =
 
 /// Creates or updates the machine `tag` of `org_id`.
 pub async fn upsert(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     tag: &AssetTag,
     spec: &MachineSpec,
@@ -90,7 +90,7 @@ pub struct MachineFilter {
 /// Machines of `org_id` matching `filter`, by asset tag, at most `limit`
 /// after the asset tag `after` (keyset pagination).
 pub async fn list(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     filter: &MachineFilter,
     after: Option<&str>,
@@ -120,7 +120,7 @@ pub async fn list(
 }
 
 /// One machine of `org_id` by asset tag; another organization's is absent.
-pub async fn by_tag(pool: &PgPool, org_id: i64, tag: &str) -> Result<Option<Machine>, sqlx::Error> {
+pub async fn by_tag(pool: &Db, org_id: i64, tag: &str) -> Result<Option<Machine>, sqlx::Error> {
     let sql =
         format!("SELECT {MACHINE_COLUMNS} FROM machines WHERE org_id = $1 AND asset_tag = $2");
     sqlx::query_as(sqlx::AssertSqlSafe(sql))

@@ -9,8 +9,9 @@
 
 use std::time::Duration;
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
-use sqlx::{PgExecutor, PgPool};
+use sqlx::PgExecutor;
 
 use crate::metrics::Metrics;
 
@@ -139,7 +140,7 @@ pub async fn release<'c>(db: impl PgExecutor<'c>, mandate: &Mandate) -> Result<(
 /// replica holds the lease) is loud: an error log, the `lease_errors`
 /// metric, and a row in `lease_errors` when the database takes it.
 pub async fn report_error(
-    pool: &PgPool,
+    pool: &Db,
     metrics: &Metrics,
     key: &str,
     replica: &str,

@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use crate::db::Db;
 use actix_web::{HttpResponse, web};
-use sqlx::PgPool;
 
 use crate::metrics::Metrics;
 
@@ -63,7 +63,7 @@ impl Readiness {
 /// 200 when the replica is not shutting down, the database answers and
 /// every migration is applied; else 503 with the reason in the body, so
 /// that a load balancer drains the replica and an operator sees why.
-async fn readyz(pool: web::Data<PgPool>, readiness: web::Data<Readiness>) -> HttpResponse {
+async fn readyz(pool: web::Data<Db>, readiness: web::Data<Readiness>) -> HttpResponse {
     if readiness.shutting_down() {
         return HttpResponse::ServiceUnavailable()
             .content_type("text/plain; charset=utf-8")

@@ -1,6 +1,7 @@
 //! Organizations (tenants) and their half of the R12 switch.
 
-use sqlx::{PgConnection, PgPool};
+use crate::db::Db;
+use sqlx::PgConnection;
 
 use crate::domain::Slug;
 
@@ -23,7 +24,7 @@ pub enum OrgError {
 }
 
 pub async fn create(
-    pool: &PgPool,
+    pool: &Db,
     slug: &Slug,
     name: &str,
     datacenter_enabled: bool,
@@ -43,7 +44,7 @@ pub async fn create(
     })
 }
 
-pub async fn by_slug(pool: &PgPool, slug: &str) -> Result<Organization, OrgError> {
+pub async fn by_slug(pool: &Db, slug: &str) -> Result<Organization, OrgError> {
     sqlx::query_as("SELECT id, slug, name, datacenter_enabled FROM organizations WHERE slug = $1")
         .bind(slug)
         .fetch_optional(pool)
@@ -51,7 +52,7 @@ pub async fn by_slug(pool: &PgPool, slug: &str) -> Result<Organization, OrgError
         .ok_or_else(|| OrgError::Unknown(slug.to_owned()))
 }
 
-pub async fn by_id(pool: &PgPool, id: i64) -> Result<Option<Organization>, sqlx::Error> {
+pub async fn by_id(pool: &Db, id: i64) -> Result<Option<Organization>, sqlx::Error> {
     sqlx::query_as("SELECT id, slug, name, datacenter_enabled FROM organizations WHERE id = $1")
         .bind(id)
         .fetch_optional(pool)
@@ -59,12 +60,13 @@ pub async fn by_id(pool: &PgPool, id: i64) -> Result<Option<Organization>, sqlx:
 }
 
 pub async fn set_datacenter_enabled(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     enabled: bool,
 ) -> Result<(), sqlx::Error> {
     let mut conn = pool.acquire().await?;
-    set_datacenter_enabled_on(&mut conn, org_id, enabled).await
+    set_datacenter_enabled_on(&mut conn, org_id, enabled).await?;
+    conn.finish().await
 }
 
 /// As `set_datacenter_enabled`, on a caller's transaction (the settings page

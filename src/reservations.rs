@@ -13,9 +13,10 @@
 //! release-then-write). The API calls it through `api_transition`, with the
 //! token check in the same statement.
 
+use crate::db::Db;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 use crate::domain::ServiceRef;
 
@@ -129,7 +130,7 @@ pub fn check_reason(reason: &str) -> Result<&str, &'static str> {
     Ok(reason)
 }
 
-pub async fn get(pool: &PgPool, org_id: i64, id: i64) -> Result<Option<Reservation>, sqlx::Error> {
+pub async fn get(pool: &Db, org_id: i64, id: i64) -> Result<Option<Reservation>, sqlx::Error> {
     let sql =
         format!("SELECT {RESERVATION_COLUMNS} FROM reservations WHERE id = $1 AND org_id = $2");
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
@@ -157,7 +158,7 @@ pub async fn by_order_ref(
 
 /// The service link a converted reservation became, if any.
 pub async fn service_of(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     reservation_id: i64,
 ) -> Result<Option<ServiceLink>, sqlx::Error> {
@@ -171,7 +172,7 @@ pub async fn service_of(
         .await
 }
 
-pub async fn events(pool: &PgPool, org_id: i64, id: i64) -> Result<Vec<Event>, sqlx::Error> {
+pub async fn events(pool: &Db, org_id: i64, id: i64) -> Result<Vec<Event>, sqlx::Error> {
     sqlx::query_as(
         "SELECT e.id, e.at, e.kind, e.from_state, e.to_state, e.actor, e.detail, e.replica, e.lease_fence
            FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
@@ -192,7 +193,7 @@ pub async fn events(pool: &PgPool, org_id: i64, id: i64) -> Result<Vec<Event>, s
 /// expired, ended by `cancellation` (nobody decided before the deadline,
 /// R2), that write is committed, and the answer is `Expired`.
 pub async fn cancel(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     id: i64,
     fence: i64,
@@ -271,7 +272,7 @@ async fn transition_on(
 /// checked in the same statement as the transition. Autocommit: an expiry
 /// found at the point of use (R11) is committed with the refusal.
 pub async fn transition_for_token(
-    pool: &PgPool,
+    pool: &Db,
     token_hash: &[u8],
     module_on: bool,
     id: i64,
@@ -284,7 +285,6 @@ pub async fn transition_for_token(
     >,
     sqlx::Error,
 > {
-    let mut conn = pool.acquire().await?;
     let row: crate::allocator::CallerRow<TransitionRow> = sqlx::query_as(
         "SELECT c.caller, (c.result).* FROM api_transition($1, $2, $3, $4, $5, $6) c",
     )
@@ -294,7 +294,7 @@ pub async fn transition_for_token(
     .bind(fence)
     .bind(what.action())
     .bind(what.text())
-    .fetch_one(&mut *conn)
+    .fetch_one(pool)
     .await?;
     match crate::allocator::CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),
@@ -413,7 +413,7 @@ pub async fn settle<T>(
 /// reservation turns converted: at every instant another order sees one or
 /// the other.
 pub async fn convert(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     id: i64,
     fence: i64,
@@ -466,7 +466,7 @@ pub enum EndServiceError {
 /// wiped before it is sold again), so it is not a candidate until the
 /// datacenter team says it is ready.
 pub async fn end_service(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     id: i64,
     actor: &str,

@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::db::Db;
 use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::startup::{AppState, Application};
 
-pub async fn serve(settings: Settings, pool: PgPool) -> anyhow::Result<()> {
+pub async fn serve(settings: Settings, pool: Db) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let state = AppState::new(settings.clone(), pool.clone(), metrics.clone());
     let readiness = state.readiness.clone();

@@ -37,6 +37,11 @@ pub struct Settings {
     /// startup `options` are sent (a pooler refuses them) and start-up checks
     /// that the session limits are set on the role instead.
     pub db_pooler: DbPooler,
+    /// `POOLKEEPER_DB_STATEMENT_CACHE` (`on` or `off`, default on): off,
+    /// nothing is prepared for later and every statement runs inside an
+    /// explicit transaction (`db::Db`, pinned), for a transaction-mode
+    /// pooler that passes prepared statements through (PgBouncer 1.18).
+    pub db_statement_cache: bool,
     /// `POOLKEEPER_MIGRATION_DATABASE_URL`: a direct session (no pooler)
     /// as the owner role, for the migrations and their advisory lock.
     pub migration_database_url: Option<String>,
@@ -112,6 +117,7 @@ impl Settings {
             session_max: Duration::from_secs(12 * 3600),
             db_acquire_timeout: Duration::from_secs(2),
             db_pooler: DbPooler::None,
+            db_statement_cache: true,
             migration_database_url: None,
             shutdown_drain: Duration::from_secs(5),
             refusal_retention_days: 90,
@@ -192,6 +198,9 @@ impl Settings {
                     });
                 }
             };
+        }
+        if let Some(v) = get("POOLKEEPER_DB_STATEMENT_CACHE") {
+            s.db_statement_cache = parse_switch("POOLKEEPER_DB_STATEMENT_CACHE", &v)?;
         }
         s.migration_database_url = get("POOLKEEPER_MIGRATION_DATABASE_URL");
         if let Some(v) = get("POOLKEEPER_SHUTDOWN_DRAIN_SECONDS") {
@@ -353,10 +362,12 @@ mod tests {
             "POOLKEEPER_DB_POOLER" => Some("transaction".into()),
             "POOLKEEPER_MIGRATION_DATABASE_URL" => Some("postgres://owner@db/pk".into()),
             "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS" => Some("0".into()),
+            "POOLKEEPER_DB_STATEMENT_CACHE" => Some("off".into()),
             _ => None,
         })
         .expect("valid");
         assert_eq!(s.db_pooler, DbPooler::Transaction);
+        assert!(!s.db_statement_cache);
         assert_eq!(
             s.migration_database_url.as_deref(),
             Some("postgres://owner@db/pk")
@@ -364,6 +375,12 @@ mod tests {
         assert_eq!(s.shutdown_drain, Duration::ZERO);
         let d = Settings::from_lookup(|_| None).expect("defaults");
         assert_eq!(d.db_pooler, DbPooler::None);
+        assert!(d.db_statement_cache);
+        let err = Settings::from_lookup(|n| {
+            (n == "POOLKEEPER_DB_STATEMENT_CACHE").then(|| "sometimes".into())
+        })
+        .expect_err("on or off");
+        assert_eq!(err.name, "POOLKEEPER_DB_STATEMENT_CACHE");
         assert_eq!(d.shutdown_drain, Duration::from_secs(5));
         let err =
             Settings::from_lookup(|n| (n == "POOLKEEPER_DB_POOLER").then(|| "statement".into()))

@@ -1,9 +1,10 @@
 //! Staff users: argon2id password hashes, roles.
 
+use crate::db::Db;
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 use crate::domain::{Email, Role};
 
@@ -39,14 +40,16 @@ pub fn verify_password(stored: &str, password: &str) -> bool {
 }
 
 pub async fn create(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     email: &Email,
     role: Role,
     password: &str,
 ) -> Result<i64, StaffError> {
     let mut conn = pool.acquire().await?;
-    create_on(&mut conn, org_id, email, role, password).await
+    let id = create_on(&mut conn, org_id, email, role, password).await?;
+    conn.finish().await?;
+    Ok(id)
 }
 
 /// As `create`, on a caller's connection or transaction (the users page
@@ -88,7 +91,7 @@ pub struct User {
 }
 
 /// An organization's users, enabled first, then by email.
-pub async fn list(pool: &PgPool, org_id: i64) -> Result<Vec<User>, sqlx::Error> {
+pub async fn list(pool: &Db, org_id: i64) -> Result<Vec<User>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, email, role, created_at, disabled_at FROM users WHERE org_id = $1
           ORDER BY disabled_at IS NOT NULL, email",

@@ -2,9 +2,9 @@
 
 use std::net::TcpListener;
 
+use crate::db::Db;
 use actix_web::dev::{Server, ServerHandle, Service};
 use actix_web::{App, HttpServer, web};
-use sqlx::PgPool;
 
 use crate::metrics::Metrics;
 use crate::settings::Settings;
@@ -19,14 +19,14 @@ pub struct Application {
 #[derive(Clone)]
 pub struct AppState {
     pub settings: web::Data<Settings>,
-    pub pool: web::Data<PgPool>,
+    pub pool: web::Data<Db>,
     pub metrics: web::Data<Metrics>,
     /// Shutting down or not, for `/readyz` (set by `serve` on SIGTERM).
     pub readiness: web::Data<crate::ops::Readiness>,
 }
 
 impl AppState {
-    pub fn new(settings: Settings, pool: PgPool, metrics: Metrics) -> AppState {
+    pub fn new(settings: Settings, pool: Db, metrics: Metrics) -> AppState {
         AppState {
             settings: web::Data::new(settings),
             pool: web::Data::new(pool),

@@ -12,8 +12,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Executor, PgExecutor};
+use crate::db::Db;
+use sqlx::PgExecutor;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
@@ -30,7 +30,7 @@ pub const BATCH_SIZE: i64 = 500;
 /// second statement can use the database's second CPU. SKIP LOCKED keeps the
 /// two on disjoint rows. What it saves varies: BENCHMARKS.md, item 4.
 pub async fn expire_two_batches(
-    pool: &PgPool,
+    pool: &Db,
     replica: &str,
     fence: i64,
     limit: i64,
@@ -230,7 +230,7 @@ pub struct SweepReport {
 /// One complete sweep on behalf of the mandate (`replica`, `fence`): a run,
 /// batches, two at a time, until one comes back short, and the run closed.
 pub async fn sweep(
-    pool: &PgPool,
+    pool: &Db,
     replica: &str,
     fence: i64,
     batch: i64,
@@ -292,7 +292,7 @@ impl WorkerConfig {
 /// shutdown it stops sweeping, then releases the lease so that another
 /// replica takes over at once.
 pub async fn run(
-    pool: &PgPool,
+    pool: &Db,
     settings: &Settings,
     metrics: Metrics,
     shutdown: watch::Receiver<bool>,
@@ -315,37 +315,16 @@ pub async fn run(
     worker_pool.close().await;
 }
 
-/// The worker's own small pool: the HTTP load cannot starve it, and its
-/// statement_timeout is shorter than the pool's 15 s.
-///
-/// Through a transaction-mode pooler a session-level SET would stay on the
-/// server connection and reach other clients' transactions, so there the
-/// worker keeps the role's limits and relies on its client-side call bound.
-fn worker_pool(pool: &PgPool, config: &WorkerConfig, pooler: bool) -> PgPool {
-    let options = (*pool.connect_options())
-        .clone()
-        .application_name("poolkeeper-sweep");
-    let statement_timeout = format!("{}ms", config.statement_timeout.as_millis());
-    let builder = PgPoolOptions::new()
-        .max_connections(2)
-        .min_connections(0)
-        .acquire_timeout(config.call_timeout);
-    if pooler {
-        return builder.connect_lazy_with(options);
-    }
-    builder
-        .after_connect(move |conn, _| {
-            let statement_timeout = statement_timeout.clone();
-            Box::pin(async move {
-                conn.execute(
-                    sqlx::query("SELECT set_config('statement_timeout', $1, false)")
-                        .bind(statement_timeout),
-                )
-                .await?;
-                Ok(())
-            })
-        })
-        .connect_lazy_with(options)
+/// The worker's own small pool (`Db::worker_pool`): the HTTP load cannot
+/// starve it, and its statement_timeout is shorter than the pool's 15 s.
+fn worker_pool(pool: &Db, config: &WorkerConfig, transaction_pooler: bool) -> Db {
+    pool.worker_pool(
+        "poolkeeper-sweep",
+        2,
+        config.call_timeout,
+        config.statement_timeout,
+        transaction_pooler,
+    )
 }
 
 struct Held {
@@ -356,7 +335,7 @@ struct Held {
 }
 
 struct Worker {
-    pool: PgPool,
+    pool: Db,
     config: WorkerConfig,
     metrics: Metrics,
     shutdown: watch::Receiver<bool>,

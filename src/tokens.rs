@@ -5,12 +5,13 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use crate::db::Db;
 use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgConnection;
 
 use crate::domain::Scope;
 use crate::error::ApiError;
@@ -42,13 +43,15 @@ pub enum TokenError {
 
 /// Creates a token and returns it; this is the only time it is ever seen.
 pub async fn create(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     name: Option<&str>,
     scopes: &[Scope],
 ) -> Result<(String, String), TokenError> {
     let mut conn = pool.acquire().await?;
-    create_on(&mut conn, org_id, name, scopes).await
+    let created = create_on(&mut conn, org_id, name, scopes).await?;
+    conn.finish().await?;
+    Ok(created)
 }
 
 /// As `create`, on a caller's connection or transaction (the tokens page
@@ -96,7 +99,7 @@ pub struct TokenInfo {
 
 /// An organization's tokens, live first, newest first; never the secret
 /// (only its digest is stored anyway).
-pub async fn list(pool: &PgPool, org_id: i64) -> Result<Vec<TokenInfo>, sqlx::Error> {
+pub async fn list(pool: &Db, org_id: i64) -> Result<Vec<TokenInfo>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, name, scopes, created_at, revoked_at FROM api_tokens WHERE org_id = $1
           ORDER BY revoked_at IS NOT NULL, created_at DESC, id DESC",
@@ -197,7 +200,7 @@ impl BearerToken {
 
     /// The caller this token names (one round trip): 401 when unknown or
     /// revoked.
-    pub async fn resolve(&self, pool: &PgPool) -> Result<ApiClient, ApiError> {
+    pub async fn resolve(&self, pool: &Db) -> Result<ApiClient, ApiError> {
         let row: Option<(i64, String, Vec<String>, bool)> = sqlx::query_as(
             "SELECT t.org_id, t.name, t.scopes, o.datacenter_enabled
                FROM api_tokens t JOIN organizations o ON o.id = t.org_id
@@ -232,7 +235,7 @@ impl FromRequest for ApiClient {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let token = BearerToken::from_header(req);
-        let pool = req.app_data::<web::Data<PgPool>>().cloned();
+        let pool = req.app_data::<web::Data<Db>>().cloned();
         Box::pin(async move {
             let token = token?;
             let pool = pool.ok_or_else(|| {

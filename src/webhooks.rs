@@ -25,14 +25,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::db::Db;
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use hmac::{Hmac, Mac};
 use rand::{Rng, RngCore};
 use serde::Serialize;
 use sha2::Sha256;
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Executor, PgConnection};
+use sqlx::PgConnection;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout};
@@ -393,7 +393,7 @@ pub struct Backlog {
 }
 
 /// The backlog of one organization, or of all when `org_id` is None.
-pub async fn backlog(pool: &PgPool, org_id: Option<i64>) -> Result<Backlog, sqlx::Error> {
+pub async fn backlog(pool: &Db, org_id: Option<i64>) -> Result<Backlog, sqlx::Error> {
     sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'pending') AS pending,
                 count(*) FILTER (WHERE state = 'pending' AND next_attempt_at <= clock_timestamp()) AS due,
@@ -426,7 +426,7 @@ pub struct Failure {
 
 /// The last failed attempts, of one organization or of all.
 pub async fn recent_failures(
-    pool: &PgPool,
+    pool: &Db,
     org_id: Option<i64>,
     limit: i64,
 ) -> Result<Vec<Failure>, sqlx::Error> {
@@ -764,7 +764,7 @@ impl WorkerConfig {
 /// it lets in-flight deliveries finish (each is bounded by the request
 /// timeout), then releases the lease.
 pub async fn run(
-    pool: &PgPool,
+    pool: &Db,
     settings: &Settings,
     metrics: Metrics,
     shutdown: watch::Receiver<bool>,
@@ -777,7 +777,11 @@ pub async fn run(
             return;
         }
     };
-    let worker_pool = worker_pool(pool, &config);
+    let worker_pool = worker_pool(
+        pool,
+        &config,
+        settings.db_pooler == crate::settings::DbPooler::Transaction,
+    );
     let mut worker = Worker {
         pool: worker_pool.clone(),
         http,
@@ -793,30 +797,17 @@ pub async fn run(
     worker_pool.close().await;
 }
 
-/// The worker's own small pool, like the sweep's: HTTP load cannot starve
-/// it, and a slow receiver holds no connection (the POST runs outside any
-/// statement).
-fn worker_pool(pool: &PgPool, config: &WorkerConfig) -> PgPool {
-    let options = (*pool.connect_options())
-        .clone()
-        .application_name("poolkeeper-webhooks");
-    let statement_timeout = format!("{}ms", config.statement_timeout.as_millis());
-    PgPoolOptions::new()
-        .max_connections(4)
-        .min_connections(0)
-        .acquire_timeout(config.call_timeout)
-        .after_connect(move |conn, _| {
-            let statement_timeout = statement_timeout.clone();
-            Box::pin(async move {
-                conn.execute(
-                    sqlx::query("SELECT set_config('statement_timeout', $1, false)")
-                        .bind(statement_timeout),
-                )
-                .await?;
-                Ok(())
-            })
-        })
-        .connect_lazy_with(options)
+/// The worker's own small pool, like the sweep's (`Db::worker_pool`): HTTP
+/// load cannot starve it, and a slow receiver holds no connection (the POST
+/// runs outside any statement).
+fn worker_pool(pool: &Db, config: &WorkerConfig, transaction_pooler: bool) -> Db {
+    pool.worker_pool(
+        "poolkeeper-webhooks",
+        4,
+        config.call_timeout,
+        config.statement_timeout,
+        transaction_pooler,
+    )
 }
 
 struct Held {
@@ -833,7 +824,7 @@ struct Done {
 }
 
 struct Worker {
-    pool: PgPool,
+    pool: Db,
     http: reqwest::Client,
     config: WorkerConfig,
     metrics: Metrics,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use poolkeeper::domain::{Scope, Slug};
 use poolkeeper::embedded_pg::{ClusterOptions, EmbeddedPostgres};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
 
 /// Sizes and durations, from the environment (BENCH_QUICK=1 for a run of
@@ -185,6 +185,7 @@ impl Cluster {
             .acquire_timeout(Duration::from_secs(60))
             .connect_with(options.clone())
             .await?;
+        let setup = poolkeeper::db::Db::direct(setup);
         Ok(Db {
             name: name.to_owned(),
             url: self.url_template.replace("DBNAME", name),
@@ -211,12 +212,12 @@ pub struct Db {
     pub url: String,
     pub options: PgConnectOptions,
     /// Unlimited statements, for loading data and reading results.
-    pub setup: PgPool,
+    pub setup: poolkeeper::db::Db,
 }
 
 impl Db {
     /// A pool configured as the application's (session limits included).
-    pub async fn app_pool(&self, max: u32) -> anyhow::Result<PgPool> {
+    pub async fn app_pool(&self, max: u32) -> anyhow::Result<poolkeeper::db::Db> {
         Ok(poolkeeper::db::connect(self.options.clone(), max).await?)
     }
 

@@ -103,7 +103,7 @@ pub async fn run(db: &Db, cfg: &setup::Config) -> anyhow::Result<Vec<Run>> {
 /// until one comes back short (with 2, what `sweep::expire_two_batches` does
 /// round after round), then the run closed. Each statement is timed alone.
 async fn sweep_once(
-    pool: &sqlx::PgPool,
+    pool: &poolkeeper::db::Db,
     replica: &str,
     fence: i64,
     parallel: usize,

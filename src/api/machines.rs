@@ -1,9 +1,9 @@
 //! Inventory endpoints (scope `inventory`).
 
+use crate::db::Db;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
-use sqlx::PgPool;
 
 use crate::api::json::integer_text;
 use crate::domain::{AssetTag, MachineStatus, Profile, Scope, Site, Vendor, parse_label};
@@ -33,7 +33,7 @@ pub struct MachineBody {
 async fn put(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     path: web::Path<String>,
     body: web::Json<MachineBody>,
 ) -> Result<HttpResponse, ApiError> {
@@ -56,7 +56,7 @@ async fn put(
 async fn get(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;
@@ -95,7 +95,7 @@ fn opt<T>(
 async fn list(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     query: web::Query<ListQuery>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;

@@ -1,9 +1,9 @@
 //! Order endpoints (scope `orders`): reserve, read, convert, cancel.
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 use crate::allocator::{
     self, CallerRefusal, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest,
@@ -73,7 +73,7 @@ pub(crate) fn path_id(raw: &str) -> Result<i64, ApiError> {
 
 /// The API's view of a reservation: the row (with its frozen machine, R8)
 /// and, once converted, its service link.
-async fn body(pool: &PgPool, org_id: i64, r: &Reservation) -> Result<Value, ApiError> {
+async fn body(pool: &Db, org_id: i64, r: &Reservation) -> Result<Value, ApiError> {
     let link = if r.state == "converted" {
         reservations::service_of(pool, org_id, r.id).await?
     } else {
@@ -118,7 +118,7 @@ fn caller_refused(refusal: CallerRefusal) -> ApiError {
 async fn parsed<T>(
     parsed: Result<T, ApiError>,
     token: &BearerToken,
-    pool: &PgPool,
+    pool: &Db,
     settings: &Settings,
 ) -> Result<T, ApiError> {
     match parsed {
@@ -153,7 +153,7 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
 async fn reserve(
     token: BearerToken,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     metrics: web::Data<Metrics>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -195,7 +195,7 @@ async fn reserve(
 async fn get(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
@@ -214,7 +214,7 @@ pub struct ByOrderRef {
 async fn by_order_ref(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
@@ -236,7 +236,7 @@ async fn by_order_ref(
 async fn events(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
@@ -277,7 +277,7 @@ pub struct ConvertBody {
 async fn transition(
     token: &BearerToken,
     settings: &Settings,
-    pool: &PgPool,
+    pool: &Db,
     id: i64,
     fence: i64,
     what: Transition<'_>,
@@ -299,7 +299,7 @@ async fn transition(
 async fn convert(
     token: BearerToken,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
@@ -332,7 +332,7 @@ pub struct CancelBody {
 async fn cancel(
     token: BearerToken,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {

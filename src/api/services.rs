@@ -1,8 +1,8 @@
 //! Service links (scope `orders`): ending one returns its machine to the
 //! datacenter team as `provisioning`.
 
+use crate::db::Db;
 use actix_web::{HttpResponse, web};
-use sqlx::PgPool;
 
 use crate::api::reservations::path_id;
 use crate::domain::Scope;
@@ -18,7 +18,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 async fn end(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;

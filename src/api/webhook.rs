@@ -4,10 +4,10 @@
 //! reservation and its events), and the order service is the party that
 //! both places orders and receives their events.
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
-use sqlx::PgPool;
 
 use crate::api::reservations::{json_body, read_body};
 use crate::domain::Scope;
@@ -36,7 +36,7 @@ struct WebhookBody {
 async fn get(
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
     let hook = webhooks::get(pool.get_ref(), client.org_id)
@@ -49,7 +49,7 @@ async fn put(
     req: HttpRequest,
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
@@ -97,7 +97,7 @@ async fn delete(
     req: HttpRequest,
     client: ApiClient,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
     let mut tx = pool.begin().await?;

@@ -2,11 +2,11 @@
 //! handler checks the role on the server; every write checks CSRF first and
 //! commits its audit row in the same transaction as the change.
 
+use crate::db::Db;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgPool;
 
 use super::csrf;
 use super::error::DashError;
@@ -43,7 +43,7 @@ pub struct AuditQuery {
 pub(crate) async fn audit_log(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     q: web::Query<AuditQuery>,
 ) -> Result<HttpResponse, DashError> {
     staff.require_admin()?;
@@ -94,7 +94,7 @@ struct UsersPage {
 async fn users_page(
     req: &HttpRequest,
     staff: &Staff,
-    pool: &PgPool,
+    pool: &Db,
     status: StatusCode,
     error: Option<String>,
     email: String,
@@ -123,7 +123,7 @@ async fn users_page(
 pub(crate) async fn users(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
     staff.require_admin()?;
     users_page(&req, &staff, &pool, StatusCode::OK, None, String::new()).await
@@ -144,7 +144,7 @@ pub struct AddUserForm {
 pub(crate) async fn add_user(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     form: web::Form<AddUserForm>,
 ) -> Result<HttpResponse, DashError> {
     csrf::check(&staff, &form.csrf)?;
@@ -206,7 +206,7 @@ pub struct CsrfForm {
 pub(crate) async fn disable_user(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: web::Path<i64>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, DashError> {
@@ -259,7 +259,7 @@ struct TokensPage {
 async fn tokens_page(
     req: &HttpRequest,
     staff: &Staff,
-    pool: &PgPool,
+    pool: &Db,
     status: StatusCode,
     created: Option<(String, String)>,
     error: Option<String>,
@@ -287,7 +287,7 @@ async fn tokens_page(
 pub(crate) async fn tokens(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
     staff.require_admin()?;
     tokens_page(&req, &staff, &pool, StatusCode::OK, None, None).await
@@ -308,7 +308,7 @@ pub struct AddTokenForm {
 pub(crate) async fn add_token(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     form: web::Form<AddTokenForm>,
 ) -> Result<HttpResponse, DashError> {
     csrf::check(&staff, &form.csrf)?;
@@ -378,7 +378,7 @@ pub(crate) async fn add_token(
 pub(crate) async fn revoke_token(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: web::Path<i64>,
     form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, DashError> {

@@ -3,10 +3,10 @@
 //! profile, with a chart per hour) is built here too, so that the overview
 //! only includes it.
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde_json::Value;
-use sqlx::PgPool;
 
 use super::error::DashError;
 use super::session::Staff;
@@ -61,7 +61,7 @@ struct DemandPage {
 pub(crate) async fn demand(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
     let specs = demand::most_refused(pool.get_ref(), staff.org_id, DEMAND_ROWS)
         .await?
@@ -170,7 +170,7 @@ fn row_view(d: SiteProfileDemand) -> DemandRowView {
 }
 
 /// The overview's hook.
-pub async fn overview_part(pool: &PgPool, org_id: i64) -> Result<OverviewDemand, DashError> {
+pub async fn overview_part(pool: &Db, org_id: i64) -> Result<OverviewDemand, DashError> {
     let rows = demand::by_site_and_profile(pool, org_id, OVERVIEW_ROWS).await?;
     Ok(OverviewDemand {
         rows: rows.into_iter().map(row_view).collect(),

@@ -3,10 +3,10 @@
 //! delivery worker's lease, its backlog and the last failed deliveries
 //! (issue 15).
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
 
 use super::error::DashError;
 use super::session::Staff;
@@ -69,7 +69,7 @@ struct JobsPage {
 pub(crate) async fn jobs(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
     let lease: Option<LeaseRow> = sqlx::query_as(
         "SELECT holder, fence, acquired_at, expires_at, expires_at > clock_timestamp() AS live

@@ -3,10 +3,10 @@
 //! allocator's own rules, not a copy). `/machines/{asset_tag}`: one
 //! machine's reservations and services over time.
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgPool;
 
 use super::error::DashError;
 use super::gate;
@@ -128,7 +128,7 @@ pub(crate) async fn list(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     q: web::Query<MachinesQuery>,
 ) -> Result<HttpResponse, DashError> {
     gate::datacenter(&settings, &staff)?;
@@ -257,7 +257,7 @@ pub(crate) async fn detail(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     tag: web::Path<String>,
 ) -> Result<HttpResponse, DashError> {
     gate::datacenter(&settings, &staff)?;

@@ -2,11 +2,11 @@
 //! deployment's half shown read-only, and the organization's webhook
 //! (issue 15): its URL, its signing secret, its backlog and last failures.
 
+use crate::db::Db;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgPool;
 
 use super::csrf;
 use super::error::DashError;
@@ -67,7 +67,7 @@ pub(crate) async fn show(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
     require_admin(&staff)?;
     settings_page(&req, &staff, &settings, &pool, StatusCode::OK, None, None).await
@@ -78,7 +78,7 @@ async fn settings_page(
     req: &HttpRequest,
     staff: &Staff,
     settings: &Settings,
-    pool: &PgPool,
+    pool: &Db,
     status: StatusCode,
     error: Option<String>,
     url: Option<String>,
@@ -136,7 +136,7 @@ pub struct SettingsForm {
 pub(crate) async fn save(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     form: web::Form<SettingsForm>,
 ) -> Result<HttpResponse, DashError> {
     csrf::check(&staff, &form.csrf)?;
@@ -184,7 +184,7 @@ pub(crate) async fn save_webhook(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     form: web::Form<WebhookForm>,
 ) -> Result<HttpResponse, DashError> {
     csrf::check(&staff, &form.csrf)?;

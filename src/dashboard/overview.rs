@@ -9,10 +9,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use chrono::{DateTime, Duration, Timelike, Utc};
-use sqlx::PgPool;
 
 use super::error::DashError;
 use super::session::Staff;
@@ -187,7 +187,7 @@ struct OverviewPage {
 pub(crate) async fn overview(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
     // The four categories are disjoint: a live service link wins, then a
     // held reservation; what is left is sellable when ready, not ready

@@ -2,11 +2,11 @@
 //! database, compact rows, 100 a page, filtered by site and deadline; the detail page with its timeline and the one-sentence answer;
 //! cancel and convert through a GET confirmation page and a POST form.
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
-use sqlx::PgPool;
 
 use super::csrf;
 use super::error::DashError;
@@ -109,7 +109,7 @@ fn bad_cursor() -> DashError {
 pub(crate) async fn list(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     q: web::Query<LiveQuery>,
 ) -> Result<HttpResponse, DashError> {
     let q = q.into_inner();
@@ -247,7 +247,7 @@ struct Extra {
     service_ref: Option<String>,
 }
 
-async fn extra(pool: &PgPool, org_id: i64, id: i64) -> Result<Option<Extra>, sqlx::Error> {
+async fn extra(pool: &Db, org_id: i64, id: i64) -> Result<Option<Extra>, sqlx::Error> {
     sqlx::query_as(
         "SELECT m.asset_tag, m.site, m.vendor, m.profile,
                 floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining,
@@ -291,7 +291,7 @@ struct ReservationPage {
 }
 
 async fn load(
-    pool: &PgPool,
+    pool: &Db,
     staff: &Staff,
     id: i64,
 ) -> Result<(reservations::Reservation, Extra), DashError> {
@@ -308,7 +308,7 @@ async fn load(
 pub(crate) async fn detail(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: web::Path<i64>,
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
@@ -367,7 +367,7 @@ async fn confirm(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: i64,
     fence: Option<i64>,
     action: &'static str,
@@ -400,7 +400,7 @@ pub(crate) async fn confirm_cancel(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: web::Path<i64>,
     q: web::Query<FenceQuery>,
 ) -> Result<HttpResponse, DashError> {
@@ -420,7 +420,7 @@ pub(crate) async fn confirm_convert(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: web::Path<i64>,
     q: web::Query<FenceQuery>,
 ) -> Result<HttpResponse, DashError> {
@@ -509,7 +509,7 @@ pub(crate) async fn cancel(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: web::Path<i64>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, DashError> {
@@ -548,7 +548,7 @@ pub(crate) async fn convert(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     id: web::Path<i64>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, DashError> {

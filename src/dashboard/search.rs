@@ -1,10 +1,10 @@
 //! `/search?q=`: by order ref, asset tag or reservation id, over every state
 //! and all time. One exact hit redirects to its page.
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgPool;
 
 use super::error::DashError;
 use super::session::Staff;
@@ -56,7 +56,7 @@ const LIMIT: i64 = 50;
 pub(crate) async fn search(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     q: web::Query<SearchQuery>,
 ) -> Result<HttpResponse, DashError> {
     let q = q.q.trim().to_owned();

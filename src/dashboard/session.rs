@@ -4,6 +4,7 @@
 
 use std::sync::OnceLock;
 
+use crate::db::Db;
 use actix_web::cookie::{Cookie, SameSite, time::Duration as CookieDuration};
 use actix_web::dev::Payload;
 use actix_web::{FromRequest, HttpRequest, HttpResponse, web};
@@ -14,7 +15,6 @@ use futures_util::future::LocalBoxFuture;
 use rand::RngCore;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
 
 use super::csrf;
 use super::error::DashError;
@@ -92,9 +92,9 @@ pub fn hash_token(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
-fn app_data(req: &HttpRequest) -> Result<(PgPool, web::Data<Settings>), DashError> {
+fn app_data(req: &HttpRequest) -> Result<(Db, web::Data<Settings>), DashError> {
     let pool = req
-        .app_data::<web::Data<PgPool>>()
+        .app_data::<web::Data<Db>>()
         .ok_or_else(|| DashError::Internal(anyhow::anyhow!("no database pool in app data")))?;
     let settings = req
         .app_data::<web::Data<Settings>>()
@@ -246,7 +246,7 @@ const MAX_FAILURES_PER_ADDRESS: i64 = 50;
 
 pub(crate) async fn login(
     req: HttpRequest,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     settings: web::Data<Settings>,
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, DashError> {
@@ -375,7 +375,7 @@ pub(crate) async fn login(
 
 /// login_attempts for throttling, audit_log for people; never the password.
 async fn record_attempt(
-    pool: &PgPool,
+    pool: &Db,
     org_id: Option<i64>,
     email: &str,
     addr: &str,
@@ -435,7 +435,7 @@ pub struct LogoutForm {
 pub(crate) async fn logout(
     req: HttpRequest,
     staff: Staff,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     settings: web::Data<Settings>,
     form: web::Form<LogoutForm>,
 ) -> Result<HttpResponse, DashError> {

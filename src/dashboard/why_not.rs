@@ -9,10 +9,10 @@
 //! ordered site, paged. Machines of other sites are counted, not listed,
 //! unless their group is asked for.
 
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
-use sqlx::PgPool;
 
 use super::error::DashError;
 use super::gate;
@@ -95,7 +95,7 @@ const MAX_CHUNKS: usize = 4;
 /// The machines matching `filter` after `after` whose verdict `want`s, at
 /// most `limit`, by asset tag; and where the next page starts, if anywhere.
 async fn scan(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     spec: &OrderSpec,
     filter: &MachineFilter,
@@ -167,7 +167,7 @@ pub(crate) async fn why_not(
     req: HttpRequest,
     staff: Staff,
     settings: web::Data<Settings>,
-    pool: web::Data<PgPool>,
+    pool: web::Data<Db>,
     q: web::Query<WhyNotQuery>,
 ) -> Result<HttpResponse, DashError> {
     gate::datacenter(&settings, &staff)?;

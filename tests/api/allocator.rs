@@ -7,10 +7,11 @@ use std::sync::Arc;
 use poolkeeper::allocator::{
     self, Exclusion, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest, WalkStats, Walked,
 };
+use poolkeeper::db::Db;
 use poolkeeper::domain::{OrderRef, Profile, ServiceRef, Site, Vendor};
 use poolkeeper::inventory::MachineFilter;
 use poolkeeper::reservations::{self, TransitionError};
-use sqlx::{Connection, PgPool};
+use sqlx::Connection;
 use tokio::sync::Barrier;
 
 use crate::helpers::{TestDb, create_org, migrated_db};
@@ -53,7 +54,7 @@ pub fn request_for(order_ref: &str, profile: &str, vendor: Option<&str>) -> Rese
 
 /// Inserts a machine directly; returns its id.
 pub async fn machine(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     tag: &str,
     site: &str,
@@ -77,7 +78,7 @@ pub async fn machine(
 }
 
 pub async fn reserved(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     order_ref: &str,
     vendor: Option<&str>,
@@ -222,7 +223,7 @@ async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
 
 /// A held reservation written directly (a decoy, or a competitor that
 /// committed behind the allocator's back).
-pub async fn held_directly(pool: &PgPool, org_id: i64, machine_id: i64, order_ref: &str) -> i64 {
+pub async fn held_directly(pool: &Db, org_id: i64, machine_id: i64, order_ref: &str) -> i64 {
     sqlx::query_scalar(
         "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
          VALUES ($1, $2, $3, '{}', '{}', 'written by a test', 900, clock_timestamp() + interval '15 minutes')
@@ -237,7 +238,7 @@ pub async fn held_directly(pool: &PgPool, org_id: i64, machine_id: i64, order_re
 }
 
 /// A live service link on `machine_id`, with the converted reservation it came from.
-pub async fn in_service_directly(pool: &PgPool, org_id: i64, machine_id: i64, order_ref: &str) {
+pub async fn in_service_directly(pool: &Db, org_id: i64, machine_id: i64, order_ref: &str) {
     let id: i64 = sqlx::query_scalar(
         "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
                                    hold_seconds, expires_at, ended_at, ended_by)
@@ -263,7 +264,7 @@ pub async fn in_service_directly(pool: &PgPool, org_id: i64, machine_id: i64, or
 
 /// One decoy of every exclusion kind for `request(_, Some("dell"))`:
 /// wrong site, wrong vendor, wrong profile, not ready, in service, held.
-pub async fn decoys(pool: &PgPool, org_id: i64) {
+pub async fn decoys(pool: &Db, org_id: i64) {
     machine(pool, org_id, "X-site", "ams1", "dell", PROFILE, "ready").await;
     machine(pool, org_id, "X-vendor", SITE, "hpe", PROFILE, "ready").await;
     machine(
@@ -286,7 +287,7 @@ pub async fn decoys(pool: &PgPool, org_id: i64) {
 /// Runs `reserve` for each order on its own connection, all released
 /// together by a barrier.
 pub(crate) async fn race(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     orders: Vec<ReserveRequest>,
 ) -> Vec<ReserveOutcome> {
@@ -297,9 +298,13 @@ pub(crate) async fn race(
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            allocator::reserve_on(&mut conn, org_id, &req)
+            let outcome = allocator::reserve_on(&mut conn, org_id, &req)
                 .await
-                .expect("reserve")
+                .expect("reserve");
+            // Pinned (behind a transaction-mode pooler) the connection is a
+            // transaction: keep what it wrote.
+            conn.finish().await.expect("commit");
+            outcome
         }));
     }
     let mut out = Vec::new();
@@ -311,7 +316,7 @@ pub(crate) async fn race(
 
 /// Checks one round of N orders on `eligible` machines among decoys.
 pub(crate) async fn check_round(
-    pool: &PgPool,
+    pool: &Db,
     org_id: i64,
     outcomes: &[ReserveOutcome],
     eligible: i64,

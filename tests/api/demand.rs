@@ -6,12 +6,13 @@
 
 use std::time::Duration;
 
+use poolkeeper::db::Db;
 use poolkeeper::demand::{OTHER, RefusalLabels};
 use poolkeeper::lease::{self, Claim, Mandate, SWEEP_KEY};
 use poolkeeper::metrics::Metrics;
 use poolkeeper::sweep::{self, SweepError};
 use serde_json::{Value, json};
-use sqlx::{Connection, PgPool};
+use sqlx::Connection;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -20,7 +21,7 @@ use crate::helpers::{TestApp, hidden_field, migrated_db, spawn_app, test_setting
 /// A refusal row: (org_id, reason, site, profile, vendor, excluded).
 type Row = (i64, String, String, String, Option<String>, Value);
 
-async fn refusals(pool: &PgPool) -> Vec<Row> {
+async fn refusals(pool: &Db) -> Vec<Row> {
     sqlx::query_as::<_, (i64, String, String, String, Option<String>, sqlx::types::Json<Value>)>(
         "SELECT org_id, reason, site, profile, vendor, excluded FROM reservation_refusals ORDER BY id",
     )
@@ -281,7 +282,7 @@ async fn the_known_set_is_read_once_and_again_on_refresh() {
 
 /// Inserts a refusal `ago` before now (database clock).
 async fn insert_refusal(
-    pool: &PgPool,
+    pool: &Db,
     org: i64,
     reason: &str,
     site: &str,
@@ -562,7 +563,7 @@ async fn the_overview_shows_unavailable_refusals_per_site_and_profile_beside_sel
 // Retention
 // ---------------------------------------------------------------------------
 
-async fn take_sweep_lease(pool: &PgPool, holder: &str) -> Mandate {
+async fn take_sweep_lease(pool: &Db, holder: &str) -> Mandate {
     match lease::claim(pool, SWEEP_KEY, holder, Duration::from_secs(60))
         .await
         .expect("claim")
@@ -573,7 +574,7 @@ async fn take_sweep_lease(pool: &PgPool, holder: &str) -> Mandate {
 }
 
 /// Ages (in days, by the database clock) of the refusal rows left.
-async fn ages(pool: &PgPool) -> Vec<i32> {
+async fn ages(pool: &Db) -> Vec<i32> {
     sqlx::query_scalar(
         "SELECT extract(day FROM clock_timestamp() - at)::int FROM reservation_refusals ORDER BY at",
     )

@@ -8,9 +8,9 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use poolkeeper::db::Db;
 use poolkeeper::lease::{self, Claim, SWEEP_KEY};
 use serde_json::{Value, json};
-use sqlx::PgPool;
 
 use crate::helpers::{STAFF_PASSWORD, StaffClient, TestApp, binary, spawn_app, spawn_app_with};
 
@@ -677,7 +677,7 @@ async fn access_matrix_of_every_route_and_api_call() {
 // ---------------------------------------------------------------------------
 
 /// Row counts of every table of the schema.
-async fn row_counts(pool: &PgPool) -> Vec<(String, i64)> {
+async fn row_counts(pool: &Db) -> Vec<(String, i64)> {
     let tables: Vec<String> = sqlx::query_scalar(
         "SELECT table_name::text FROM information_schema.tables
           WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1",
@@ -1246,9 +1246,7 @@ async fn security_headers_on_200_404_405_413_and_500() {
 // Admin pages and the audit log
 // ---------------------------------------------------------------------------
 
-async fn audit_rows(
-    pool: &PgPool,
-) -> Vec<(String, String, String, Option<String>, Option<String>)> {
+async fn audit_rows(pool: &Db) -> Vec<(String, String, String, Option<String>, Option<String>)> {
     sqlx::query_as("SELECT actor, action, coalesce(object, ''), source_addr, detail FROM audit_log ORDER BY id")
         .fetch_all(pool)
         .await

@@ -7,12 +7,13 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
+use poolkeeper::db::Db;
 use poolkeeper::domain::{Scope, Slug};
 use poolkeeper::embedded_pg::{ClusterOptions, EmbeddedPostgres};
 use poolkeeper::metrics::Metrics;
 use poolkeeper::settings::Settings;
 use poolkeeper::startup::{AppState, Application};
-use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 
 struct Cluster {
@@ -154,7 +155,7 @@ impl TestDb {
         }
     }
 
-    pub async fn pool(&self) -> PgPool {
+    pub async fn pool(&self) -> Db {
         poolkeeper::db::connect(self.options.clone(), 40)
             .await
             .expect("connect to the test database")
@@ -219,7 +220,7 @@ pub struct TestOrg {
 pub struct TestApp {
     pub address: String,
     pub port: u16,
-    pub pool: PgPool,
+    pub pool: Db,
     pub db: TestDb,
     pub settings: Settings,
     pub org: TestOrg,
@@ -267,7 +268,7 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
     }
 }
 
-pub async fn create_org(pool: &PgPool, slug: &str, datacenter: bool) -> TestOrg {
+pub async fn create_org(pool: &Db, slug: &str, datacenter: bool) -> TestOrg {
     let org = poolkeeper::orgs::create(
         pool,
         &Slug::parse(slug).expect("valid slug"),
@@ -331,7 +332,7 @@ pub fn binary() -> PathBuf {
 /// An organization made directly in SQL, with `machines` ready machines;
 /// returns (org id, machine ids).
 pub async fn seed_org_with_machines(
-    pool: &PgPool,
+    pool: &Db,
     slug: &str,
     datacenter: bool,
     machines: i64,
@@ -360,7 +361,7 @@ pub async fn seed_org_with_machines(
 /// ago, with its deadline `deadline_offset` from now by the database clock
 /// (negative: overdue).
 pub async fn insert_held_reservation(
-    pool: &PgPool,
+    pool: &Db,
     org: i64,
     machine: i64,
     deadline_offset: &str,

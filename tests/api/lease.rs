@@ -4,15 +4,15 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use poolkeeper::db::Db;
 use poolkeeper::lease::{self, Claim, LeaseError, Mandate};
-use sqlx::PgPool;
 
 use crate::helpers::migrated_db;
 
 const KEY: &str = "test-job";
 const LONG: Duration = Duration::from_secs(60);
 
-async fn acquire(pool: &PgPool, key: &str, holder: &str, duration: Duration) -> Mandate {
+async fn acquire(pool: &Db, key: &str, holder: &str, duration: Duration) -> Mandate {
     match lease::claim(pool, key, holder, duration)
         .await
         .expect("claim")
@@ -23,7 +23,7 @@ async fn acquire(pool: &PgPool, key: &str, holder: &str, duration: Duration) -> 
 }
 
 /// The lease row as stored: (holder, fence, acquired_at, expires_at).
-async fn row(pool: &PgPool, key: &str) -> (String, i64, DateTime<Utc>, DateTime<Utc>) {
+async fn row(pool: &Db, key: &str) -> (String, i64, DateTime<Utc>, DateTime<Utc>) {
     sqlx::query_as("SELECT holder, fence, acquired_at, expires_at FROM leases WHERE key = $1")
         .bind(key)
         .fetch_one(pool)
@@ -31,7 +31,7 @@ async fn row(pool: &PgPool, key: &str) -> (String, i64, DateTime<Utc>, DateTime<
         .expect("lease row")
 }
 
-async fn is_live(pool: &PgPool, key: &str) -> bool {
+async fn is_live(pool: &Db, key: &str) -> bool {
     sqlx::query_scalar("SELECT expires_at > clock_timestamp() FROM leases WHERE key = $1")
         .bind(key)
         .fetch_one(pool)

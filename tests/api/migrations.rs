@@ -5,7 +5,7 @@ use std::process::Stdio;
 use crate::helpers::{binary, empty_db, migrated_db};
 
 /// A text fingerprint of the schema: tables, columns, constraints, indexes.
-async fn schema_fingerprint(pool: &sqlx::PgPool) -> String {
+async fn schema_fingerprint(pool: &poolkeeper::db::Db) -> String {
     let rows: Vec<String> = sqlx::query_scalar(
         "SELECT format('col %s.%s %s %s', table_name, column_name, data_type, column_default)
            FROM information_schema.columns WHERE table_schema = 'public'

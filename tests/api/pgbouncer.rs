@@ -13,11 +13,16 @@
 //! "prepared statement sqlx_s_1 already exists" or bind to another
 //! client's statement, with or without the cache, in or out of an explicit
 //! transaction; unnamed statements (`persistent(false)`) outside a
-//! transaction silently return *another client's* answer; only unnamed
-//! statements inside explicit transactions were right. poolkeeper
-//! therefore refuses transaction mode at start-up unless the pooler tracks
-//! prepared statements (PgBouncer >= 1.21, `max_prepared_statements`), and
-//! runs behind PgBouncer 1.18 in session mode, tested here.
+//! transaction silently return *another client's* answer.
+//!
+//! What works, and what poolkeeper does with `POOLKEEPER_DB_STATEMENT_CACHE
+//! =off` (`db::Db`, pinned): every statement inside an explicit transaction
+//! (the pooler keeps one server session for it), begun by `BEGIN;
+//! DEALLOCATE ALL` (no other client's statement is left to collide with
+//! sqlx's names), and no cache (nothing prepared in one transaction is used
+//! in the next). Tested here in transaction mode with two replicas, as the
+//! session mode is, with the same assertions. With the cache on, start-up
+//! refuses a transaction-mode pooler that passes statements through.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -248,18 +253,133 @@ async fn named_statements_collide_through_pgbouncer_1_18_in_transaction_mode() {
         let _ = first.close().await;
         let _ = second.close().await;
     }
-    let pool = poolkeeper::db::connect_app(opts.clone(), 2, Duration::from_secs(2), true)
+    // The same sequence, pinned: the second client's transaction starts by
+    // dropping what the first left on the shared server session.
+    let pinned = poolkeeper::db::connect_app(opts.clone(), 2, Duration::from_secs(2), true, true)
         .await
         .expect("pool");
-    let err = poolkeeper::db::check_statement_support(&pool)
+    let mut first = pinned.acquire().await.expect("first");
+    let one: i32 = sqlx::query_scalar("SELECT $1::int4")
+        .bind(1)
+        .fetch_one(&mut *first)
+        .await
+        .expect("the first client's statement");
+    first.finish().await.expect("commit");
+    let second = poolkeeper::db::connect_app(opts.clone(), 2, Duration::from_secs(2), true, true)
+        .await
+        .expect("pool");
+    let two: i32 = sqlx::query_scalar("SELECT $1::int4")
+        .bind(2)
+        .fetch_one(&second)
+        .await
+        .expect("pinned: no collision");
+    assert_eq!((one, two), (1, 2));
+    poolkeeper::db::check_statement_support(&pinned)
+        .await
+        .expect("pinned suits a pooler that passes statements through");
+
+    let cached = poolkeeper::db::connect_app(opts.clone(), 2, Duration::from_secs(2), true, false)
+        .await
+        .expect("pool");
+    let err = poolkeeper::db::check_statement_support(&cached)
         .await
         .expect_err("PgBouncer 1.18 passes statements through");
+    assert!(
+        err.to_string()
+            .contains("POOLKEEPER_DB_STATEMENT_CACHE=off"),
+        "{err}"
+    );
     assert!(err.to_string().contains("max_prepared_statements"), "{err}");
-    pool.close().await;
+    for pool in [pinned, second, cached] {
+        pool.close().await;
+    }
 }
 
-/// `serve` refuses transaction mode on PgBouncer 1.18, at once and saying
-/// what to use instead, rather than answering with other clients' rows.
+/// Many clients on two server sessions, all released together: pinned,
+/// every client gets its own answers, from statements that sqlx prepares
+/// and executes in two round trips, and its writes are committed when the
+/// call returns (read back by the next statement, on whatever server
+/// session it gets). The unpinned failure is the test above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pinned_statements_through_a_shared_server_session_get_their_own_answers() {
+    if skip() {
+        return;
+    }
+    let db = crate::helpers::migrated_db().await;
+    let bouncer = Bouncer::start(&db, &["postgres"], 2, "transaction").await;
+    let opts = poolkeeper::db::for_pooler(bouncer.options("postgres", &db.name));
+    let pinned = poolkeeper::db::connect_app(opts, 16, Duration::from_secs(30), true, true)
+        .await
+        .expect("pool");
+    sqlx::raw_sql("CREATE TABLE pinned_probe (client int, n int, PRIMARY KEY (client, n))")
+        .execute(&pinned)
+        .await
+        .expect("table");
+    let clients = 16;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
+    let mut tasks = Vec::new();
+    for client in 0..clients as i32 {
+        let (pinned, barrier) = (pinned.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let mut wrong = Vec::new();
+            for n in 0..25 {
+                // A different statement text per client and round, and the
+                // same text as every other client's: both kinds of mix-up.
+                let echoed: i32 = sqlx::query_scalar("SELECT $1::int4 * 1000 + $2::int4")
+                    .bind(client)
+                    .bind(n)
+                    .fetch_one(&pinned)
+                    .await
+                    .expect("echo");
+                if echoed != client * 1000 + n {
+                    wrong.push((client, n, echoed));
+                }
+                sqlx::query("INSERT INTO pinned_probe (client, n) VALUES ($1, $2)")
+                    .bind(client)
+                    .bind(n)
+                    .execute(&pinned)
+                    .await
+                    .expect("insert");
+                let written: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pinned_probe WHERE client = $1")
+                        .bind(client)
+                        .fetch_one(&pinned)
+                        .await
+                        .expect("count");
+                if written != i64::from(n) + 1 {
+                    wrong.push((client, n, written as i32));
+                }
+            }
+            wrong
+        }));
+    }
+    let mut wrong = Vec::new();
+    for t in tasks {
+        wrong.extend(t.await.expect("task"));
+    }
+    assert!(wrong.is_empty(), "answers for another client: {wrong:?}");
+    let mut direct = db.connection().await;
+    let (rows, clients_seen): (i64, i64) =
+        sqlx::query_as("SELECT count(*), count(DISTINCT client) FROM pinned_probe")
+            .fetch_one(&mut direct)
+            .await
+            .expect("rows");
+    assert_eq!((rows, clients_seen), (16 * 25, 16));
+    let leaked: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE datname = current_database() AND state LIKE 'idle in transaction%'",
+    )
+    .fetch_one(&mut direct)
+    .await
+    .expect("activity");
+    assert_eq!(leaked, 0, "no transaction left open on a server session");
+    pinned.close().await;
+}
+
+/// `serve` with the statement cache on refuses transaction mode on
+/// PgBouncer 1.18, at once and saying what to set instead, rather than
+/// answering with other clients' rows.
 #[tokio::test]
 async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_through() {
     if skip() {
@@ -279,6 +399,7 @@ async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_throug
     );
     let (status, log) = r.exit(Duration::from_secs(30)).await;
     assert!(!status.success());
+    assert!(log.contains("POOLKEEPER_DB_STATEMENT_CACHE=off"), "{log}");
     assert!(log.contains("max_prepared_statements"), "{log}");
     assert!(log.contains("pool_mode = session"), "{log}");
 }
@@ -320,17 +441,37 @@ async fn two_replicas_behind_pgbouncer_order_sweep_and_time_out() {
     if skip() {
         return;
     }
+    two_replicas_through("session").await;
+}
+
+/// The same, with the same assertions, in transaction mode with the
+/// statement cache off (pinned): 10 server sessions shared by the test's
+/// pool and both replicas' pools and workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_behind_pgbouncer_in_transaction_mode_order_sweep_and_time_out() {
+    if skip() {
+        return;
+    }
+    two_replicas_through("transaction").await;
+}
+
+async fn two_replicas_through(mode: &str) {
+    let pinned = mode == "transaction";
     let db = crate::helpers::migrated_db().await;
     // A short statement_timeout (no looser than the 15 s the start-up check
     // demands), so that the test provokes it quickly; lock_timeout (5 s) is
     // longer, so a lock wait ends by statement_timeout.
     set_role_limits(&db, "postgres", "2s").await;
-    let bouncer = Bouncer::start(&db, &["postgres"], 80, "session").await;
+    // Session mode needs a server session per client connection; in
+    // transaction mode 10 serve them all (the race below pins 8 at once).
+    let server_sessions = if pinned { 10 } else { 80 };
+    let bouncer = Bouncer::start(&db, &["postgres"], server_sessions, mode).await;
     let through = poolkeeper::db::connect_app(
         bouncer.options("postgres", &db.name),
         20,
         Duration::from_secs(5),
         true,
+        pinned,
     )
     .await
     .expect("a pool through pgbouncer");
@@ -371,7 +512,11 @@ async fn two_replicas_behind_pgbouncer_order_sweep_and_time_out() {
     let env = |name: &str| {
         vec![
             ("DATABASE_URL", bouncer.url("postgres", &db.name)),
-            ("POOLKEEPER_DB_POOLER", "session".to_owned()),
+            ("POOLKEEPER_DB_POOLER", mode.to_owned()),
+            (
+                "POOLKEEPER_DB_STATEMENT_CACHE",
+                if pinned { "off" } else { "on" }.to_owned(),
+            ),
             ("POOLKEEPER_REPLICA", name.to_owned()),
         ]
     };

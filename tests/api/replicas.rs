@@ -133,7 +133,7 @@ impl Replica {
 }
 
 /// The holder of the sweep's live lease, read on `pool`.
-pub async fn lease_holder(pool: &sqlx::PgPool) -> Option<(String, i64)> {
+pub async fn lease_holder(pool: &poolkeeper::db::Db) -> Option<(String, i64)> {
     sqlx::query_as(
         "SELECT holder, fence FROM leases WHERE key = 'sweep' AND expires_at > clock_timestamp()",
     )
@@ -145,7 +145,7 @@ pub async fn lease_holder(pool: &sqlx::PgPool) -> Option<(String, i64)> {
 /// Polls until the live sweep lease is held by one of `among` (and not by
 /// `not`); returns (holder, fence).
 pub async fn wait_lease(
-    pool: &sqlx::PgPool,
+    pool: &poolkeeper::db::Db,
     among: &[&str],
     not: Option<&str>,
     within: Duration,

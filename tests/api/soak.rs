@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use poolkeeper::db::Db;
 use poolkeeper::embedded_pg::{ClusterOptions, EmbeddedPostgres};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::process::{Child, Command};
 
@@ -1078,7 +1079,7 @@ fn check_409_transition(me: &mut ClientReport, op: &str, b: &Value) {
 }
 
 /// Every convert or cancel a client was told succeeded is in the database.
-async fn check_told(pool: &PgPool, told: &[(i64, &'static str)], report: &mut SoakReport) {
+async fn check_told(pool: &Db, told: &[(i64, &'static str)], report: &mut SoakReport) {
     let ids: Vec<i64> = told.iter().map(|(id, _)| *id).collect();
     let rows: Vec<(i64, String)> =
         sqlx::query_as("SELECT id, state FROM reservations WHERE id = ANY($1)")
@@ -1098,7 +1099,7 @@ async fn check_told(pool: &PgPool, told: &[(i64, &'static str)], report: &mut So
 }
 
 /// The invariants, in SQL and against the clients' 201s.
-async fn check_invariants(pool: &PgPool, created: &[Created], report: &mut SoakReport) {
+async fn check_invariants(pool: &Db, created: &[Created], report: &mut SoakReport) {
     let checks: [(&str, &str); 12] = [
         (
             "one lease fence used by two replicas",

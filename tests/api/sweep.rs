@@ -6,10 +6,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use poolkeeper::db::Db;
 use poolkeeper::lease::{self, Claim, Mandate, SWEEP_KEY};
 use poolkeeper::metrics::Metrics;
 use poolkeeper::sweep::{self, SweepError};
-use sqlx::{Connection, PgPool};
+use sqlx::Connection;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -19,7 +20,7 @@ use crate::helpers::{
 
 const LONG: Duration = Duration::from_secs(60);
 
-async fn take_sweep_lease(pool: &PgPool, holder: &str) -> Mandate {
+async fn take_sweep_lease(pool: &Db, holder: &str) -> Mandate {
     match lease::claim(pool, SWEEP_KEY, holder, LONG)
         .await
         .expect("claim")
@@ -29,7 +30,7 @@ async fn take_sweep_lease(pool: &PgPool, holder: &str) -> Mandate {
     }
 }
 
-async fn scalar<T>(pool: &PgPool, sql: &'static str) -> T
+async fn scalar<T>(pool: &Db, sql: &'static str) -> T
 where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
 {
@@ -37,7 +38,7 @@ where
 }
 
 /// (state, ended_by, end_reason) of a reservation.
-async fn state(pool: &PgPool, id: i64) -> (String, Option<String>, Option<String>) {
+async fn state(pool: &Db, id: i64) -> (String, Option<String>, Option<String>) {
     sqlx::query_as("SELECT state, ended_by, end_reason FROM reservations WHERE id = $1")
         .bind(id)
         .fetch_one(pool)
@@ -46,7 +47,7 @@ async fn state(pool: &PgPool, id: i64) -> (String, Option<String>, Option<String
 }
 
 /// Expired events of a reservation: (actor, replica, lease_fence).
-async fn expired_events(pool: &PgPool, id: i64) -> Vec<(String, Option<String>, Option<i64>)> {
+async fn expired_events(pool: &Db, id: i64) -> Vec<(String, Option<String>, Option<i64>)> {
     sqlx::query_as(
         "SELECT actor, replica, lease_fence FROM reservation_events
           WHERE reservation_id = $1 AND kind = 'expired' AND from_state = 'held' AND to_state = 'expired'",
@@ -59,7 +60,7 @@ async fn expired_events(pool: &PgPool, id: i64) -> Vec<(String, Option<String>, 
 
 /// Waits for a condition checked in the database; only for workers and
 /// processes that run on their own.
-async fn wait_until(pool: &PgPool, what: &str, within: Duration, sql: &'static str) {
+async fn wait_until(pool: &Db, what: &str, within: Duration, sql: &'static str) {
     let deadline = Instant::now() + within;
     loop {
         let done: bool = sqlx::query_scalar(sql)
@@ -622,7 +623,7 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-async fn holder(pool: &PgPool) -> Option<(String, i64)> {
+async fn holder(pool: &Db) -> Option<(String, i64)> {
     sqlx::query_as(
         "SELECT holder, fence FROM leases WHERE key = 'sweep' AND expires_at > clock_timestamp()",
     )
@@ -631,11 +632,11 @@ async fn holder(pool: &PgPool) -> Option<(String, i64)> {
     .expect("lease")
 }
 
-async fn db_now(pool: &PgPool) -> DateTime<Utc> {
+async fn db_now(pool: &Db) -> DateTime<Utc> {
     scalar(pool, "SELECT clock_timestamp()").await
 }
 
-async fn seed_overdue(pool: &PgPool, org: i64, machines: &[i64]) -> Vec<i64> {
+async fn seed_overdue(pool: &Db, org: i64, machines: &[i64]) -> Vec<i64> {
     let mut ids = Vec::new();
     for &m in machines {
         ids.push(insert_held_reservation(pool, org, m, "-1 minute").await);
@@ -644,7 +645,7 @@ async fn seed_overdue(pool: &PgPool, org: i64, machines: &[i64]) -> Vec<i64> {
 }
 
 /// Waits until every reservation of `ids` is expired.
-async fn wait_expired(pool: &PgPool, ids: &[i64], within: Duration, what: &str) {
+async fn wait_expired(pool: &Db, ids: &[i64], within: Duration, what: &str) {
     let deadline = Instant::now() + within;
     loop {
         let left: i64 = sqlx::query_scalar(
@@ -668,7 +669,7 @@ async fn wait_expired(pool: &PgPool, ids: &[i64], within: Duration, what: &str) 
 /// Waits for the first sweep run of a replica other than `gone` started
 /// after `after`; returns its start.
 async fn first_run_after(
-    pool: &PgPool,
+    pool: &Db,
     gone: &str,
     after: DateTime<Utc>,
     within: Duration,

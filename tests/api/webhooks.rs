@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use hmac::{Hmac, Mac};
+use poolkeeper::db::Db;
 use serde_json::{Value, json};
 use sha2::Sha256;
-use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -279,7 +279,7 @@ where
     }
 }
 
-async fn scalar(pool: &PgPool, sql: &'static str, org: i64) -> i64 {
+async fn scalar(pool: &Db, sql: &'static str, org: i64) -> i64 {
     sqlx::query_scalar(sql)
         .bind(org)
         .fetch_one(pool)
@@ -288,7 +288,7 @@ async fn scalar(pool: &PgPool, sql: &'static str, org: i64) -> i64 {
 }
 
 /// Event ids of an organization's reservations.
-async fn events_of(pool: &PgPool, org: i64) -> BTreeSet<i64> {
+async fn events_of(pool: &Db, org: i64) -> BTreeSet<i64> {
     sqlx::query_scalar::<_, i64>(
         "SELECT e.id FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
           WHERE r.org_id = $1",
@@ -467,7 +467,7 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
     assert_eq!((attempts, ok, fenced), (6, 6, 6));
 }
 
-async fn events_of_reservation(pool: &PgPool, id: i64) -> BTreeSet<i64> {
+async fn events_of_reservation(pool: &Db, id: i64) -> BTreeSet<i64> {
     sqlx::query_scalar::<_, i64>("SELECT id FROM reservation_events WHERE reservation_id = $1")
         .bind(id)
         .fetch_all(pool)
