@@ -335,13 +335,8 @@ impl Db {
         }
     }
 
-    /// Every statement inside an explicit transaction (see the type's
-    /// documentation). `pool`'s options must have the statement cache off.
-    pub fn pinned(pool: PgPool) -> Db {
-        Db { pool, pinned: true }
-    }
-
-    /// Pinned or direct, as `pinned` says.
+    /// Pinned (see the type's documentation) or direct, as `pinned` says;
+    /// pinned, `pool`'s options must have the statement cache off.
     pub fn new(pool: PgPool, pinned: bool) -> Db {
         Db { pool, pinned }
     }
@@ -417,21 +412,8 @@ impl Db {
         self.pool.close().await
     }
 
-    pub fn is_closed(&self) -> bool {
-        self.pool.is_closed()
-    }
-
     pub fn connect_options(&self) -> std::sync::Arc<PgConnectOptions> {
         self.pool.connect_options()
-    }
-
-    /// Connections open, and of those idle (for /metrics and /jobs).
-    pub fn size(&self) -> u32 {
-        self.pool.size()
-    }
-
-    pub fn num_idle(&self) -> usize {
-        self.pool.num_idle()
     }
 }
 

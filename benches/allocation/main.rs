@@ -11,6 +11,7 @@ mod fill;
 mod growth;
 mod notes;
 mod pages;
+mod pooler;
 mod race;
 mod report;
 mod roundtrips;
@@ -125,6 +126,8 @@ pub struct Results {
     pub fill: Vec<fill::Run>,
     /// Item 7: round trips per API call.
     pub round_trips: Vec<roundtrips::Count>,
+    /// Item 8: the hot path direct and through PgBouncer.
+    pub pooler: Option<pooler::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
 }
@@ -225,6 +228,28 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     if cfg.runs_item("growth") {
         eprintln!("growth: history steps {:?}", cfg.history_steps);
         results.growth = growth::run(cluster, cfg).await?;
+    }
+
+    if cfg.runs_item("pooler") {
+        if let Some(why) = pooler::unavailable() {
+            results.skipped.push(why);
+        } else {
+            eprintln!(
+                "pooler: {} clients, direct and through PgBouncer",
+                pooler::CLIENTS
+            );
+            let db = cluster.database("bench_pooler").await?;
+            let org = setup::org(&db, "pooler").await?;
+            // As item 1's database: its machines, and a history, so that
+            // the plans cached at the start are those of a database in
+            // service (item 1 says why).
+            setup::machines(&db, org.id, "m", cfg.machines, cfg.sites, PROFILE, "ready").await?;
+            growth::add_history(&db, org.id, 0, cfg.api_history).await?;
+            db.exec("VACUUM ANALYZE").await?;
+            results.pooler = Some(pooler::run(cfg, &db, &cluster.dir, &org).await?);
+            db.setup.close().await;
+            drop_database(cluster, &db.name).await?;
+        }
     }
 
     if cfg.runs_item("sweep") {

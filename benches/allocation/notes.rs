@@ -79,7 +79,21 @@ const HOW: &str = "## How it is measured
   calls in a row through HTTP, and the top-level statements the server ran
   are added up and divided by the calls (the statements inside a PL/pgSQL
   function are not top-level: they cost no round trip; the sweep's and the
-  lease's statements are left out by their text).";
+  lease's statements are left out by their text).
+- **8. Through PgBouncer.** A database set up as item 1's (its machines
+  and its history, then `VACUUM ANALYZE`). One `pgbouncer` (Debian's) in
+  front of the bench cluster serves it in session mode and in transaction
+  mode. 8 clients call `allocator::reserve_for_token` then
+  `reservations::transition_for_token` (the API handlers' calls, without
+  HTTP) on their own site, on one pool of 8 connections per path: direct
+  over the Unix socket, through the session pool with the statement cache
+  on, and through the transaction pool pinned (`POOLKEEPER_DB_STATEMENT_CACHE
+  =off`). The three paths take turns, run after run. Statements per cycle
+  are pg_stat_statements' count over 100 cycles by one client (`BEGIN` and
+  `COMMIT` count, `DEALLOCATE` is not tracked). Round trips are not
+  counted by the database; by the protocol, a lone statement is one round
+  trip direct or cached, and four pinned (`BEGIN; DEALLOCATE ALL`, prepare,
+  execute, `COMMIT`).";
 
 const THROUGHPUT: &str = "### What limits item 1 (HTTP API against the database's ceiling)
 

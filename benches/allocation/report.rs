@@ -343,6 +343,38 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             met(worst <= 2.0)
         );
     }
+    if let Some(p) = &results.pooler {
+        let direct = p.paths.first().map(|d| d.cycles_per_s).unwrap_or(0.0);
+        for (i, path) in p.paths.iter().enumerate() {
+            let ratio = if i == 0 || direct <= 0.0 {
+                String::new()
+            } else {
+                format!("; ×{:.2} the direct rate", path.cycles_per_s / direct)
+            };
+            let statements = path
+                .statements_per_cycle
+                .map(|s| format!("; {s:.2} statements per cycle"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                w,
+                "| 8 | {} clients, one pool of {}, the API's reserve then cancel calls: {} ({}) | {:.0}/s{ratio}; reserve p50 {:.2} ms, p99 {:.2} ms; cancel p50 {:.2} ms, p99 {:.2} ms{statements} (runs: {}) | | |",
+                p.clients,
+                p.clients,
+                path.path,
+                p.pgbouncer,
+                path.cycles_per_s,
+                path.reserve.p50_ms,
+                path.reserve.p99_ms,
+                path.cancel.p50_ms,
+                path.cancel.p99_ms,
+                path.runs
+                    .iter()
+                    .map(|r| format!("{r:.0}/s"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            );
+        }
+    }
     for s in &results.skipped {
         let _ = writeln!(w, "\nLeft out: {s}.");
     }

@@ -22,7 +22,7 @@ pub struct Count {
 }
 
 /// The server's top-level statements since the last reset.
-async fn statements(db: &Db) -> anyhow::Result<i64> {
+pub(crate) async fn statements(db: &Db) -> anyhow::Result<i64> {
     Ok(sqlx::query_scalar(
         "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
           WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -33,7 +33,7 @@ async fn statements(db: &Db) -> anyhow::Result<i64> {
     .await?)
 }
 
-async fn reset(db: &Db) -> anyhow::Result<()> {
+pub(crate) async fn reset(db: &Db) -> anyhow::Result<()> {
     sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(&db.setup)
         .await?;

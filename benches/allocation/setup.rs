@@ -94,9 +94,17 @@ impl Config {
             server_log: std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "info".to_owned()),
             only: env_list(
                 "BENCH_ONLY",
-                ["throughput", "race", "growth", "sweep", "pages", "fill"]
-                    .map(String::from)
-                    .to_vec(),
+                [
+                    "throughput",
+                    "race",
+                    "growth",
+                    "sweep",
+                    "pages",
+                    "fill",
+                    "pooler",
+                ]
+                .map(String::from)
+                .to_vec(),
             ),
         }
     }
