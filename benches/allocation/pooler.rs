@@ -192,35 +192,33 @@ pub async fn run(
 ) -> anyhow::Result<Result> {
     let bouncer = Bouncer::start(db, cluster_dir).await?;
     let wait = Duration::from_secs(10);
-    let pools: Vec<(&str, AppDb)> = vec![
+    // (name, where to connect, behind a pooler, pinned)
+    let paths = [
         (
             "direct (Unix socket), statement cache on",
-            poolkeeper::db::connect_app(db.options.clone(), CLIENTS as u32, wait, false, false)
-                .await?,
+            db.options.clone(),
+            false,
+            false,
         ),
         (
             "PgBouncer session mode, statement cache on",
-            poolkeeper::db::connect_app(
-                bouncer.options("session_db"),
-                CLIENTS as u32,
-                wait,
-                true,
-                false,
-            )
-            .await?,
+            bouncer.options("session_db"),
+            true,
+            false,
         ),
         (
             "PgBouncer transaction mode, pinned (statement cache off)",
-            poolkeeper::db::connect_app(
-                bouncer.options("transaction_db"),
-                CLIENTS as u32,
-                wait,
-                true,
-                true,
-            )
-            .await?,
+            bouncer.options("transaction_db"),
+            true,
+            true,
         ),
     ];
+    let mut pools: Vec<(&str, AppDb)> = Vec::new();
+    for (name, options, pooler, pinned) in paths {
+        let pool =
+            poolkeeper::db::connect_app(options, CLIENTS as u32, wait, pooler, pinned).await?;
+        pools.push((name, pool));
+    }
     let hash = Arc::new(poolkeeper::tokens::digest(&org.token));
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); pools.len()];
     let mut reserves: Vec<Vec<Latency>> = vec![Vec::new(); pools.len()];
