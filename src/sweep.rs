@@ -17,7 +17,7 @@ use sqlx::PgExecutor;
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep_until, timeout};
 
-use crate::lease::{self, Claim, LeaseError, Mandate, SWEEP_KEY};
+use crate::lease::{Holder, LIVE_LEASE, SWEEP_KEY, Terms, Timings};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 
@@ -55,17 +55,6 @@ pub enum SweepError {
     #[error("sweep statement failed: {0}")]
     Database(#[from] sqlx::Error),
 }
-
-// The lease, live, under this holder and fence, taken FOR SHARE: a claim
-// (which locks the row FOR UPDATE) waits until this statement commits, so
-// nothing written here can land after a newer fence was issued.
-const LIVE_LEASE: &str = "
-lease AS (
-    SELECT fence FROM leases
-     WHERE key = $1 AND holder = $2 AND fence = $3
-       AND expires_at > clock_timestamp()
-       FOR SHARE
-)";
 
 /// Opens a run in `sweep_runs`; `Lost` (and nothing written) unless the
 /// mandate (`replica`, `fence`) is live.
@@ -253,15 +242,9 @@ pub async fn sweep(
 pub struct WorkerConfig {
     pub replica: String,
     pub period: Duration,
-    pub lease_duration: Duration,
-    /// About a third of the lease: two heartbeats may fail before it ends.
-    pub heartbeat_period: Duration,
-    /// Trust ends this long before (heartbeat sent + lease duration).
-    pub trust_margin: Duration,
-    /// Server-side statement_timeout of the worker's connections.
-    pub statement_timeout: Duration,
-    /// Client-side bound on every call (a hung network answers nothing).
-    pub call_timeout: Duration,
+    /// The lease's timings (`POOLKEEPER_LEASE_SECONDS`), the worker's call
+    /// bounds among them.
+    pub lease: Timings,
     pub batch_size: i64,
     /// `POOLKEEPER_REFUSAL_RETENTION_DAYS`.
     pub refusal_retention_days: u32,
@@ -269,17 +252,10 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     pub fn from_settings(settings: &Settings) -> WorkerConfig {
-        let lease = settings.lease_duration;
-        let statement_timeout =
-            (lease / 3).clamp(Duration::from_millis(500), Duration::from_secs(5));
         WorkerConfig {
             replica: settings.replica.clone(),
             period: settings.sweep_period,
-            lease_duration: lease,
-            heartbeat_period: lease / 3,
-            trust_margin: (lease / 10).min(Duration::from_secs(2)),
-            statement_timeout,
-            call_timeout: statement_timeout + Duration::from_secs(1),
+            lease: Timings::for_lease(settings.lease_duration),
             batch_size: BATCH_SIZE,
             refusal_retention_days: settings.refusal_retention_days,
         }
@@ -303,13 +279,20 @@ pub async fn run(
         &config,
         settings.db_pooler == crate::settings::DbPooler::Transaction,
     );
+    let terms = Terms {
+        key: SWEEP_KEY,
+        replica: config.replica.clone(),
+        timings: config.lease,
+        work: "sweeping",
+    };
+    let lease = Holder::new(worker_pool.clone(), metrics.clone(), terms);
     let mut worker = Worker {
         pool: worker_pool.clone(),
         config,
         metrics,
         shutdown,
         stopping: false,
-        held: None,
+        lease,
     };
     worker.run().await;
     worker_pool.close().await;
@@ -321,17 +304,10 @@ fn worker_pool(pool: &Db, config: &WorkerConfig, transaction_pooler: bool) -> Db
     pool.worker_pool(
         "poolkeeper-sweep",
         2,
-        config.call_timeout,
-        config.statement_timeout,
+        config.lease.call_timeout,
+        config.lease.statement_timeout,
         transaction_pooler,
     )
-}
-
-struct Held {
-    mandate: Mandate,
-    /// Monotonic: (time the claim or heartbeat was SENT + duration - margin).
-    trust_until: Instant,
-    next_heartbeat: Instant,
 }
 
 struct Worker {
@@ -340,7 +316,7 @@ struct Worker {
     metrics: Metrics,
     shutdown: watch::Receiver<bool>,
     stopping: bool,
-    held: Option<Held>,
+    lease: Holder,
 }
 
 impl Worker {
@@ -348,15 +324,12 @@ impl Worker {
         tracing::info!(
             replica = %self.config.replica,
             period_s = self.config.period.as_secs_f64(),
-            lease_s = self.config.lease_duration.as_secs_f64(),
+            lease_s = self.config.lease.lease_duration.as_secs_f64(),
             "sweep worker started"
         );
         let mut next_tick = Instant::now();
         while !self.stop_requested() {
-            let wake = match &self.held {
-                Some(h) => next_tick.min(h.next_heartbeat).min(h.trust_until),
-                None => next_tick,
-            };
+            let wake = self.lease.wake(next_tick);
             tokio::select! {
                 _ = sleep_until(wake) => {}
                 changed = self.shutdown.changed() => {
@@ -366,26 +339,21 @@ impl Worker {
                     continue;
                 }
             }
-            self.check_trust();
-            if self
-                .held
-                .as_ref()
-                .is_some_and(|h| Instant::now() >= h.next_heartbeat)
-            {
-                self.heartbeat().await;
-            }
+            self.lease.keep().await;
             if Instant::now() >= next_tick {
                 next_tick = Instant::now() + self.config.period;
-                if self.held.is_none() {
-                    self.claim().await;
+                if !self.lease.is_held() {
+                    self.lease.claim().await;
                 }
-                if self.held.is_some() {
+                if self.lease.is_held() {
                     self.sweep().await;
                     self.purge_refusals().await;
                 }
             }
         }
-        self.release().await;
+        // Graceful shutdown: the sweep has stopped; the lease is expired in
+        // place so that another replica claims it at its next tick.
+        self.lease.release().await;
         tracing::info!(replica = %self.config.replica, "sweep worker stopped");
     }
 
@@ -394,139 +362,24 @@ impl Worker {
         self.stopping
     }
 
-    fn trusted(&self) -> bool {
-        self.held
-            .as_ref()
-            .is_some_and(|h| Instant::now() < h.trust_until)
-    }
-
-    /// Stop trusting the lease once its trust window has passed without a
-    /// successful heartbeat.
-    fn check_trust(&mut self) {
-        if self.held.is_some() && !self.trusted() {
-            self.lost("no successful heartbeat within the lease duration");
-        }
-    }
-
-    fn lost(&mut self, why: &str) {
-        if let Some(h) = self.held.take() {
-            self.metrics.lease_lost.inc();
-            tracing::warn!(
-                replica = %self.config.replica,
-                fence = h.mandate.fence,
-                reason = why,
-                "sweep lease lost; this replica stops sweeping"
-            );
-        }
-    }
-
-    async fn report(&self, action: &str, error: &LeaseError) {
-        lease::report_error(
-            &self.pool,
-            &self.metrics,
-            SWEEP_KEY,
-            &self.config.replica,
-            action,
-            error,
-            self.config.call_timeout,
-        )
-        .await;
-    }
-
-    async fn claim(&mut self) {
-        let sent = Instant::now();
-        let call = lease::claim(
-            &self.pool,
-            SWEEP_KEY,
-            &self.config.replica,
-            self.config.lease_duration,
-        );
-        let outcome = match timeout(self.config.call_timeout, call).await {
-            Ok(Ok(claim)) => Ok(claim),
-            Ok(Err(e)) => Err(LeaseError::Database(e)),
-            Err(_) => Err(LeaseError::TimedOut(self.config.call_timeout)),
-        };
-        match outcome {
-            Ok(Claim::Acquired(mandate)) => {
-                self.metrics.lease_acquired.inc();
-                tracing::info!(
-                    replica = %self.config.replica,
-                    fence = mandate.fence,
-                    expires_at = %mandate.expires_at,
-                    "sweep lease acquired"
-                );
-                self.held = Some(Held {
-                    mandate,
-                    trust_until: self.trust_from(sent),
-                    next_heartbeat: sent + self.config.heartbeat_period,
-                });
-            }
-            // L6: someone else sweeping is the normal case on most replicas.
-            Ok(Claim::HeldByOther) => {
-                tracing::debug!(replica = %self.config.replica, "sweep lease held by another replica")
-            }
-            Err(e) => self.report("claim", &e).await,
-        }
-    }
-
-    fn trust_from(&self, sent: Instant) -> Instant {
-        sent + self
-            .config
-            .lease_duration
-            .saturating_sub(self.config.trust_margin)
-    }
-
-    async fn heartbeat(&mut self) {
-        let Some(h) = &self.held else { return };
-        let mandate = h.mandate.clone();
-        let sent = Instant::now();
-        let call = lease::heartbeat(&self.pool, &mandate, self.config.lease_duration);
-        let outcome = match timeout(self.config.call_timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(LeaseError::TimedOut(self.config.call_timeout)),
-        };
-        match outcome {
-            Ok(renewed) => {
-                let trust_until = self.trust_from(sent);
-                if let Some(h) = &mut self.held {
-                    h.mandate = renewed;
-                    h.trust_until = trust_until;
-                    h.next_heartbeat = sent + self.config.heartbeat_period;
-                }
-            }
-            Err(LeaseError::Lost) => {
-                self.lost("heartbeat found a newer mandate or an expired lease")
-            }
-            Err(e) => {
-                self.report("heartbeat", &e).await;
-                // Try again soon; trust_until is unchanged and ends the
-                // mandate if no heartbeat gets through in time.
-                let retry = Instant::now() + (self.config.heartbeat_period / 2);
-                if let Some(h) = &mut self.held {
-                    h.next_heartbeat = retry;
-                }
-            }
-        }
-    }
-
     /// One sweep on behalf of the held mandate, batch by batch, heartbeating
     /// between batches when one is due.
     async fn sweep(&mut self) {
-        let Some(fence) = self.held.as_ref().map(|h| h.mandate.fence) else {
+        let Some(fence) = self.lease.fence() else {
             return;
         };
-        if !self.trusted() {
+        if !self.lease.trusted() {
             return;
         }
         let replica = self.config.replica.clone();
-        let limit = self.config.call_timeout;
+        let limit = self.config.lease.call_timeout;
         let run_id = match bounded(limit, start_run(&self.pool, &replica, fence)).await {
             Ok(id) => id,
             Err(e) => return self.sweep_failed("start", fence, e),
         };
         let mut total = 0u64;
         loop {
-            if self.stop_requested() || !self.trusted() {
+            if self.stop_requested() || !self.lease.trusted() {
                 break;
             }
             let batch =
@@ -545,15 +398,9 @@ impl Worker {
                 }
                 Err(e) => return self.sweep_failed("expire", fence, e),
             }
-            if self
-                .held
-                .as_ref()
-                .is_some_and(|h| Instant::now() >= h.next_heartbeat)
-            {
-                self.heartbeat().await;
-            }
+            self.lease.heartbeat_if_due().await;
         }
-        if !self.trusted() {
+        if !self.lease.trusted() {
             return;
         }
         if let Err(e) = bounded(
@@ -581,17 +428,17 @@ impl Worker {
     /// the same mandate as the sweep (each batch checks it), heartbeating
     /// between batches when one is due.
     async fn purge_refusals(&mut self) {
-        let Some(fence) = self.held.as_ref().map(|h| h.mandate.fence) else {
+        let Some(fence) = self.lease.fence() else {
             return;
         };
         let replica = self.config.replica.clone();
         let mut purged = 0u64;
         loop {
-            if self.stop_requested() || !self.trusted() {
+            if self.stop_requested() || !self.lease.trusted() {
                 break;
             }
             let batch = bounded(
-                self.config.call_timeout,
+                self.config.lease.call_timeout,
                 purge_refusals_batch(
                     &self.pool,
                     &replica,
@@ -610,13 +457,7 @@ impl Worker {
                 }
                 Err(e) => return self.sweep_failed("purge refusals", fence, e),
             }
-            if self
-                .held
-                .as_ref()
-                .is_some_and(|h| Instant::now() >= h.next_heartbeat)
-            {
-                self.heartbeat().await;
-            }
+            self.lease.heartbeat_if_due().await;
         }
         if purged > 0 {
             tracing::info!(replica = %replica, fence, purged, retention_days = self.config.refusal_retention_days, "sweep purged old refusal rows");
@@ -625,36 +466,14 @@ impl Worker {
 
     fn sweep_failed(&mut self, step: &str, fence: i64, error: SweepError) {
         match error {
-            SweepError::Lost => self.lost("a fenced sweep statement found the lease gone"),
+            SweepError::Lost => {
+                self.lease
+                    .lost("a fenced sweep statement found the lease gone");
+            }
             e => {
                 self.metrics.sweep_errors.inc();
                 tracing::error!(replica = %self.config.replica, fence, step, error = %e, "sweep failed; retrying next period");
             }
-        }
-    }
-
-    /// Graceful shutdown: the sweep has stopped; expire the lease in place so
-    /// that another replica claims it at its next tick.
-    async fn release(&mut self) {
-        let Some(h) = self.held.take() else { return };
-        let call = lease::release(&self.pool, &h.mandate);
-        let outcome = match timeout(self.config.call_timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(LeaseError::TimedOut(self.config.call_timeout)),
-        };
-        match outcome {
-            Ok(()) => {
-                tracing::info!(replica = %self.config.replica, fence = h.mandate.fence, "sweep lease released")
-            }
-            Err(LeaseError::Lost) => {
-                self.metrics.lease_lost.inc();
-                tracing::warn!(
-                    replica = %self.config.replica,
-                    fence = h.mandate.fence,
-                    "sweep lease was already lost when releasing it"
-                );
-            }
-            Err(e) => self.report("release", &e).await,
         }
     }
 }

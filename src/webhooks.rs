@@ -6,10 +6,10 @@
 //! the delivery worker here POSTs it, signed, at least once.
 //!
 //! The worker runs on every replica; the lease of key `webhooks` keeps it on
-//! one (the lease code of the sweep, L1-L6). Every write made on behalf of
-//! the lease carries its holder and fence and checks them in the same
-//! statement, with the lease row taken FOR SHARE: a paused holder that wakes
-//! after losing the lease may POST (a duplicate, allowed) but records
+//! one (held by `lease::Holder`, as the sweep's, L1-L6). Every write made on
+//! behalf of the lease carries its holder and fence and checks them in the
+//! same statement, with the lease row taken FOR SHARE: a paused holder that
+//! wakes after losing the lease may POST (a duplicate, allowed) but records
 //! nothing. A holder killed mid-batch recorded nothing for what it was
 //! sending, so the next holder sends it again: duplicates, never losses.
 //!
@@ -37,7 +37,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep_until, timeout};
 
-use crate::lease::{self, Claim, LeaseError, Mandate};
+use crate::lease::{Holder, LIVE_LEASE, Terms, Timings};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 
@@ -460,16 +460,6 @@ pub enum DeliveryError {
     Database(#[from] sqlx::Error),
 }
 
-// As in the sweep: the live lease under this holder and fence, FOR SHARE,
-// so that a claim by another replica waits for this statement's commit.
-const LIVE_LEASE: &str = "
-lease AS (
-    SELECT fence FROM leases
-     WHERE key = $1 AND holder = $2 AND fence = $3
-       AND expires_at > clock_timestamp()
-       FOR SHARE
-)";
-
 /// A due delivery, with where to send it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Due {
@@ -729,11 +719,9 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 pub struct WorkerConfig {
     pub replica: String,
     pub poll: Duration,
-    pub lease_duration: Duration,
-    pub heartbeat_period: Duration,
-    pub trust_margin: Duration,
-    pub statement_timeout: Duration,
-    pub call_timeout: Duration,
+    /// The lease's timings (`POOLKEEPER_WEBHOOK_LEASE_SECONDS`), the
+    /// worker's call bounds among them.
+    pub lease: Timings,
     pub backoff_base: Duration,
     pub give_up: Duration,
     pub allow_private: bool,
@@ -741,17 +729,10 @@ pub struct WorkerConfig {
 
 impl WorkerConfig {
     pub fn from_settings(settings: &Settings) -> WorkerConfig {
-        let lease = settings.webhook_lease_duration;
-        let statement_timeout =
-            (lease / 3).clamp(Duration::from_millis(500), Duration::from_secs(5));
         WorkerConfig {
             replica: settings.replica.clone(),
             poll: settings.webhook_poll,
-            lease_duration: lease,
-            heartbeat_period: lease / 3,
-            trust_margin: (lease / 10).min(Duration::from_secs(2)),
-            statement_timeout,
-            call_timeout: statement_timeout + Duration::from_secs(1),
+            lease: Timings::for_lease(settings.webhook_lease_duration),
             backoff_base: settings.webhook_backoff_base,
             give_up: settings.webhook_give_up,
             allow_private: settings.webhook_allow_private,
@@ -782,14 +763,20 @@ pub async fn run(
         &config,
         settings.db_pooler == crate::settings::DbPooler::Transaction,
     );
+    let terms = Terms {
+        key: WEBHOOKS_KEY,
+        replica: config.replica.clone(),
+        timings: config.lease,
+        work: "delivering",
+    };
+    let lease = Holder::new(worker_pool.clone(), metrics, terms);
     let mut worker = Worker {
         pool: worker_pool.clone(),
         http,
         config,
-        metrics,
         shutdown,
         stopping: false,
-        held: None,
+        lease,
         tasks: JoinSet::new(),
         in_flight: HashMap::new(),
     };
@@ -804,16 +791,10 @@ fn worker_pool(pool: &Db, config: &WorkerConfig, transaction_pooler: bool) -> Db
     pool.worker_pool(
         "poolkeeper-webhooks",
         4,
-        config.call_timeout,
-        config.statement_timeout,
+        config.lease.call_timeout,
+        config.lease.statement_timeout,
         transaction_pooler,
     )
-}
-
-struct Held {
-    mandate: Mandate,
-    trust_until: Instant,
-    next_heartbeat: Instant,
 }
 
 /// What a delivery task reports back.
@@ -827,10 +808,9 @@ struct Worker {
     pool: Db,
     http: reqwest::Client,
     config: WorkerConfig,
-    metrics: Metrics,
     shutdown: watch::Receiver<bool>,
     stopping: bool,
-    held: Option<Held>,
+    lease: Holder,
     tasks: JoinSet<Done>,
     /// Delivery id -> organization, for everything in `tasks`.
     in_flight: HashMap<i64, i64>,
@@ -841,15 +821,12 @@ impl Worker {
         tracing::info!(
             replica = %self.config.replica,
             poll_ms = self.config.poll.as_millis() as u64,
-            lease_s = self.config.lease_duration.as_secs_f64(),
+            lease_s = self.config.lease.lease_duration.as_secs_f64(),
             "webhook delivery worker started"
         );
         let mut next_poll = Instant::now();
         while !self.stop_requested() {
-            let wake = match &self.held {
-                Some(h) => next_poll.min(h.next_heartbeat).min(h.trust_until),
-                None => next_poll,
-            };
+            let wake = self.lease.wake(next_poll);
             tokio::select! {
                 _ = sleep_until(wake) => {}
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
@@ -865,27 +842,22 @@ impl Worker {
                     continue;
                 }
             }
-            self.check_trust();
-            if self
-                .held
-                .as_ref()
-                .is_some_and(|h| Instant::now() >= h.next_heartbeat)
-            {
-                self.heartbeat().await;
+            if self.lease.keep().await {
+                self.abandon_deliveries();
             }
             if Instant::now() >= next_poll {
                 next_poll = Instant::now() + self.config.poll;
-                if self.held.is_none() {
-                    self.claim().await;
+                if !self.lease.is_held() {
+                    self.lease.claim().await;
                 }
-                if self.trusted() {
+                if self.lease.trusted() {
                     self.poll().await;
                 }
             }
         }
         // Let what is in flight finish and be recorded (bounded by the
         // request timeout and the statement bound), then release.
-        let drain = self.config.call_timeout + REQUEST_TIMEOUT;
+        let drain = self.config.lease.call_timeout + REQUEST_TIMEOUT;
         let deadline = Instant::now() + drain;
         while !self.tasks.is_empty() {
             match tokio::time::timeout_at(deadline, self.tasks.join_next()).await {
@@ -897,7 +869,7 @@ impl Worker {
                 }
             }
         }
-        self.release().await;
+        self.lease.release().await;
         tracing::info!(replica = %self.config.replica, "webhook delivery worker stopped");
     }
 
@@ -906,32 +878,17 @@ impl Worker {
         self.stopping
     }
 
-    fn trusted(&self) -> bool {
-        self.held
-            .as_ref()
-            .is_some_and(|h| Instant::now() < h.trust_until)
-    }
-
-    fn check_trust(&mut self) {
-        if self.held.is_some() && !self.trusted() {
-            self.lost("no successful heartbeat within the lease duration");
+    fn lost(&mut self, why: &str) {
+        if self.lease.lost(why) {
+            self.abandon_deliveries();
         }
     }
 
     /// Stops delivering: in-flight POSTs are abandoned (their writes would
     /// fail the fence check anyway); the next holder sends them again.
-    fn lost(&mut self, why: &str) {
-        if let Some(h) = self.held.take() {
-            self.metrics.lease_lost.inc();
-            tracing::warn!(
-                replica = %self.config.replica,
-                fence = h.mandate.fence,
-                reason = why,
-                "webhooks lease lost; this replica stops delivering"
-            );
-            self.tasks.abort_all();
-            self.in_flight.clear();
-        }
+    fn abandon_deliveries(&mut self) {
+        self.tasks.abort_all();
+        self.in_flight.clear();
     }
 
     fn finished(&mut self, done: Result<Done, tokio::task::JoinError>) {
@@ -957,99 +914,16 @@ impl Worker {
         }
     }
 
-    async fn report(&self, action: &str, error: &LeaseError) {
-        lease::report_error(
-            &self.pool,
-            &self.metrics,
-            WEBHOOKS_KEY,
-            &self.config.replica,
-            action,
-            error,
-            self.config.call_timeout,
-        )
-        .await;
-    }
-
-    fn trust_from(&self, sent: Instant) -> Instant {
-        sent + self
-            .config
-            .lease_duration
-            .saturating_sub(self.config.trust_margin)
-    }
-
-    async fn claim(&mut self) {
-        let sent = Instant::now();
-        let call = lease::claim(
-            &self.pool,
-            WEBHOOKS_KEY,
-            &self.config.replica,
-            self.config.lease_duration,
-        );
-        let outcome = match timeout(self.config.call_timeout, call).await {
-            Ok(Ok(claim)) => Ok(claim),
-            Ok(Err(e)) => Err(LeaseError::Database(e)),
-            Err(_) => Err(LeaseError::TimedOut(self.config.call_timeout)),
-        };
-        match outcome {
-            Ok(Claim::Acquired(mandate)) => {
-                self.metrics.lease_acquired.inc();
-                tracing::info!(
-                    replica = %self.config.replica,
-                    fence = mandate.fence,
-                    "webhooks lease acquired"
-                );
-                self.held = Some(Held {
-                    mandate,
-                    trust_until: self.trust_from(sent),
-                    next_heartbeat: sent + self.config.heartbeat_period,
-                });
-            }
-            Ok(Claim::HeldByOther) => {}
-            Err(e) => self.report("claim", &e).await,
-        }
-    }
-
-    async fn heartbeat(&mut self) {
-        let Some(h) = &self.held else { return };
-        let mandate = h.mandate.clone();
-        let sent = Instant::now();
-        let call = lease::heartbeat(&self.pool, &mandate, self.config.lease_duration);
-        let outcome = match timeout(self.config.call_timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(LeaseError::TimedOut(self.config.call_timeout)),
-        };
-        match outcome {
-            Ok(renewed) => {
-                let trust_until = self.trust_from(sent);
-                if let Some(h) = &mut self.held {
-                    h.mandate = renewed;
-                    h.trust_until = trust_until;
-                    h.next_heartbeat = sent + self.config.heartbeat_period;
-                }
-            }
-            Err(LeaseError::Lost) => {
-                self.lost("heartbeat found a newer mandate or an expired lease")
-            }
-            Err(e) => {
-                self.report("heartbeat", &e).await;
-                let retry = Instant::now() + (self.config.heartbeat_period / 2);
-                if let Some(h) = &mut self.held {
-                    h.next_heartbeat = retry;
-                }
-            }
-        }
-    }
-
     /// Looks for due deliveries and starts as many as there are free slots.
     async fn poll(&mut self) {
-        let Some(fence) = self.held.as_ref().map(|h| h.mandate.fence) else {
+        let Some(fence) = self.lease.fence() else {
             return;
         };
         let free = CONCURRENCY.saturating_sub(self.tasks.len());
         if free == 0 {
             return;
         }
-        let limit = self.config.call_timeout;
+        let limit = self.config.lease.call_timeout;
         match timeout(limit, drop_orphans(&self.pool, &self.config.replica, fence)).await {
             Ok(Ok(_)) => {}
             Ok(Err(DeliveryError::Lost)) => {
@@ -1108,7 +982,7 @@ impl Worker {
                 tracing::info!(delivery = d.id, event = d.event_id, error = %error, "webhook attempt failed");
             }
             let outcome = match timeout(
-                config.call_timeout,
+                config.lease.call_timeout,
                 record_attempt(
                     &pool,
                     &replica,
@@ -1122,7 +996,7 @@ impl Worker {
             .await
             {
                 Ok(r) => r,
-                Err(_) => Err(DeliveryError::TimedOut(config.call_timeout)),
+                Err(_) => Err(DeliveryError::TimedOut(config.lease.call_timeout)),
             };
             Done {
                 id: d.id,
@@ -1130,29 +1004,6 @@ impl Worker {
                 outcome,
             }
         });
-    }
-
-    async fn release(&mut self) {
-        let Some(h) = self.held.take() else { return };
-        let call = lease::release(&self.pool, &h.mandate);
-        let outcome = match timeout(self.config.call_timeout, call).await {
-            Ok(r) => r,
-            Err(_) => Err(LeaseError::TimedOut(self.config.call_timeout)),
-        };
-        match outcome {
-            Ok(()) => {
-                tracing::info!(replica = %self.config.replica, fence = h.mandate.fence, "webhooks lease released")
-            }
-            Err(LeaseError::Lost) => {
-                self.metrics.lease_lost.inc();
-                tracing::warn!(
-                    replica = %self.config.replica,
-                    fence = h.mandate.fence,
-                    "webhooks lease was already lost when releasing it"
-                );
-            }
-            Err(e) => self.report("release", &e).await,
-        }
     }
 }
 
