@@ -146,8 +146,8 @@ pool accounts for part of it. What would close the rest: fewer, hotter
 backends (a smaller pool, or a pool that hands out the most recently used
 connection first, which sqlx's pool cannot be told to do), one PL/pgSQL frame
 per call instead of four nested ones with their `SET` clauses, and a server
-that sends less per request (its CPU per request is 0.15 to 0.3 ms now,
-against about 0.4 ms before).";
+that sends less per request (its CPU per request was 0.15 to 0.3 ms when
+this was written, against about 0.4 ms before; the table gives this run's).";
 
 const LATENCY8: &str = "The p99 at 8 clients is time spent waiting for a CPU: 8 clients, the
 server's threads and 8 backends share the CPUs, and any other load on the
