@@ -1415,3 +1415,107 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
         );
     }
 }
+
+/// The hot path's lookups by key stay on their key's index when the plans
+/// were cached while `reservations` was analyzed empty (a new deployment,
+/// before autoanalyze comes by). On such a table every index led by
+/// `org_id` costs the same, and a plain `(org_id, created_at)` index (the
+/// overview's chart) was chosen for the R9 lookup by order_ref and the
+/// transition's lookups by id: each then read the organization's whole
+/// history (found by bench item 8 on a small fresh database: the reserve
+/// rate fell by a third in a few seconds, and recovered at once after an
+/// ANALYZE). Measured here as buffers, which count the functions' nested
+/// statements.
+#[tokio::test]
+async fn plans_cached_on_an_empty_table_look_reservations_up_by_their_keys() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "fresh-keys", true).await;
+    for i in 0..100 {
+        machine(
+            &pool,
+            org.id,
+            &format!("K-{i:04}"),
+            SITE,
+            "dell",
+            PROFILE,
+            "ready",
+        )
+        .await;
+    }
+    // Analyzed empty, and kept so for the test: autoanalyze would re-plan.
+    sqlx::raw_sql("ANALYZE; ALTER TABLE reservations SET (autovacuum_enabled = off)")
+        .execute(&pool)
+        .await
+        .expect("analyze empty");
+    let mut conn = limited_connection(&db).await;
+    let reserve = |order_ref: String| {
+        format!(
+            "SELECT id, fence FROM reserve_machine({}, 'test', '{order_ref}', '{SITE}', '{PROFILE}', NULL, 900)",
+            org.id
+        )
+    };
+    let cancel = |id: i64, fence: i64| {
+        format!(
+            "SELECT * FROM reservation_transition({}, {id}, {fence}, 'test', 'cancel', 'keys')",
+            org.id
+        )
+    };
+    // Plans cached while empty: a reserve, its replay, a cancel.
+    for _ in 0..2 {
+        let (id, fence): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(reserve("KEYS-0".into())))
+            .fetch_one(&mut conn)
+            .await
+            .expect("reserve while empty");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(cancel(id, fence)))
+            .execute(&mut conn)
+            .await
+            .expect("cancel while empty");
+    }
+    // The history grows (no ANALYZE).
+    sqlx::query(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                   hold_seconds, expires_at, ended_at, ended_by, end_reason)
+         SELECT $1, 'OLD-' || g, (SELECT min(id) FROM machines WHERE org_id = $1) + g % 100,
+                'cancelled', '{}', '{}', 'history', 900, clock_timestamp() + interval '15 minutes',
+                clock_timestamp(),
+                'test', NULL
+           FROM generate_series(1, 20000) g",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("history");
+    let buffers = |plan: &serde_json::Value| {
+        let top = &plan[0]["Plan"];
+        top["Shared Hit Blocks"].as_i64().unwrap_or(i64::MAX)
+            + top["Shared Read Blocks"].as_i64().unwrap_or(i64::MAX / 2)
+    };
+    let explain = |sql: String| format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}");
+    let plan: serde_json::Value =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(explain(reserve("KEYS-1".into()))))
+            .fetch_one(&mut conn)
+            .await
+            .expect("reserve after the history grew");
+    let reserved = buffers(&plan);
+    let (id, fence): (i64, i64) = sqlx::query_as(
+        "SELECT id, fence FROM reservations WHERE org_id = $1 AND order_ref = 'KEYS-1'",
+    )
+    .bind(org.id)
+    .fetch_one(&pool)
+    .await
+    .expect("the reservation");
+    let plan: serde_json::Value =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(explain(cancel(id, fence))))
+            .fetch_one(&mut conn)
+            .await
+            .expect("cancel after the history grew");
+    let cancelled = buffers(&plan);
+    // 20,000 ended reservations: reading them costs thousands of buffers;
+    // the keyed lookups, a few dozen.
+    assert!(
+        reserved < 300 && cancelled < 300,
+        "buffers with 20,000 ended reservations and plans cached while empty: \
+         reserve {reserved}, cancel {cancelled}"
+    );
+}
