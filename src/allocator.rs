@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use crate::db::Db;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, PgExecutor};
 
 use crate::domain::{MachineStatus, OrderRef, ParseError, Profile, Site, Vendor};
 use crate::inventory::{Machine, MachineFilter};
@@ -413,18 +413,15 @@ pub async fn reserve(
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<ReserveOutcome, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    let outcome = reserve_on(&mut conn, org_id, req).await?;
-    conn.finish().await?;
-    Ok(outcome)
+    reserve_on(pool, org_id, req).await
 }
 
-/// `reserve` on a given connection (tests run many of these on separate
-/// connections): one statement, `reserve_machine` (R7, R9; pass two in
-/// `reserve_walk`). A statement outside a transaction commits on its own;
-/// inside the caller's, it is part of it.
+/// `reserve` on a given connection or transaction (tests run many of these
+/// on separate connections): one statement, `reserve_machine` (R7, R9; pass
+/// two in `reserve_walk`). A statement outside a transaction commits on its
+/// own (on the `Db`, pinned or not); inside the caller's, it is part of it.
 pub async fn reserve_on(
-    conn: &mut PgConnection,
+    db: impl PgExecutor<'_>,
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<ReserveOutcome, sqlx::Error> {
@@ -437,7 +434,7 @@ pub async fn reserve_on(
             .bind(req.spec.profile.as_str())
             .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
             .bind(req.hold.get() as i32)
-            .fetch_one(conn)
+            .fetch_one(db)
             .await?;
     row.into_outcome()
 }

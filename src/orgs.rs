@@ -1,7 +1,7 @@
 //! Organizations (tenants) and their half of the R12 switch.
 
 use crate::db::Db;
-use sqlx::PgConnection;
+use sqlx::PgExecutor;
 
 use crate::domain::Slug;
 
@@ -64,22 +64,20 @@ pub async fn set_datacenter_enabled(
     org_id: i64,
     enabled: bool,
 ) -> Result<(), sqlx::Error> {
-    let mut conn = pool.acquire().await?;
-    set_datacenter_enabled_on(&mut conn, org_id, enabled).await?;
-    conn.finish().await
+    set_datacenter_enabled_on(pool, org_id, enabled).await
 }
 
 /// As `set_datacenter_enabled`, on a caller's transaction (the settings page
 /// writes its audit row in the same transaction).
 pub async fn set_datacenter_enabled_on(
-    conn: &mut PgConnection,
+    db: impl PgExecutor<'_>,
     org_id: i64,
     enabled: bool,
 ) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE organizations SET datacenter_enabled = $2 WHERE id = $1")
         .bind(org_id)
         .bind(enabled)
-        .execute(conn)
+        .execute(db)
         .await?;
     Ok(())
 }

@@ -4,7 +4,7 @@ use crate::db::Db;
 use argon2::Argon2;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgExecutor};
 
 use crate::domain::{Email, Role};
 
@@ -46,16 +46,13 @@ pub async fn create(
     role: Role,
     password: &str,
 ) -> Result<i64, StaffError> {
-    let mut conn = pool.acquire().await?;
-    let id = create_on(&mut conn, org_id, email, role, password).await?;
-    conn.finish().await?;
-    Ok(id)
+    create_on(pool, org_id, email, role, password).await
 }
 
-/// As `create`, on a caller's connection or transaction (the users page
-/// writes its audit row in the same transaction).
+/// As `create`, on a caller's transaction (the users page writes its audit
+/// row in the same transaction) or on the database: one statement.
 pub async fn create_on(
-    conn: &mut PgConnection,
+    db: impl PgExecutor<'_>,
     org_id: i64,
     email: &Email,
     role: Role,
@@ -73,7 +70,7 @@ pub async fn create_on(
         .bind(email.as_str())
         .bind(role.as_str())
         .bind(hash)
-        .fetch_one(conn)
+        .fetch_one(db)
         .await
         .map_err(|e| match crate::db::violated_unique(&e) {
             Some("users_email_unique") => StaffError::Exists(email.as_str().to_owned()),

@@ -11,7 +11,7 @@ use base64::Engine;
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgExecutor};
 
 use crate::domain::Scope;
 use crate::error::ApiError;
@@ -48,16 +48,13 @@ pub async fn create(
     name: Option<&str>,
     scopes: &[Scope],
 ) -> Result<(String, String), TokenError> {
-    let mut conn = pool.acquire().await?;
-    let created = create_on(&mut conn, org_id, name, scopes).await?;
-    conn.finish().await?;
-    Ok(created)
+    create_on(pool, org_id, name, scopes).await
 }
 
-/// As `create`, on a caller's connection or transaction (the tokens page
-/// writes its audit row in the same transaction).
+/// As `create`, on a caller's transaction (the tokens page writes its audit
+/// row in the same transaction) or on the database: one statement.
 pub async fn create_on(
-    conn: &mut PgConnection,
+    db: impl PgExecutor<'_>,
     org_id: i64,
     name: Option<&str>,
     scopes: &[Scope],
@@ -79,7 +76,7 @@ pub async fn create_on(
     .bind(&name)
     .bind(digest(&token))
     .bind(&scopes)
-    .execute(conn)
+    .execute(db)
     .await
     .map_err(|e| match crate::db::violated_unique(&e) {
         Some("api_tokens_name_unique_per_org") => TokenError::NameTaken(name.clone()),

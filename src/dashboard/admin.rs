@@ -173,7 +173,7 @@ pub(crate) async fn add_user(
     let password = form.password.clone();
     let mut tx = pool.begin().await?;
     // The new user belongs to the admin's organization, never another.
-    let created = crate::staff::create_on(&mut tx, staff.org_id, &email, role, &password).await;
+    let created = crate::staff::create_on(&mut *tx, staff.org_id, &email, role, &password).await;
     let id = match created {
         Ok(id) => id,
         Err(crate::staff::StaffError::Database(e)) => return Err(e.into()),
@@ -340,7 +340,7 @@ pub(crate) async fn add_token(
         .await;
     }
     let mut tx = pool.begin().await?;
-    let (name, secret) = match crate::tokens::create_on(&mut tx, staff.org_id, Some(name), &scopes)
+    let (name, secret) = match crate::tokens::create_on(&mut *tx, staff.org_id, Some(name), &scopes)
         .await
     {
         Ok(made) => made,

@@ -152,7 +152,7 @@ pub(crate) async fn save(
     };
     // The audit row commits with the change, or neither does.
     let mut tx = pool.begin().await?;
-    crate::orgs::set_datacenter_enabled_on(&mut tx, staff.org_id, enabled).await?;
+    crate::orgs::set_datacenter_enabled_on(&mut *tx, staff.org_id, enabled).await?;
     audit_on(
         &mut tx,
         &req,

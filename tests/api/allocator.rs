@@ -298,7 +298,7 @@ pub(crate) async fn race(
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
-            let outcome = allocator::reserve_on(&mut conn, org_id, &req)
+            let outcome = allocator::reserve_on(&mut *conn, org_id, &req)
                 .await
                 .expect("reserve");
             // Pinned (behind a transaction-mode pooler) the connection is a
@@ -828,7 +828,7 @@ async fn convert_racing_a_new_order_never_frees_the_machine() {
         let req = request_for(&format!("SECOND-{round}"), &profile, None);
         let order = tokio::spawn(async move {
             b2.wait().await;
-            allocator::reserve_on(&mut c2, org_id, &req)
+            allocator::reserve_on(&mut *c2, org_id, &req)
                 .await
                 .expect("reserve")
         });
@@ -913,7 +913,7 @@ async fn convert_of_an_overdue_hold_racing_a_new_order_gives_the_machine_once() 
         let req = request_for(&format!("SECOND-{round}"), &profile, None);
         let order = tokio::spawn(async move {
             b2.wait().await;
-            allocator::reserve_on(&mut c2, org_id, &req)
+            allocator::reserve_on(&mut *c2, org_id, &req)
                 .await
                 .expect("reserve")
         });
