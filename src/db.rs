@@ -368,17 +368,18 @@ impl Db {
 
     /// A background worker's own small pool (the sweep's, the webhook
     /// worker's), lazily connecting and pinned as this one is, so that the
-    /// HTTP load cannot starve the worker; each session gets the worker's
-    /// shorter `statement_timeout`. Not through a transaction-mode pooler:
-    /// there a session-level SET would stay on the server session and reach
-    /// other clients' transactions, so the worker keeps the role's limits
-    /// and relies on its client-side call bound.
+    /// HTTP load cannot starve the worker. It waits for a connection no
+    /// longer than the worker's call bound, and each session gets the
+    /// worker's shorter `statement_timeout` (both from its lease timings).
+    /// Not through a transaction-mode pooler: there a session-level SET
+    /// would stay on the server session and reach other clients'
+    /// transactions, so the worker keeps the role's limits and relies on its
+    /// client-side call bound.
     pub fn worker_pool(
         &self,
         application_name: &str,
         max_connections: u32,
-        acquire_timeout: Duration,
-        statement_timeout: Duration,
+        timings: &crate::lease::Timings,
         transaction_pooler: bool,
     ) -> Db {
         let options = (*self.pool.connect_options())
@@ -387,11 +388,11 @@ impl Db {
         let builder = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)
-            .acquire_timeout(acquire_timeout);
+            .acquire_timeout(timings.call_timeout);
         if transaction_pooler {
             return Db::new(builder.connect_lazy_with(options), self.pinned);
         }
-        let statement_timeout = format!("{}ms", statement_timeout.as_millis());
+        let statement_timeout = format!("{}ms", timings.statement_timeout.as_millis());
         let pool = builder
             .after_connect(move |conn, _| {
                 let statement_timeout = statement_timeout.clone();

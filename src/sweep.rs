@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::lease::{Holder, LIVE_LEASE, SWEEP_KEY, Terms, Timings};
 use crate::metrics::Metrics;
-use crate::settings::Settings;
+use crate::settings::{DbPooler, Settings};
 
 /// Reservations expired per statement; each batch is its own short
 /// transaction, so the sweep never holds many row locks for long.
@@ -274,10 +274,13 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let config = WorkerConfig::from_settings(settings);
-    let worker_pool = worker_pool(
-        pool,
-        &config,
-        settings.db_pooler == crate::settings::DbPooler::Transaction,
+    // Its own small pool: the HTTP load cannot starve it, and its
+    // statement_timeout is shorter than the pool's 15 s.
+    let worker_pool = pool.worker_pool(
+        "poolkeeper-sweep",
+        2,
+        &config.lease,
+        settings.db_pooler == DbPooler::Transaction,
     );
     let terms = Terms {
         key: SWEEP_KEY,
@@ -296,18 +299,6 @@ pub async fn run(
     };
     worker.run().await;
     worker_pool.close().await;
-}
-
-/// The worker's own small pool (`Db::worker_pool`): the HTTP load cannot
-/// starve it, and its statement_timeout is shorter than the pool's 15 s.
-fn worker_pool(pool: &Db, config: &WorkerConfig, transaction_pooler: bool) -> Db {
-    pool.worker_pool(
-        "poolkeeper-sweep",
-        2,
-        config.lease.call_timeout,
-        config.lease.statement_timeout,
-        transaction_pooler,
-    )
 }
 
 struct Worker {

@@ -39,7 +39,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 
 use crate::lease::{Holder, LIVE_LEASE, Terms, Timings};
 use crate::metrics::Metrics;
-use crate::settings::Settings;
+use crate::settings::{DbPooler, Settings};
 
 /// The lease key of the delivery worker.
 pub const WEBHOOKS_KEY: &str = "webhooks";
@@ -758,10 +758,14 @@ pub async fn run(
             return;
         }
     };
-    let worker_pool = worker_pool(
-        pool,
-        &config,
-        settings.db_pooler == crate::settings::DbPooler::Transaction,
+    // Its own small pool, like the sweep's: HTTP load cannot starve it, and
+    // a slow receiver holds no connection (the POST runs outside any
+    // statement).
+    let worker_pool = pool.worker_pool(
+        "poolkeeper-webhooks",
+        4,
+        &config.lease,
+        settings.db_pooler == DbPooler::Transaction,
     );
     let terms = Terms {
         key: WEBHOOKS_KEY,
@@ -782,19 +786,6 @@ pub async fn run(
     };
     worker.run().await;
     worker_pool.close().await;
-}
-
-/// The worker's own small pool, like the sweep's (`Db::worker_pool`): HTTP
-/// load cannot starve it, and a slow receiver holds no connection (the POST
-/// runs outside any statement).
-fn worker_pool(pool: &Db, config: &WorkerConfig, transaction_pooler: bool) -> Db {
-    pool.worker_pool(
-        "poolkeeper-webhooks",
-        4,
-        config.lease.call_timeout,
-        config.lease.statement_timeout,
-        transaction_pooler,
-    )
 }
 
 /// What a delivery task reports back.
