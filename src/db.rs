@@ -23,25 +23,20 @@ pub const MIGRATION_LOCK_KEY: i64 = 0x0070_6f6f_6c6b_7072;
 /// Keys whose lease expired more than this long ago are purged at start-up (L5).
 pub const LEASE_RETENTION: Duration = Duration::from_secs(24 * 3600);
 
-/// Per-connection limits: no statement, lock wait or idle transaction may
-/// hold a connection (and the rows it locked) for long.
-pub fn with_session_limits(opts: PgConnectOptions) -> PgConnectOptions {
-    opts.options([
-        ("statement_timeout", "15s"),
-        ("lock_timeout", "5s"),
-        ("idle_in_transaction_session_timeout", "30s"),
-    ])
-    .application_name("poolkeeper")
-}
-
-/// The session limits and their values (RELIABILITY.md). Sent as startup
-/// `options` on a direct connection; through a transaction-mode pooler,
-/// which refuses startup `options`, they must be set on the role.
+/// The session limits and their values (RELIABILITY.md): no statement, lock
+/// wait or idle transaction may hold a connection (and the rows it locked)
+/// for long. Sent as startup `options` on a direct connection; through a
+/// pooler, which refuses startup `options`, they must be set on the role.
 pub const SESSION_LIMITS: [(&str, &str); 3] = [
     ("statement_timeout", "15s"),
     ("lock_timeout", "5s"),
     ("idle_in_transaction_session_timeout", "30s"),
 ];
+
+/// Per-connection limits (`SESSION_LIMITS`), as startup options.
+pub fn with_session_limits(opts: PgConnectOptions) -> PgConnectOptions {
+    opts.options(SESSION_LIMITS).application_name("poolkeeper")
+}
 
 /// Options behind a pooler: no startup `options` (PgBouncer refuses them);
 /// the limits come from the role instead (`check_role_limits`).
