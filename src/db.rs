@@ -63,6 +63,8 @@ pub async fn connect_app(
         let pool = connect_pool(opts, max_connections, acquire_timeout).await?;
         return Ok(Db::new(pool, pinned));
     }
+    // Unlike `connect_pool`, this pool keeps sqlx's ping before acquire
+    // (one round trip per request; what BENCHMARKS.md item 8 measured).
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(0)
