@@ -402,6 +402,43 @@ async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_throug
     assert!(log.contains("pool_mode = session"), "{log}");
 }
 
+/// A pooler-only `serve` (transaction mode, no migration session) refuses
+/// to start while SQL definitions are pending, as it does for migrations,
+/// naming what to set; it changes nothing.
+#[tokio::test]
+async fn serve_through_the_pooler_alone_refuses_pending_definitions() {
+    if skip() {
+        return;
+    }
+    let db = crate::helpers::migrated_db().await;
+    set_role_limits(&db, "postgres", "15s").await;
+    let admin = db.pool().await;
+    sqlx::query("DELETE FROM sql_definitions")
+        .execute(&admin)
+        .await
+        .expect("forget the installed set");
+    let bouncer = Bouncer::start(&db, &["postgres"], 4, "transaction").await;
+    let mut r = Replica::spawn(
+        "refuse-definitions",
+        crate::replicas::free_port(),
+        &[
+            ("DATABASE_URL", bouncer.url("postgres", &db.name)),
+            ("POOLKEEPER_DB_POOLER", "transaction".into()),
+            ("POOLKEEPER_DB_STATEMENT_CACHE", "off".into()),
+        ],
+    );
+    let (status, log) = r.exit(Duration::from_secs(30)).await;
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("SQL definitions are pending"), "{log}");
+    assert!(log.contains("POOLKEEPER_MIGRATION_DATABASE_URL"), "{log}");
+    let files: i64 = sqlx::query_scalar("SELECT count(*) FROM sql_definitions")
+        .fetch_one(&admin)
+        .await
+        .expect("sql_definitions");
+    assert_eq!(files, 0, "nothing applied through the pooler");
+    admin.close().await;
+}
+
 /// Behind a pooler the limits cannot travel as startup options: without
 /// them on the role, `serve` refuses to start and names the SQL to run.
 #[tokio::test]
