@@ -37,7 +37,7 @@ use crate::helpers::{TestDb, create_org};
 use crate::replicas::{Replica, wait_lease};
 
 /// The pgbouncer binary, or None (with the reason printed) when it is not
-/// installed: `.ci/run` installs it.
+/// installed: `scripts/test` installs it.
 pub fn pgbouncer_binary() -> Option<PathBuf> {
     ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
         .iter()
@@ -87,7 +87,7 @@ impl Bouncer {
     /// (through its Unix socket), with `pool_size` server connections per
     /// user and database, trusting the users listed.
     pub async fn start(db: &TestDb, users: &[&str], pool_size: u32, mode: &str) -> Bouncer {
-        let bin = pgbouncer_binary().expect("pgbouncer is installed (see .ci/run)");
+        let bin = pgbouncer_binary().expect("pgbouncer is installed (scripts/test installs it)");
         let socket = db
             .options
             .get_socket()
@@ -205,12 +205,14 @@ pub async fn set_role_limits(db: &TestDb, role: &str, statement_timeout: &str) {
     }
 }
 
+/// True when the developer opted out (`POOLKEEPER_TEST_SKIP=pgbouncer`);
+/// without PgBouncer and without that, the test fails (`helpers::needs`).
 fn skip() -> bool {
-    if pgbouncer_binary().is_none() {
-        eprintln!("skipped: pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)");
-        return true;
-    }
-    false
+    !crate::helpers::needs(
+        "pgbouncer",
+        pgbouncer_binary().is_some(),
+        "apt-get install -y --no-install-recommends pgbouncer",
+    )
 }
 
 /// The failure made deterministic: one server session shared by two client
