@@ -452,7 +452,8 @@ impl Db {
         &self,
         application_name: &str,
         max_connections: u32,
-        timings: &crate::lease::Timings,
+        call_timeout: std::time::Duration,
+        statement_timeout: std::time::Duration,
         transaction_pooler: bool,
     ) -> Db {
         let options = (*self.pool.connect_options())
@@ -461,11 +462,11 @@ impl Db {
         let builder = PgPoolOptions::new()
             .max_connections(max_connections)
             .min_connections(0)
-            .acquire_timeout(timings.call_timeout);
+            .acquire_timeout(call_timeout);
         if transaction_pooler {
             return Db::new(builder.connect_lazy_with(options), self.pinned);
         }
-        let statement_timeout = format!("{}ms", timings.statement_timeout.as_millis());
+        let statement_timeout = format!("{}ms", statement_timeout.as_millis());
         let pool = builder
             .after_connect(move |conn, _| {
                 let statement_timeout = statement_timeout.clone();
