@@ -8,6 +8,7 @@ pub mod csrf;
 pub mod demand;
 pub mod error;
 pub mod gate;
+pub mod input;
 pub mod jobs;
 pub mod machines;
 pub mod org_settings;
@@ -29,7 +30,9 @@ pub use session::Staff;
 /// exports `ROUTES` (path, methods), which the access matrix test compares
 /// with its own rows, so a route added here without a matrix row fails.
 /// Each path is one `web::resource`, so a method it does not serve is 405
-/// (with an Allow header), never a 404.
+/// (with an Allow header), never a 404. Every resource is wrapped in
+/// `input::guard`: no handler sees a query, form or path segment that was
+/// not checked (issue 23).
 macro_rules! routes {
     ($( $path:literal => [ $( $method:ident => $handler:path ),+ ] ),+ $(,)?) => {
         pub const ROUTES: &[(&str, &[&str])] = &[
@@ -40,7 +43,8 @@ macro_rules! routes {
                 cfg.service(
                     web::resource($path)
                         $( .route(web::$method().to($handler)) )+
-                        .default_service(web::to(method_not_allowed)),
+                        .default_service(web::to(method_not_allowed))
+                        .wrap(actix_web::middleware::from_fn(input::guard)),
                 );
             )+
         }

@@ -515,7 +515,10 @@ pub(crate) async fn cancel(
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
     let fence = precheck(&staff, &settings, &form)?;
-    let reason = reservations::check_reason(&form.reason).map_err(|problem| {
+    // A browser sends a textarea's line breaks as CRLF; the rule (shared
+    // with the API) knows LF.
+    let typed = form.reason.replace("\r\n", "\n");
+    let reason = reservations::check_reason(&typed).map_err(|problem| {
         let mut sentence = problem.to_owned();
         sentence[..1].make_ascii_uppercase();
         DashError::bad_request(format!(

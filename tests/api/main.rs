@@ -11,6 +11,7 @@ mod deploy_unit;
 mod embedded;
 mod guardrails;
 mod helpers;
+mod hostile_forms;
 mod inventory;
 mod lease;
 mod migrations;
