@@ -85,6 +85,258 @@ pub struct MachineFilter {
     pub vendor: Option<Vendor>,
     pub profile: Option<Profile>,
     pub status: Option<MachineStatus>,
+    /// What the machine is doing in the pool (derived, never stored).
+    pub state: Option<PoolState>,
+}
+
+/// What a machine is doing in the pool, as the overview counts it: a live
+/// service link wins (sold), then a held reservation (held, overdue or
+/// not: R11 expires it at the point of use), then the datacenter team's
+/// status (sellable when ready, not ready otherwise). Derived from
+/// reservations and service links, never stored (the schema's comment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolState {
+    Sellable,
+    Held,
+    Sold,
+    NotReady,
+}
+
+impl PoolState {
+    pub const ALL: [PoolState; 4] = [
+        PoolState::Sellable,
+        PoolState::Held,
+        PoolState::Sold,
+        PoolState::NotReady,
+    ];
+
+    /// The key in URLs, CSV and SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolState::Sellable => "sellable",
+            PoolState::Held => "held",
+            PoolState::Sold => "sold",
+            PoolState::NotReady => "not_ready",
+        }
+    }
+
+    /// In words, as the overview says it.
+    pub fn label(self) -> &'static str {
+        match self {
+            PoolState::NotReady => "not ready",
+            s => s.as_str(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<PoolState, crate::domain::ParseError> {
+        Self::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| crate::domain::ParseError {
+                what: "state",
+                problem: "must be one of sellable, held, sold, not_ready".to_owned(),
+            })
+    }
+}
+
+/// The one precedence of `PoolState`, as SQL over machine `m`, given SQL
+/// for "has a live service link" and "has a held reservation".
+fn pool_state_case(sold: &str, held: &str) -> String {
+    format!(
+        "CASE WHEN {sold} THEN 'sold' WHEN {held} THEN 'held' \
+              WHEN m.status = 'ready' THEN 'sellable' ELSE 'not_ready' END"
+    )
+}
+
+/// The joins that find machine `m`'s live service link (`live`) and held
+/// reservation (`hold`): each on its partial unique index
+/// (`service_links_one_live_per_machine`, `reservations_one_holder_per_machine`),
+/// so at most one row each and the machine is never repeated.
+pub const POOL_STATE_JOINS: &str =
+    "LEFT JOIN service_links live ON live.machine_id = m.id AND live.ended_at IS NULL
+           LEFT JOIN reservations hold ON hold.machine_id = m.id AND hold.state = 'held'";
+
+/// `PoolState` of machine `m` over `POOL_STATE_JOINS`.
+pub fn pool_state_sql() -> String {
+    pool_state_case("live.machine_id IS NOT NULL", "hold.machine_id IS NOT NULL")
+}
+
+/// The same, for a query that cannot join (the allocator's `explain`, over
+/// `machine_verdicts`): one probe of each partial unique index.
+pub fn pool_state_probe_sql() -> String {
+    pool_state_case(
+        "EXISTS (SELECT 1 FROM service_links live WHERE live.machine_id = m.id AND live.ended_at IS NULL)",
+        "EXISTS (SELECT 1 FROM reservations hold WHERE hold.machine_id = m.id AND hold.state = 'held')",
+    )
+}
+
+/// A machine with what it is doing: the hold (reservation, order, seconds
+/// left by the database clock, negative when overdue) or the service.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PooledMachine {
+    #[sqlx(flatten)]
+    pub machine: Machine,
+    pub pool_state: String,
+    pub held_by: Option<i64>,
+    pub held_for: Option<String>,
+    pub remaining: Option<i64>,
+    pub service_ref: Option<String>,
+    pub sold_by: Option<i64>,
+}
+
+fn pooled_columns() -> String {
+    format!(
+        "m.id, m.asset_tag, m.site, m.vendor, m.profile, m.status, m.created_at, m.updated_at,
+         {} AS pool_state,
+         hold.id AS held_by, hold.order_ref AS held_for,
+         floor(extract(epoch FROM hold.expires_at - clock_timestamp()))::bigint AS remaining,
+         live.service_ref, live.reservation_id AS sold_by",
+        pool_state_sql()
+    )
+}
+
+/// The filter's WHERE over machine `m`, parameters `$2`-`$6`.
+const FILTER_SQL: &str = "m.org_id = $1
+            AND ($2::text IS NULL OR m.site = $2)
+            AND ($3::text IS NULL OR m.vendor = $3)
+            AND ($4::text IS NULL OR m.profile = $4)
+            AND ($5::text IS NULL OR m.status = $5)";
+
+/// Machines of `org_id` matching `filter`, with what each is doing, by
+/// asset tag after `after`, at most `limit`: one statement. It walks
+/// `machines_asset_tag_unique_per_org` in order and probes the two partial
+/// unique indexes per machine until the page is full.
+pub async fn list_pooled(
+    pool: &Db,
+    org_id: i64,
+    filter: &MachineFilter,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<PooledMachine>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {cols}
+           FROM machines m
+           {joins}
+          WHERE {FILTER_SQL}
+            AND ($6::text IS NULL OR {state} = $6::text)
+            AND ($7::text IS NULL OR m.asset_tag > $7)
+          ORDER BY m.asset_tag
+          LIMIT $8",
+        cols = pooled_columns(),
+        joins = POOL_STATE_JOINS,
+        state = pool_state_sql(),
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .bind(filter.site.as_ref().map(Site::as_str))
+        .bind(filter.vendor.as_ref().map(Vendor::as_str))
+        .bind(filter.profile.as_ref().map(Profile::as_str))
+        .bind(filter.status.map(MachineStatus::as_str))
+        .bind(filter.state.map(PoolState::as_str))
+        .bind(after)
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+}
+
+/// The same rows for machines `ids` of `org_id` (a page the allocator's
+/// `explain` chose): one statement, by primary key.
+pub async fn pooled_by_ids(
+    pool: &Db,
+    org_id: i64,
+    ids: &[i64],
+) -> Result<Vec<PooledMachine>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {cols} FROM machines m {joins}
+          WHERE m.org_id = $1 AND m.id = ANY($2)",
+        cols = pooled_columns(),
+        joins = POOL_STATE_JOINS,
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+}
+
+/// How many machines matching `filter` (its state aside) are in each
+/// `PoolState`, in `PoolState::ALL`'s order.
+pub async fn count_by_state(
+    pool: &Db,
+    org_id: i64,
+    filter: &MachineFilter,
+) -> Result<Vec<(PoolState, i64)>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {state} AS st, count(*) FROM machines m {joins}
+          WHERE {FILTER_SQL}
+          GROUP BY 1",
+        state = pool_state_sql(),
+        joins = POOL_STATE_JOINS,
+    );
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .bind(filter.site.as_ref().map(Site::as_str))
+        .bind(filter.vendor.as_ref().map(Vendor::as_str))
+        .bind(filter.profile.as_ref().map(Profile::as_str))
+        .bind(filter.status.map(MachineStatus::as_str))
+        .fetch_all(pool)
+        .await?;
+    Ok(PoolState::ALL
+        .into_iter()
+        .map(|st| {
+            let n = rows
+                .iter()
+                .find(|(k, _)| k == st.as_str())
+                .map_or(0, |(_, n)| *n);
+            (st, n)
+        })
+        .collect())
+}
+
+/// The sites, vendors and profiles of an organization's inventory, for the
+/// filters' selects.
+#[derive(Debug, Clone, Default)]
+pub struct Facets {
+    pub sites: Vec<String>,
+    pub vendors: Vec<String>,
+    pub profiles: Vec<String>,
+}
+
+/// At most this many values of each: a select longer than that is no help.
+pub const MAX_FACET_VALUES: i64 = 500;
+
+/// One statement, three skip scans: each step jumps to the next distinct
+/// value on an index that leads with (org_id, column) (`machines_by_site_idx`,
+/// `machines_by_vendor_idx`, `machines_by_profile_idx`), so the cost is the
+/// number of distinct values, not of machines.
+pub async fn facets(pool: &Db, org_id: i64) -> Result<Facets, sqlx::Error> {
+    let skip = |col: &str| {
+        format!(
+            "ARRAY(WITH RECURSIVE v(val, n) AS (
+                 (SELECT {col}, 1 FROM machines WHERE org_id = $1 ORDER BY {col} LIMIT 1)
+                 UNION ALL
+                 SELECT (SELECT {col} FROM machines WHERE org_id = $1 AND {col} > v.val ORDER BY {col} LIMIT 1), v.n + 1
+                   FROM v WHERE v.val IS NOT NULL AND v.n < $2)
+             SELECT val FROM v WHERE val IS NOT NULL)"
+        )
+    };
+    let sql = format!(
+        "SELECT {}, {}, {}",
+        skip("site"),
+        skip("vendor"),
+        skip("profile")
+    );
+    let (sites, vendors, profiles): (Vec<String>, Vec<String>, Vec<String>) =
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(org_id)
+            .bind(MAX_FACET_VALUES)
+            .fetch_one(pool)
+            .await?;
+    Ok(Facets {
+        sites,
+        vendors,
+        profiles,
+    })
 }
 
 /// Machines of `org_id` matching `filter`, by asset tag, at most `limit`
@@ -97,15 +349,13 @@ pub async fn list(
     limit: i64,
 ) -> Result<Vec<Machine>, sqlx::Error> {
     let sql = format!(
-        "SELECT {MACHINE_COLUMNS} FROM machines
-          WHERE org_id = $1
-            AND ($2::text IS NULL OR site = $2)
-            AND ($3::text IS NULL OR vendor = $3)
-            AND ($4::text IS NULL OR profile = $4)
-            AND ($5::text IS NULL OR status = $5)
-            AND ($6::text IS NULL OR asset_tag > $6)
-          ORDER BY asset_tag
-          LIMIT $7"
+        "SELECT {MACHINE_COLUMNS} FROM machines m
+          WHERE {FILTER_SQL}
+            AND ($6::text IS NULL OR {state} = $6::text)
+            AND ($7::text IS NULL OR m.asset_tag > $7)
+          ORDER BY m.asset_tag
+          LIMIT $8",
+        state = pool_state_probe_sql(),
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(org_id)
@@ -113,6 +363,7 @@ pub async fn list(
         .bind(filter.vendor.as_ref().map(Vendor::as_str))
         .bind(filter.profile.as_ref().map(Profile::as_str))
         .bind(filter.status.map(MachineStatus::as_str))
+        .bind(filter.state.map(PoolState::as_str))
         .bind(after)
         .bind(limit)
         .fetch_all(pool)

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod assets;
 pub mod csrf;
+pub mod csv;
 pub mod demand;
 pub mod error;
 pub mod gate;
@@ -56,8 +57,10 @@ routes! {
     "/login" => [get => session::login_form, post => session::login],
     "/logout" => [post => session::logout],
     "/machines" => [get => machines::list],
+    "/machines.csv" => [get => machines::export],
     "/machines/{asset_tag}" => [get => machines::detail],
     "/reservations" => [get => reservations::list],
+    "/reservations.csv" => [get => reservations::export],
     "/reservations/{id}" => [get => reservations::detail],
     "/reservations/{id}/cancel" => [get => reservations::confirm_cancel, post => reservations::cancel],
     "/reservations/{id}/convert" => [get => reservations::confirm_convert, post => reservations::convert],
@@ -65,6 +68,7 @@ routes! {
     "/why-not" => [get => why_not::why_not],
     "/jobs" => [get => jobs::jobs],
     "/demand" => [get => demand::demand],
+    "/demand.csv" => [get => demand::export],
     "/settings" => [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => [post => org_settings::save_webhook],
     "/audit" => [get => admin::audit_log],

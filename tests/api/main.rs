@@ -14,6 +14,7 @@ mod helpers;
 mod hostile_forms;
 mod inventory;
 mod lease;
+mod machines_list;
 mod migrations;
 mod openapi;
 mod orders;
