@@ -245,7 +245,44 @@ pub fn list_pooled_sql(state: Option<PoolState>) -> String {
 }
 
 /// `count_by_state`'s statement: `$1` org, `$2`-`$5` as `list_pooled_sql`.
+/// The same precedence as `pool_state_sql`, counted from the small sides:
+/// the filtered machines by status (ready or not), then the live services
+/// and the holds (without a live service) of the organization among them,
+/// each from its partial index and its machine probed by primary key
+/// (`OFFSET 0` keeps each probe a probe: joined, the planner hashed the
+/// whole pool for each part).
+/// Sellable is ready minus held and sold among the ready, not ready the
+/// rest likewise. Joining every machine to both tables cost 13-20 ms at
+/// 50,000 machines; this costs what the filtered machines and the holds
+/// and services do (the plan test compares both forms).
 pub fn count_by_state_sql() -> String {
+    format!(
+        "SELECT t.ready, t.other, h.ready, h.other, s.ready, s.other
+           FROM (SELECT count(*) FILTER (WHERE m.status = 'ready') AS ready,
+                        count(*) FILTER (WHERE m.status <> 'ready') AS other
+                   FROM machines m WHERE {FILTER_SQL}) t,
+                (SELECT count(*) FILTER (WHERE m.status = 'ready') AS ready,
+                        count(*) FILTER (WHERE m.status <> 'ready') AS other
+                   FROM reservations hold,
+                        LATERAL (SELECT m.status FROM machines m
+                                  WHERE m.id = hold.machine_id AND {FILTER_SQL}
+                                    AND NOT EXISTS (SELECT 1 FROM service_links live
+                                                     WHERE live.machine_id = m.id AND live.ended_at IS NULL)
+                                 OFFSET 0) m
+                  WHERE hold.state = 'held' AND hold.org_id = $1) h,
+                (SELECT count(*) FILTER (WHERE m.status = 'ready') AS ready,
+                        count(*) FILTER (WHERE m.status <> 'ready') AS other
+                   FROM service_links live,
+                        LATERAL (SELECT m.status FROM machines m
+                                  WHERE m.id = live.machine_id AND {FILTER_SQL} OFFSET 0) m
+                  WHERE live.ended_at IS NULL AND live.org_id = $1) s"
+    )
+}
+
+/// The plain form of the counts (every machine joined to its hold and its
+/// service, grouped by `pool_state_sql`): the plan test checks that
+/// `count_by_state_sql` agrees with it.
+pub fn count_by_state_plain_sql() -> String {
     format!(
         "SELECT {state} AS st, count(*) FROM machines m {joins}
           WHERE {FILTER_SQL}
@@ -305,24 +342,22 @@ pub async fn count_by_state(
     org_id: i64,
     filter: &MachineFilter,
 ) -> Result<Vec<(PoolState, i64)>, sqlx::Error> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(count_by_state_sql()))
-        .bind(org_id)
-        .bind(filter.site.as_ref().map(Site::as_str))
-        .bind(filter.vendor.as_ref().map(Vendor::as_str))
-        .bind(filter.profile.as_ref().map(Profile::as_str))
-        .bind(filter.status.map(MachineStatus::as_str))
-        .fetch_all(pool)
-        .await?;
-    Ok(PoolState::ALL
-        .into_iter()
-        .map(|st| {
-            let n = rows
-                .iter()
-                .find(|(k, _)| k == st.as_str())
-                .map_or(0, |(_, n)| *n);
-            (st, n)
-        })
-        .collect())
+    type Six = (i64, i64, i64, i64, i64, i64);
+    let (ready, other, held_ready, held_other, sold_ready, sold_other): Six =
+        sqlx::query_as(sqlx::AssertSqlSafe(count_by_state_sql()))
+            .bind(org_id)
+            .bind(filter.site.as_ref().map(Site::as_str))
+            .bind(filter.vendor.as_ref().map(Vendor::as_str))
+            .bind(filter.profile.as_ref().map(Profile::as_str))
+            .bind(filter.status.map(MachineStatus::as_str))
+            .fetch_one(pool)
+            .await?;
+    Ok(vec![
+        (PoolState::Sellable, ready - held_ready - sold_ready),
+        (PoolState::Held, held_ready + held_other),
+        (PoolState::Sold, sold_ready + sold_other),
+        (PoolState::NotReady, other - held_other - sold_other),
+    ])
 }
 
 /// The sites, vendors and profiles of an organization's inventory, for the

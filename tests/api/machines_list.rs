@@ -471,6 +471,9 @@ async fn the_list_stays_on_indexes_at_50000_machines() {
         }
     }
     let counts = poolkeeper::inventory::count_by_state_sql();
+    let plain = poolkeeper::inventory::count_by_state_plain_sql();
+    let plan = explain(plain, vec![none(), none(), none(), none()]).await;
+    eprintln!("plain counts all: {}", time(&plan));
     for (what, binds) in [
         ("all", vec![none(), none(), none(), none()]),
         (
@@ -480,6 +483,9 @@ async fn the_list_stays_on_indexes_at_50000_machines() {
     ] {
         let plan = explain(counts.clone(), binds).await;
         eprintln!("counts {what}: {}", time(&plan));
+        if std::env::var_os("PK_SHOW_PLANS").is_some() {
+            eprintln!("{plan}");
+        }
     }
     let facets = poolkeeper::inventory::facets_sql().replace("$2", "$2::text::bigint");
     let plan = explain(facets, vec![Some("500".into())]).await;
@@ -488,6 +494,91 @@ async fn the_list_stays_on_indexes_at_50000_machines() {
         !plan.contains("Seq Scan on machines"),
         "skip scans:\n{plan}"
     );
+    // Without EXPLAIN's per-row timing: the median of 21 runs of each
+    // function the page calls, through the pool.
+    use poolkeeper::domain::{MachineStatus, Site};
+    use poolkeeper::inventory::{self, MachineFilter};
+    let filters = [
+        ("all", MachineFilter::default()),
+        (
+            "site=s03&status=ready",
+            MachineFilter {
+                site: Some(Site::parse("s03").expect("site")),
+                status: Some(MachineStatus::Ready),
+                ..Default::default()
+            },
+        ),
+        (
+            "state=held",
+            MachineFilter {
+                state: Some(PoolState::Held),
+                ..Default::default()
+            },
+        ),
+        (
+            "state=sold",
+            MachineFilter {
+                state: Some(PoolState::Sold),
+                ..Default::default()
+            },
+        ),
+    ];
+    let median = |mut v: Vec<std::time::Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    for (what, f) in &filters {
+        let (mut page, mut counts) = (Vec::new(), Vec::new());
+        for _ in 0..21 {
+            let t = std::time::Instant::now();
+            let rows = inventory::list_pooled(&app.pool, org, f, None, 101)
+                .await
+                .expect("page");
+            page.push(t.elapsed());
+            assert_eq!(rows.len(), 101, "{what}");
+            let t = std::time::Instant::now();
+            inventory::count_by_state(&app.pool, org, f)
+                .await
+                .expect("counts");
+            counts.push(t.elapsed());
+        }
+        eprintln!(
+            "median of 21, {what}: page {:?}, counts {:?}",
+            median(page),
+            median(counts)
+        );
+    }
+    // The counts agree with the plain form (every machine grouped by its
+    // state) for each filter.
+    for (what, f) in &filters {
+        let plain: Vec<(String, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(inventory::count_by_state_plain_sql()))
+                .bind(org)
+                .bind(f.site.as_ref().map(Site::as_str))
+                .bind(None::<String>)
+                .bind(None::<String>)
+                .bind(f.status.map(MachineStatus::as_str))
+                .fetch_all(&app.pool)
+                .await
+                .expect("plain counts");
+        let counts = inventory::count_by_state(&app.pool, org, f)
+            .await
+            .expect("counts");
+        for (st, n) in counts {
+            let expected = plain
+                .iter()
+                .find(|(k, _)| k == st.as_str())
+                .map_or(0, |(_, n)| *n);
+            assert_eq!(n, expected, "{what}: {st:?}");
+        }
+    }
+    let mut f = Vec::new();
+    for _ in 0..21 {
+        let t = std::time::Instant::now();
+        inventory::facets(&app.pool, org).await.expect("facets");
+        f.push(t.elapsed());
+    }
+    eprintln!("median of 21, facets: {:?}", median(f));
     // And the page itself, end to end.
     let c = app.staff("dc@acme.example", "viewer").await;
     for path in [
