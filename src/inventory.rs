@@ -204,37 +204,48 @@ const FILTER_SQL: &str = "m.org_id = $1
 
 /// `list_pooled`'s statement for a state filter: `$1` org, `$2`-`$5` site,
 /// vendor, profile, status, `$6` after, `$7` limit (public for the plan
-/// test). The state is spelled out over the joins (what `pool_state_sql`
-/// = state means), so that the planner estimates it: held and sold
-/// machines are few among many, so those joins are inner and the plan
-/// starts from the holds or the live services; sellable and not ready walk
-/// the pool in asset tag order and stop after a page (a `CASE ... = $n`
-/// made the planner scan and sort the whole pool: 55-60 ms against about
-/// 1 ms at 50,000 machines).
+/// test). The state is spelled out (what `pool_state_sql` = state means),
+/// so that the planner estimates it: sellable and not ready walk the pool
+/// in asset tag order and stop after a page; held and sold machines are
+/// few among many, so the plan starts from the holds or the live services
+/// (a `CASE ... = $n` made the planner scan and sort the whole pool: 55-60
+/// ms against about 1 ms at 50,000 machines).
 pub fn list_pooled_sql(state: Option<PoolState>) -> String {
-    let (joins, condition) = match state {
-        None => (POOL_STATE_JOINS.to_owned(), "true"),
+    // Held and sold: from the organization's holds (or live services), each
+    // machine probed by primary key (`OFFSET 0` keeps it a probe: joined,
+    // the planner hashed the whole pool), then sorted; a page of a few
+    // hundred holds costs those probes, not a walk of the pool.
+    let probe = "CROSS JOIN LATERAL (SELECT * FROM machines m WHERE m.id = {key} OFFSET 0) m";
+    let (from, condition) = match state {
+        None => (format!("machines m {POOL_STATE_JOINS}"), "true"),
         Some(PoolState::Held) => (
-            POOL_STATE_JOINS.replace("LEFT JOIN reservations", "JOIN reservations"),
-            "live.machine_id IS NULL",
+            format!(
+                "reservations hold {}
+                 LEFT JOIN service_links live ON live.machine_id = m.id AND live.ended_at IS NULL",
+                probe.replace("{key}", "hold.machine_id")
+            ),
+            "hold.state = 'held' AND hold.org_id = $1 AND live.machine_id IS NULL",
         ),
         Some(PoolState::Sold) => (
-            POOL_STATE_JOINS.replace("LEFT JOIN service_links", "JOIN service_links"),
-            "true",
+            format!(
+                "service_links live {}
+                 LEFT JOIN reservations hold ON hold.machine_id = m.id AND hold.state = 'held'",
+                probe.replace("{key}", "live.machine_id")
+            ),
+            "live.ended_at IS NULL AND live.org_id = $1",
         ),
         Some(PoolState::Sellable) => (
-            POOL_STATE_JOINS.to_owned(),
+            format!("machines m {POOL_STATE_JOINS}"),
             "live.machine_id IS NULL AND hold.machine_id IS NULL AND m.status = 'ready'",
         ),
         Some(PoolState::NotReady) => (
-            POOL_STATE_JOINS.to_owned(),
+            format!("machines m {POOL_STATE_JOINS}"),
             "live.machine_id IS NULL AND hold.machine_id IS NULL AND m.status <> 'ready'",
         ),
     };
     format!(
         "SELECT {cols}
-           FROM machines m
-           {joins}
+           FROM {from}
           WHERE {FILTER_SQL}
             AND {condition}
             AND ($6::text IS NULL OR m.asset_tag > $6)
