@@ -3,8 +3,8 @@
 //! deadline (R11) in the same transaction that writes it.
 //!
 //! Cancel and convert run inside PostgreSQL, each as one statement: the
-//! function `reservation_transition` of
-//! `migrations/20261203000006_transitions.sql` locks the machine row first,
+//! function `reservation_transition` of `sql/transitions.sql` locks the
+//! machine row first,
 //! then the reservation row (the allocator's order too, so the two never
 //! deadlock and a new order can never slip in while a conversion is half
 //! done), checks fence, state and deadline in that order, records an
@@ -281,11 +281,11 @@ pub async fn transition_for_token(
 ) -> Result<
     Result<
         Result<(Reservation, Option<ServiceLink>), TransitionError>,
-        crate::allocator::CallerRefusal,
+        crate::tokens::CallerRefusal,
     >,
     sqlx::Error,
 > {
-    let row: crate::allocator::CallerRow<TransitionRow> = sqlx::query_as(
+    let row: crate::tokens::CallerRow<TransitionRow> = sqlx::query_as(
         "SELECT c.caller, (c.result).* FROM api_transition($1, $2, $3, $4, $5, $6) c",
     )
     .bind(token_hash)
@@ -296,7 +296,7 @@ pub async fn transition_for_token(
     .bind(what.text())
     .fetch_one(pool)
     .await?;
-    match crate::allocator::CallerRefusal::parse(&row.caller)? {
+    match crate::tokens::CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),
         None => Ok(Ok(row.result.into_result())),
     }

@@ -170,8 +170,8 @@ the ceiling at 8 clients, from round trips: a reserve+cancel cycle was 24
 round trips to PostgreSQL. Each decision is now one statement (item 7
 counts them): the reserve is `api_reserve`, the cancel and the convert
 `api_transition`, with the token check in the same statement; the rules
-are in `migrations/20261203000001_allocator.sql` and
-`migrations/20261203000006_transitions.sql`, tied to their numbers, and
+are in `sql/allocator.sql` and `sql/transitions.sql`, tied to their
+numbers, and
 `src/allocator.rs` says where each one lives. The ceiling is still the
 bench's own pair of functions, never the shipped path.";
 
