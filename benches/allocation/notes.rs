@@ -144,7 +144,10 @@ row, nested PL/pgSQL calls each with its `SET` clauses, the outbox
 trigger). The rest comes with the pool: a request goes to whichever pooled connection is
 free, so successive statements wake different backends (sqlx hands idle
 connections out in turn), and each backend sleeps and wakes between
-requests while the HTTP exchange happens.
+requests while the HTTP exchange happens. At 1 client the gap is widest
+(PostgreSQL CPU per cycle 1.75 ms over HTTP against 0.71 ms in the ceiling,
+2026-12-03): one request at a time goes to the pooled connection that has
+been idle longest, opened by the earlier runs, never to the one just used.
 
 The pool, measured at 8 clients on the durable cluster
 (`POOLKEEPER_DB_MAX_CONNECTIONS`, quick runs of 2026-12-03 with a load
@@ -175,20 +178,25 @@ numbers, and
 `src/allocator.rs` says where each one lives. The ceiling is still the
 bench's own pair of functions, never the shipped path.";
 
-const LATENCY8: &str = "The p99 at 8 clients: in the runs of 2026-12-03 the ceiling's
-own p99 was as high as the API's (23 to 27 ms for both, single calls of
-150 to 230 ms in both, with a load average of 6 to 14 from other work on
-2 CPUs): the tail is time spent waiting for a CPU, not a stall of the API.
-One stall the bench itself caused is gone: it loaded its data (10,000
-machines, 20,000 ended reservations, VACUUM ANALYZE) and measured at once,
-so the checkpoint owed for the load (4,319 buffers, 1.1 s of fsync over
-456 files, seen in the server's log) landed in the first runs; the bench
-now runs CHECKPOINT before the server starts. A timed checkpoint
-(`checkpoint_timeout`, 5 minutes) still falls in some runs of a full
-bench, as it would in production; the full-page images per cycle show it.
-At 32 clients the 3 or 4 clients of each site walk past each other's
-locked first candidates; over HTTP the server's pool of 20 connections
-queues the requests.";
+const LATENCY8: &str = "The p99 at 8 clients. In the runs of 2026-12-03 (quick runs and
+one item-1 run, load average 6 to 14 from other work on 2 CPUs) the API's
+reserve p99 ranged from 17 to 100 ms and the ceiling's from 11 to 56 ms,
+moving together with the load; single calls of 150 to 230 ms appeared on
+both sides. The tail is mostly time spent waiting for a CPU: 8 clients,
+the server's threads and 8 or more backends share 2 CPUs with whatever else
+runs. The API's tail is longer than the ceiling's because a request is
+three processes in turn (client, server, backend), each of which can wait
+for a CPU, against two. One stall the bench itself caused is gone: it
+loaded its data (10,000 machines, 20,000 ended reservations, VACUUM
+ANALYZE) and measured at once, so the checkpoint owed for the load (4,319
+buffers, 1.1 s of fsync over 456 files, in the server's log) landed in
+the first runs; the bench now runs CHECKPOINT before the server starts. A
+timed checkpoint (`checkpoint_timeout`, 5 minutes) still falls in some runs
+of a full bench, as it would in production; the full-page images per cycle
+show it. At 32 clients the 3 or 4 clients of each site walk past each
+other's locked first candidates (the lock waits of that row are a cancel
+waiting for an order that locked the same machine in its walk); over HTTP
+the server's pool of 20 connections queues the requests.";
 
 const WRITES: &str = "### What each cycle writes (issue 21)
 
