@@ -144,10 +144,14 @@ row, nested PL/pgSQL calls each with its `SET` clauses, the outbox
 trigger). The rest comes with the pool: a request goes to whichever pooled connection is
 free, so successive statements wake different backends (sqlx hands idle
 connections out in turn), and each backend sleeps and wakes between
-requests while the HTTP exchange happens. At 1 client the gap is widest
-(PostgreSQL CPU per cycle 1.75 ms over HTTP against 0.71 ms in the ceiling,
-2026-12-03): one request at a time goes to the pooled connection that has
-been idle longest, opened by the earlier runs, never to the one just used.
+requests while the HTTP exchange happens. At 1 client on a quiet machine
+(2026-12-03 20:49, load average 0.4) PostgreSQL's CPU per cycle was 1.03 to
+1.06 ms over HTTP with the default pool against 0.52 to 0.59 ms in the
+ceiling, and 0.92 to 0.99 ms with a pool of 2: the rotation through idle
+connections is a small part; the rest is per request (waking the backend
+for each statement, the wider result row the API returns, the functions'
+extra work above). On the loaded machine of the afternoon the same
+figure was 1.75 ms: a backend woken after a wait for a CPU costs more.
 
 The pool, measured at 8 clients on the durable cluster
 (`POOLKEEPER_DB_MAX_CONNECTIONS`, quick runs of 2026-12-03 with a load
