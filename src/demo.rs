@@ -5,7 +5,7 @@
 
 use crate::db::Db;
 
-use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
+use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::domain::{
     AssetTag, Email, MachineStatus, OrderRef, Profile, Role, ServiceRef, Site, Slug, Vendor,
 };
@@ -178,12 +178,12 @@ async fn reserve(
         order_ref: OrderRef::parse(order_ref)?,
         spec,
         hold: HoldSeconds::new(HOLD_SECONDS)?,
+        quantity: Quantity::ONE,
         actor: CHECKOUT.to_owned(),
     };
     Ok(match allocator::reserve(pool, org_id, &req).await? {
-        ReserveOutcome::Created { reservation, .. } | ReserveOutcome::Existing(reservation) => {
-            Some(reservation)
-        }
+        ReserveOutcome::Created { reservation, .. }
+        | ReserveOutcome::Existing { reservation, .. } => Some(reservation),
         other => {
             eprintln!("demo: {order_ref} could not be reserved: {other:?}");
             None

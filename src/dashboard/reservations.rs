@@ -490,7 +490,49 @@ fn refused(id: i64, e: TransitionError) -> DashError {
             ),
             link,
         },
+        TransitionError::PartOfOrder {
+            order_ref,
+            quantity,
+            ..
+        } => DashError::Stale {
+            heading: "This reservation is part of an order".into(),
+            message: format!(
+                "Reservation {id} is one of the {quantity} machines of order {order_ref}, which are \
+                 cancelled, converted and extended together. Nothing was changed."
+            ),
+            link,
+        },
+        TransitionError::Mismatch { .. } => DashError::Stale {
+            heading: "This order changed since your page was loaded".into(),
+            message: format!(
+                "The form did not name every reservation of the order of reservation {id}. \
+                 Nothing was changed. Open it again to see the order as it is."
+            ),
+            link,
+        },
+        TransitionError::HoldCap {
+            cap_seconds,
+            latest,
+        } => DashError::Stale {
+            heading: "The hold cannot be extended that far".into(),
+            message: format!(
+                "A hold may last at most {} from its creation: reservation {id} can be held until {} \
+                 at the latest. Nothing was changed.",
+                fmt_duration(cap_seconds),
+                fmt_time(&latest)
+            ),
+            link,
+        },
         TransitionError::Database(e) => e.into(),
+    }
+}
+
+/// A number of seconds in words, for the extension's pages.
+fn fmt_duration(seconds: u32) -> String {
+    match seconds {
+        s if s % 3600 == 0 => format!("{} h", s / 3600),
+        s if s % 60 == 0 => format!("{} min", s / 60),
+        s => format!("{s} s"),
     }
 }
 

@@ -16,6 +16,7 @@ mod lease;
 mod migrations;
 mod openapi;
 mod orders;
+mod orders_of_several;
 mod pgbouncer;
 mod privilege;
 mod replicas;
