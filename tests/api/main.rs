@@ -9,6 +9,7 @@ mod dashboard;
 mod demand;
 mod deploy_unit;
 mod embedded;
+mod extensions;
 mod guardrails;
 mod helpers;
 mod inventory;
