@@ -3,8 +3,8 @@
 //! deadline (R11) in the same transaction that writes it.
 //!
 //! Cancel and convert run inside PostgreSQL, each as one statement: the
-//! function `reservation_transition` of
-//! `migrations/20261203000006_transitions.sql` locks the machine row first,
+//! function `reservation_transition` of `sql/transitions.sql` locks the
+//! machine row first,
 //! then the reservation row (the allocator's order too, so the two never
 //! deadlock and a new order can never slip in while a conversion is half
 //! done), checks fence, state and deadline in that order, records an
@@ -346,11 +346,11 @@ pub async fn transition_for_token(
 ) -> Result<
     Result<
         Result<(Reservation, Option<ServiceLink>), TransitionError>,
-        crate::allocator::CallerRefusal,
+        crate::tokens::CallerRefusal,
     >,
     sqlx::Error,
 > {
-    let row: crate::allocator::CallerRow<TransitionRow> = sqlx::query_as(
+    let row: crate::tokens::CallerRow<TransitionRow> = sqlx::query_as(
         "SELECT c.caller, (c.result).* FROM api_transition($1, $2, $3, $4, $5, $6) c",
     )
     .bind(token_hash)
@@ -361,7 +361,7 @@ pub async fn transition_for_token(
     .bind(what.text())
     .fetch_one(pool)
     .await?;
-    match crate::allocator::CallerRefusal::parse(&row.caller)? {
+    match crate::tokens::CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),
         None => Ok(Ok(row.result.into_result())),
     }
@@ -691,10 +691,10 @@ pub async fn order_transition_for_token(
     order_ref: Option<&str>,
     named: &[Named],
     what: OrderAction<'_>,
-) -> Result<Result<Result<OrderAfter, TransitionError>, crate::allocator::CallerRefusal>, sqlx::Error>
+) -> Result<Result<Result<OrderAfter, TransitionError>, crate::tokens::CallerRefusal>, sqlx::Error>
 {
     let (seconds, cap) = what.seconds();
-    let rows: Vec<crate::allocator::CallerRow<TransitionRow>> = sqlx::query_as(
+    let rows: Vec<crate::tokens::CallerRow<TransitionRow>> = sqlx::query_as(
         "SELECT c.caller, (c.result).* FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) c",
     )
     .bind(token_hash)
@@ -713,7 +713,7 @@ pub async fn order_transition_for_token(
         .first()
         .map(|r| r.caller.clone())
         .ok_or_else(|| sqlx::Error::Protocol("api_order_transition answered no row".to_owned()))?;
-    match crate::allocator::CallerRefusal::parse(&caller)? {
+    match crate::tokens::CallerRefusal::parse(&caller)? {
         Some(refusal) => Ok(Err(refusal)),
         None => Ok(Ok(TransitionRow::into_order(
             rows.into_iter().map(|r| r.result).collect(),

@@ -7,9 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::allocator::{
-    self, CallerRefusal, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest,
-};
+use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::api::json;
 use crate::domain::{OrderRef, Profile, Scope, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
@@ -18,7 +16,7 @@ use crate::reservations::{
     self, Named, OrderAction, OrderAfter, Reservation, ServiceLink, Transition, TransitionError,
 };
 use crate::settings::Settings;
-use crate::tokens::{ApiClient, BearerToken};
+use crate::tokens::{ApiClient, BearerToken, CallerRefusal};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(

@@ -832,22 +832,6 @@ pub(crate) async fn convert(
     Ok(see_other(&format!("/reservations/{id}?flash=converted")))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cursor_survives_its_link() {
-        let c = Cursor {
-            expires_at: DateTime::from_timestamp_micros(1_796_000_000_123_456).expect("time"),
-            id: 42,
-        };
-        assert_eq!(Cursor::parse(&c.encode()), Some(c));
-        assert_eq!(Cursor::parse("12_x"), None);
-        assert_eq!(Cursor::parse("nonsense"), None);
-    }
-}
-
 /// R14: extend a hold (or its whole order) by the minutes chosen, from the
 /// database's clock, with a reason; support and admin only; an audit row
 /// commits with it.
@@ -927,4 +911,20 @@ pub(crate) async fn extend(
         }
     }
     Ok(see_other(&format!("/reservations/{id}?flash=extended")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_survives_its_link() {
+        let c = Cursor {
+            expires_at: DateTime::from_timestamp_micros(1_796_000_000_123_456).expect("time"),
+            id: 42,
+        };
+        assert_eq!(Cursor::parse(&c.encode()), Some(c));
+        assert_eq!(Cursor::parse("12_x"), None);
+        assert_eq!(Cursor::parse("nonsense"), None);
+    }
 }

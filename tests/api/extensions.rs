@@ -419,7 +419,8 @@ async fn extend_against_convert_and_cancel() {
 /// R14: two extensions of one hold at once may both succeed, one after the
 /// other (neither changes the fence); the cap on the whole hold holds
 /// whatever their order: 20 rounds of two extensions, one within the cap
-/// and one past it, and two within it.
+/// and one past it, and two within it (the second to commit may find the
+/// deadline already later than it asks, and then writes nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_extensions_at_once_keep_the_cap() {
     let db = migrated_db().await;
@@ -465,7 +466,12 @@ async fn two_extensions_at_once_keep_the_cap() {
         .await
         .expect("cap");
         assert!(within, "round {round}: the cap holds");
-        assert_eq!(events, ok, "round {round}: one event per extension");
+        // An extension that finds the other's later deadline asks for less
+        // than is left: it answers the hold as it is and writes nothing.
+        assert!(
+            (1..=ok).contains(&events),
+            "round {round}: {events} events for {ok} extensions"
+        );
         assert_eq!(ok, if round % 2 == 0 { 2 } else { 1 }, "round {round}");
     }
 }
