@@ -289,7 +289,7 @@ pub async fn excluded_counts(
 }
 
 /// Pass two, callable on its own: of the candidates of pass one (at most the
-/// walk's bound), which could be locked right now and which are locked by
+/// walk's bound for an order of `quantity`), which could be locked right now and which are locked by
 /// someone else. Locks nothing beyond its own rolled-back transaction.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PassTwo {
@@ -301,11 +301,13 @@ pub async fn lockable_now(
     pool: &Db,
     org_id: i64,
     spec: &OrderSpec,
+    quantity: Quantity,
 ) -> Result<PassTwo, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
     let mut out = PassTwo::default();
-    for machine in candidates(&mut tx, org_id, spec, MAX_SCANNED).await? {
+    // R4 for an order of N: the walk of such an order looks this far.
+    for machine in candidates(&mut tx, org_id, spec, max_scanned(quantity)).await? {
         // R3: one row, by its key; each lock is released at once (savepoint)
         // so that this look never holds more than one machine.
         let mut probe = tx.begin().await?;

@@ -481,7 +481,7 @@ async fn explain_counts_and_candidates_agree() {
     from_explain.sort();
     assert_eq!(from_explain, vec!["OK-0", "OK-1", "OK-2", "OK-overdue"]);
     assert_eq!(counts.candidates, 4);
-    let two = allocator::lockable_now(&pool, org.id, &spec)
+    let two = allocator::lockable_now(&pool, org.id, &spec, Quantity::ONE)
         .await
         .expect("pass two");
     let mut lockable: Vec<String> = two.lockable.iter().map(|m| m.asset_tag.clone()).collect();
@@ -1110,7 +1110,7 @@ async fn lockable_now_tells_locked_from_lockable_and_locks_nothing() {
         .execute(&mut holder)
         .await
         .expect("lock");
-    let two = allocator::lockable_now(&pool, org.id, &spec(None))
+    let two = allocator::lockable_now(&pool, org.id, &spec(None), Quantity::ONE)
         .await
         .expect("pass two");
     let tags = |ms: &[poolkeeper::inventory::Machine]| {

@@ -772,6 +772,7 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
         for page in [
             format!("/reservations/{held}/cancel?fence={fence}"),
             format!("/reservations/{held}/convert?fence={fence}"),
+            format!("/reservations/{held}/extend?fence={fence}"),
             "/machines".into(),
             "/machines/PK-1".into(),
             "/why-not?site=par1&profile=epyc".into(),
@@ -814,6 +815,27 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             "POST",
             format!("/api/v1/reservations/{held}/cancel"),
             Some(json!({"fence": fence, "reason": "raw"})),
+        ),
+        (
+            "POST",
+            format!("/api/v1/reservations/{held}/extend"),
+            Some(json!({"fence": fence, "seconds": 600})),
+        ),
+        ("GET", "/api/v1/orders/ORD-H".into(), None),
+        (
+            "POST",
+            "/api/v1/orders/ORD-H/convert".into(),
+            Some(json!({"reservations": [{"id": held, "fence": fence, "service_ref": "SRV-9"}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/orders/ORD-H/cancel".into(),
+            Some(json!({"reservations": [{"id": held, "fence": fence}], "reason": "raw"})),
+        ),
+        (
+            "POST",
+            "/api/v1/orders/ORD-H/extend".into(),
+            Some(json!({"reservations": [{"id": held, "fence": fence}], "seconds": 600})),
         ),
         (
             "POST",
