@@ -1684,6 +1684,23 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-HOLD-%'
                   AND state = 'held' AND expires_at > clock_timestamp()";
     assert_eq!(one(live).await, poolkeeper::demo::HOLDS as i64);
+    // R13, R14: an order of three held together, one deadline, extended by
+    // support with a reason (an event per machine).
+    let trio_live =
+        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-TRIO-%'
+                       AND quantity = 3 AND state = 'held' AND expires_at > clock_timestamp()";
+    assert_eq!(one(trio_live).await, 3);
+    assert_eq!(
+        one("SELECT count(DISTINCT expires_at) FROM reservations WHERE org_id = $1 AND order_ref = 'DEMO-TRIO-1'")
+            .await,
+        1
+    );
+    assert_eq!(
+        one("SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
+              WHERE r.org_id = $1 AND e.kind = 'extended' AND e.actor = 'support@demo.example'")
+        .await,
+        3
+    );
     assert_eq!(
         one(
             "SELECT count(*) FROM reservations WHERE org_id = $1 AND state = 'held'
@@ -1767,12 +1784,19 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
     .await
     .expect("time passes");
     assert_eq!(one(live).await, 0);
-    let ended =
-        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref NOT LIKE 'DEMO-HOLD-%'";
+    let ended = "SELECT count(*) FROM reservations WHERE org_id = $1
+                   AND order_ref NOT LIKE 'DEMO-HOLD-%' AND order_ref NOT LIKE 'DEMO-TRIO-%'";
     let ended_before = one(ended).await;
     poolkeeper::demo::load(pool).await.expect("demo later");
     assert_eq!(one(live).await, poolkeeper::demo::HOLDS as i64);
     assert_eq!(one(ended).await, ended_before);
+    // The order of three is topped up like the live holds: a new one.
+    assert_eq!(one(trio_live).await, 3);
+    assert_eq!(
+        one("SELECT count(DISTINCT order_ref) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-TRIO-%'")
+            .await,
+        2
+    );
     assert_eq!(
         one("SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-HOLD-%'")
             .await,
