@@ -1,7 +1,7 @@
 -- The allocator in the database: each API decision in one round trip.
 --
--- src/allocator.rs says what R3-R9 are and calls these functions; the rules
--- themselves live here, each tied to its number. Every function is VOLATILE
+-- src/allocator.rs says what R3-R9 and R13 are and calls these functions;
+-- the rules themselves live here, each tied to its number. Every function is VOLATILE
 -- (the default) and runs in READ COMMITTED, so each statement inside takes a
 -- fresh snapshot: the re-check under a lock (R3) and the second R9 ask see
 -- what neighbours committed a moment ago, as separate statements from the
@@ -68,9 +68,9 @@ $$;
 
 -- A reserve_result carrying reservation p_row (or none). PL/pgSQL, not
 -- SQL: PostgreSQL 15 plans a SQL function that it cannot inline on every
--- call, and this one (a row of 21 columns) cannot be inlined.
+-- call, and this one (a row of 23 columns) cannot be inlined.
 CREATE OR REPLACE FUNCTION reserve_result_of(p_outcome text, p_row reservations,
-                                             p_scanned integer, p_locked integer, p_gone integer, p_attempts integer)
+                                  p_scanned integer, p_locked integer, p_gone integer, p_attempts integer)
 RETURNS reserve_result LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v reserve_result;
@@ -90,6 +90,8 @@ BEGIN
     v.ended_by := p_row.ended_by;
     v.end_reason := p_row.end_reason;
     v.machine := p_row.machine_snapshot;
+    v.quantity := p_row.quantity;
+    v.slot := p_row.slot;
     v.scanned := p_scanned;
     v.locked_by_others := p_locked;
     v.gone := p_gone;
@@ -98,24 +100,34 @@ BEGIN
 END
 $$;
 
--- R3-R6, R8, R11: pass two over p_candidates (machine ids, in the order of
--- pass one), for order p_order_ref of org p_org. Lock one candidate at a
--- time by its key, skip what others hold, re-check what no constraint
--- guards, and try the insert in a savepoint. Returns 'created', 'existing'
--- (the order got a reservation behind our back) or 'nothing'.
--- `allocator::walk_candidates` calls it alone so that tests can force a
--- collision on a chosen list; reserve_machine calls it after pass one.
-CREATE OR REPLACE FUNCTION reserve_walk(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                                        p_vendor text, p_hold integer, p_candidates bigint[])
-RETURNS reserve_result
+-- R3-R6, R8, R11 for the p_quantity slots of order p_order_ref of org
+-- p_org: pass two over p_candidates (machine ids, in the order of pass
+-- one). Lock one candidate at a time by its key, skip what others hold,
+-- re-check what no constraint guards, try each insert in a savepoint, and
+-- stop once the order has all its slots. Returns one 'created' row per slot
+-- taken (possibly fewer than p_quantity: reserve_order_walk undoes such a
+-- partial order), the order's 'existing' rows (it was written behind our
+-- back), or one 'nothing' row; every row carries the walk's counters.
+--
+-- R4 for an order of N machines: at most 24 + N candidates scanned and
+-- 4 + N insert attempts, i.e. the slack an order of one has (24 candidates
+-- skipped or found gone besides the one taken; 4 insert races lost besides
+-- the one won), whatever N. A bound that grew with N (25 per machine) would
+-- let one order of 16 walk 400 rows while the others wait for its commit;
+-- this one keeps an order's walk and its savepoints (R5: at most 4 + N
+-- attempts plus reserve_order_walk's one, 21 for N = 16) well under the 64
+-- subtransactions a backend caches.
+CREATE OR REPLACE FUNCTION reserve_walk_slots(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                                   p_vendor text, p_hold integer, p_candidates bigint[], p_quantity integer)
+RETURNS SETOF reserve_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    max_scanned  CONSTANT integer := 25;  -- R4
-    max_attempts CONSTANT integer := 5;   -- R4
+    max_scanned  CONSTANT integer := 24 + p_quantity;  -- R4, for N machines
+    max_attempts CONSTANT integer := 4 + p_quantity;   -- R4, for N machines
     v_total      integer := coalesce(cardinality(p_candidates), 0);
     v_scanned    integer := 0;
     v_locked     integer := 0;
@@ -124,11 +136,17 @@ DECLARE
     v_position   integer := 0;
     v_machine_id bigint;
     v_verdict    machine_verdict;
-    v_expired    bigint;
+    v_expired    reservations;
     v_reason     text;
     v_row        reservations;
+    v_rows       reservations[] := '{}';
+    v_at         timestamptz;
     v_constraint text;
+    v_existing   boolean := false;
 BEGIN
+    IF p_quantity IS NULL OR p_quantity NOT BETWEEN 1 AND 16 THEN
+        RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_quantity;
+    END IF;
     FOREACH v_machine_id IN ARRAY coalesce(p_candidates, '{}') LOOP
         v_position := v_position + 1;
         EXIT WHEN v_position > max_scanned OR v_attempts >= max_attempts;
@@ -163,11 +181,32 @@ BEGIN
                SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator',
                    end_reason = 'its deadline had passed; expired at the point of use by order ' || p_order_ref
              WHERE machine_id = v_machine_id AND state = 'held' AND expires_at <= clock_timestamp()
-            RETURNING id INTO v_expired;
-            IF v_expired IS NOT NULL THEN
+            RETURNING * INTO v_expired;
+            IF v_expired.id IS NOT NULL THEN
                 INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
-                VALUES (v_expired, 'expired', 'held', 'expired', 'allocator',
+                VALUES (v_expired.id, 'expired', 'held', 'expired', 'allocator',
                         'its deadline had passed; expired at the point of use by order ' || p_order_ref);
+                -- R13: the other slots of its order share its deadline and
+                -- its fate. SKIP LOCKED: a slot that someone is converting,
+                -- cancelling or expiring right now is theirs to finish (and
+                -- this never waits, so it cannot deadlock with them).
+                IF v_expired.quantity > 1 THEN
+                    WITH slots AS (
+                        SELECT s.id FROM reservations s
+                         WHERE s.org_id = v_expired.org_id AND s.order_ref = v_expired.order_ref
+                           AND s.state = 'held' AND s.expires_at <= clock_timestamp()
+                           FOR UPDATE SKIP LOCKED
+                    ), ended AS (
+                        UPDATE reservations r
+                           SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator',
+                               end_reason = 'its deadline had passed; expired at the point of use by order '
+                                            || p_order_ref || ' with reservation ' || v_expired.id || ' of its order'
+                          FROM slots WHERE r.id = slots.id
+                        RETURNING r.id, r.end_reason
+                    )
+                    INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+                    SELECT ended.id, 'expired', 'held', 'expired', 'allocator', ended.end_reason FROM ended;
+                END IF;
             END IF;
             -- R8: why this machine, in words that stay true after it changes.
             v_reason := format('%s (%s, %s, %s, %s) matched site %s, profile %s, %s: candidate %s of %s in pass one',
@@ -175,87 +214,186 @@ BEGIN
                                v_verdict.status, p_site, p_profile,
                                CASE WHEN p_vendor IS NULL THEN 'any vendor' ELSE 'vendor ' || p_vendor END,
                                v_position, v_total);
-            IF v_locked > 0 OR v_attempts > 1 OR v_gone > 0 THEN
-                v_reason := v_reason || format('; before it, %s locked by other orders, %s taken by a faster order, %s no longer eligible',
-                                               v_locked, v_attempts - 1, v_gone);
+            IF p_quantity > 1 THEN
+                v_reason := v_reason || format('; machine %s of %s of the order', cardinality(v_rows) + 1, p_quantity);
             END IF;
-            IF v_expired IS NOT NULL THEN
-                v_reason := v_reason || format('; its previous reservation %s was overdue and expired at the point of use', v_expired);
+            IF v_locked > 0 OR v_attempts > cardinality(v_rows) + 1 OR v_gone > 0 THEN
+                v_reason := v_reason || format('; before it, %s locked by other orders, %s taken by a faster order, %s no longer eligible',
+                                               v_locked, v_attempts - 1 - cardinality(v_rows), v_gone);
+            END IF;
+            IF v_expired.id IS NOT NULL THEN
+                v_reason := v_reason || format('; its previous reservation %s was overdue and expired at the point of use', v_expired.id);
             END IF;
             v_reason := v_reason || format('; held for %s s', p_hold);
-            -- created_at and expires_at come from one reading of the clock.
+            -- created_at and expires_at come from one reading of the clock,
+            -- the first slot's: an order has one deadline (R13).
+            v_at := coalesce(v_at, clock_timestamp());
+            -- Slot 1 first: two requests with one key collide there (R9),
+            -- before either holds any other machine.
             INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                      hold_seconds, created_at, expires_at)
+                                      hold_seconds, created_at, expires_at, quantity, slot)
             SELECT p_org, p_order_ref, m.id,
-                   jsonb_build_object('site', p_site, 'profile', p_profile, 'vendor', p_vendor, 'hold_seconds', p_hold),
+                   jsonb_build_object('site', p_site, 'profile', p_profile, 'vendor', p_vendor, 'hold_seconds', p_hold,
+                                      'quantity', p_quantity),
                    jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
                                       'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
-                   v_reason, p_hold, t.at, t.at + make_interval(secs => p_hold)
-              FROM machines m, (SELECT clock_timestamp() AS at) t
+                   v_reason, p_hold, v_at, v_at + make_interval(secs => p_hold), p_quantity, cardinality(v_rows) + 1
+              FROM machines m
              WHERE m.id = v_machine_id AND m.org_id = p_org
             RETURNING * INTO v_row;
             INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
             VALUES (v_row.id, 'created', NULL, 'held', p_actor,
-                    format('order %s on %s', p_order_ref, v_verdict.asset_tag));
-            RETURN reserve_result_of('created', v_row, v_scanned, v_locked, v_gone, v_attempts);
+                    CASE WHEN p_quantity = 1 THEN format('order %s on %s', p_order_ref, v_verdict.asset_tag)
+                         ELSE format('order %s on %s (machine %s of %s)', p_order_ref, v_verdict.asset_tag,
+                                     v_row.slot, p_quantity) END);
+            v_rows := v_rows || v_row;
         EXCEPTION WHEN unique_violation THEN
             -- R6: the constraint's name says which of the two rules it was.
             GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
             IF v_constraint = 'reservations_one_holder_per_machine' THEN
                 CONTINUE;  -- this machine is taken: next candidate
             ELSIF v_constraint = 'reservations_order_ref_unique_per_org' THEN
-                -- this order already has a reservation: here it is
-                SELECT * INTO v_row FROM reservations WHERE org_id = p_org AND order_ref = p_order_ref;
-                IF NOT FOUND THEN
-                    RAISE;
-                END IF;
-                RETURN reserve_result_of('existing', v_row, v_scanned, v_locked, v_gone, v_attempts);
+                v_existing := true;  -- this order is already written: here it is
+                EXIT;
             ELSE
                 RAISE;
             END IF;
         END;
+        EXIT WHEN cardinality(v_rows) = p_quantity;
     END LOOP;
-    RETURN reserve_result_of('nothing', NULL, v_scanned, v_locked, v_gone, v_attempts);
+    IF v_existing THEN
+        -- Only slot 1 can collide (it is always inserted first), so this
+        -- walk holds nothing of its own.
+        RETURN QUERY SELECT x.* FROM reservations r,
+                            LATERAL reserve_result_of('existing', r, v_scanned, v_locked, v_gone, v_attempts) x
+                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'order % collided on its key but cannot be read', p_order_ref;
+        END IF;
+        RETURN;
+    END IF;
+    IF cardinality(v_rows) = 0 THEN
+        RETURN NEXT reserve_result_of('nothing', NULL, v_scanned, v_locked, v_gone, v_attempts);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT x.* FROM unnest(v_rows) r,
+                        LATERAL reserve_result_of('created', r, v_scanned, v_locked, v_gone, v_attempts) x;
 END
 $$;
 
--- R7/R9: a whole reserve. R9 asks for the order's reservation first and
--- again right before refusing; pass one picks at most 25 candidates (R4),
--- pass two walks them; a refusal is 'contended' (something matched: retry)
--- or 'unavailable' (nothing matches: buy hardware), with the counts of
--- every machine of the organization by verdict, read now.
-CREATE OR REPLACE FUNCTION reserve_machine(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                                           p_vendor text, p_hold integer)
-RETURNS reserve_result
+-- R13: all of an order or nothing. For an order of one, the walk as it is
+-- (it takes one machine or none). For an order of several, the walk runs in
+-- a savepoint of its own: if it ends with fewer machines than asked, the
+-- savepoint is rolled back (the slots it took, their events and any expiry
+-- it wrote with them) and the answer is 'nothing'. Nothing of a partial
+-- order was ever committed, so no reader saw it.
+CREATE OR REPLACE FUNCTION reserve_order_walk(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                                   p_vendor text, p_hold integer, p_candidates bigint[], p_quantity integer)
+RETURNS SETOF reserve_result
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_rows reserve_result[];
+    v_last reserve_result;
+BEGIN
+    IF p_quantity = 1 THEN
+        RETURN QUERY SELECT * FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
+                                                      p_hold, p_candidates, 1);
+        RETURN;
+    END IF;
+    BEGIN
+        v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
+                                                         p_hold, p_candidates, p_quantity) w);
+        v_last := v_rows[cardinality(v_rows)];
+        IF v_last.outcome = 'created' AND cardinality(v_rows) < p_quantity THEN
+            RAISE EXCEPTION USING ERRCODE = 'PK013', MESSAGE = 'partial order';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'PK013' THEN
+        -- Undone: the order could not have every machine now.
+        RETURN NEXT reserve_result_of('nothing', NULL, v_last.scanned, v_last.locked_by_others,
+                                      v_last.gone, v_last.attempts);
+        RETURN;
+    END;
+    RETURN QUERY SELECT * FROM unnest(v_rows);
+END
+$$;
+
+-- R7/R9/R13: a whole reserve of p_quantity machines. R9 asks for the
+-- order first and again right before refusing; pass one picks at most
+-- 24 + N candidates (R4), pass two walks them; a refusal is 'contended'
+-- (pass one found at least N: retry) or 'unavailable' (fewer than N match:
+-- buy hardware), with the counts of every machine of the organization by
+-- verdict, read now, and `candidates` saying how many do match.
+--
+-- Orders of several machines of one site and profile take turns (a
+-- transaction-scoped advisory lock, held for this one statement): with
+-- SKIP LOCKED alone, five orders of two on five machines can each lock one
+-- machine, find the rest locked, and all give up, so that nobody gets the
+-- machines that were there. Taking turns, the first takes two, the next
+-- two, the last finds one. Inside its turn an order still locks one
+-- candidate at a time and skips what others hold (R3): orders of one never
+-- take the turn (the hot path is unchanged) and may still be faster, which
+-- makes an order of several 'contended', honestly.
+CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                              p_vendor text, p_hold integer, p_quantity integer)
+RETURNS SETOF reserve_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_row        reservations;
+    v_rows       reserve_result[];
     v_result     reserve_result;
     v_candidates bigint[];
     v_counts     jsonb;
     v_free       bigint;
 BEGIN
-    -- R9, first ask: a replay gets its reservation back.
-    SELECT * INTO v_row FROM reservations WHERE org_id = p_org AND order_ref = p_order_ref;
-    IF FOUND THEN
-        RETURN reserve_result_of('existing', v_row, 0, 0, 0, 0);
+    IF p_quantity IS NULL OR p_quantity NOT BETWEEN 1 AND 16 THEN
+        RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_quantity;
     END IF;
-    -- R7, pass one (the walk never looks beyond 25, R4).
-    v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, p_site, p_profile, p_vendor, 25) c);
-    v_result := reserve_walk(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold, v_candidates);
-    IF v_result.outcome <> 'nothing' THEN
-        RETURN v_result;
+    -- R9, first ask: a replay gets its order back.
+    RETURN QUERY SELECT x.* FROM reservations r,
+                        LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
+                   WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    IF p_quantity > 1 THEN
+        -- The turn of orders of several machines on this site and profile
+        -- (the vendor is left out: "any vendor" and "dell" compete for the
+        -- same machines). Two-key form, class 13 (R13): apart from the
+        -- 64-bit keys of the migrations.
+        PERFORM pg_advisory_xact_lock(13, hashtext(p_org::text || '/' || p_site || '/' || p_profile));
+        -- R9 again: an order with this key may have committed while we waited.
+        RETURN QUERY SELECT x.* FROM reservations r,
+                            LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
+                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- R7, pass one (the walk never looks beyond 24 + N, R4).
+    v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, p_site, p_profile, p_vendor, 24 + p_quantity) c);
+    IF cardinality(v_candidates) >= p_quantity THEN
+        v_rows := ARRAY(SELECT w FROM reserve_order_walk(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
+                                                         p_hold, v_candidates, p_quantity) w);
+        v_result := v_rows[1];
+        IF v_result.outcome <> 'nothing' THEN
+            RETURN QUERY SELECT * FROM unnest(v_rows);
+            RETURN;
+        END IF;
+    ELSE
+        v_result := reserve_result_of('nothing', NULL, 0, 0, 0, 0);
     END IF;
     -- R9, second ask, right before refusing: a neighbour with the same key
     -- may have committed since the first (this statement's snapshot is new).
-    SELECT * INTO v_row FROM reservations WHERE org_id = p_org AND order_ref = p_order_ref;
+    RETURN QUERY SELECT x.* FROM reservations r,
+                        LATERAL reserve_result_of('existing', r, v_result.scanned, v_result.locked_by_others,
+                                          v_result.gone, v_result.attempts) x
+                   WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
     IF FOUND THEN
-        RETURN reserve_result_of('existing', v_row, v_result.scanned, v_result.locked_by_others,
-                                 v_result.gone, v_result.attempts);
+        RETURN;
     END IF;
     -- R7: the counts are read now, so a machine a neighbour just took counts
     -- as held, and a candidate still being fought over makes it contended.
@@ -269,9 +407,13 @@ BEGIN
            count(*) FILTER (WHERE v.exclusion IS NULL)
       INTO v_counts, v_free
       FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v;
-    v_result.outcome := CASE WHEN v_free = 0 THEN 'unavailable' ELSE 'contended' END;
+    -- R13: fewer matching machines than the order asks for is "buy
+    -- hardware", even if some match; enough of them, but not lockable now,
+    -- is "retry".
+    v_result.outcome := CASE WHEN v_free < p_quantity THEN 'unavailable' ELSE 'contended' END;
     v_result.candidates := v_free;
     v_result.excluded := v_counts;
+    v_result.quantity := p_quantity;
     -- Lost demand (issue 15), recorded by the statement that read the
     -- counts. When this transaction has written nothing else (no
     -- transaction id yet: the API's autocommit call), its commit need not
@@ -280,16 +422,17 @@ BEGIN
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    INSERT INTO reservation_refusals (org_id, reason, site, profile, vendor, excluded)
+    INSERT INTO reservation_refusals (org_id, reason, site, profile, vendor, excluded, quantity)
     VALUES (p_org, v_result.outcome, p_site, p_profile, p_vendor,
-            CASE WHEN v_free = 0 THEN v_counts ELSE jsonb_build_object('candidates', v_free) END);
-    RETURN v_result;
+            CASE WHEN v_free < p_quantity THEN v_counts ELSE jsonb_build_object('candidates', v_free) END,
+            p_quantity);
+    RETURN NEXT v_result;
 END
 $$;
 
 -- POST /api/v1/reservations in one statement: the caller, then reserve.
-CREATE OR REPLACE FUNCTION api_reserve(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
-                                       p_profile text, p_vendor text, p_hold integer)
+CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
+                                  p_profile text, p_vendor text, p_hold integer, p_quantity integer)
 RETURNS TABLE (caller text, result reserve_result)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -300,7 +443,34 @@ BEGIN
         RETURN QUERY SELECT v_caller.status, NULL::reserve_result;
         RETURN;
     END IF;
-    RETURN QUERY SELECT 'ok'::text,
-        reserve_machine(v_caller.org_id, v_caller.actor, p_order_ref, p_site, p_profile, p_vendor, p_hold);
+    RETURN QUERY SELECT 'ok'::text, o
+        FROM reserve_order(v_caller.org_id, v_caller.actor, p_order_ref, p_site, p_profile, p_vendor,
+                           p_hold, p_quantity) o;
 END
+$$;
+
+-- The previous release's entry points, kept so that its binaries keep
+-- working while a deployment rolls (README, "Replicas, restarts and
+-- upgrades"); each is an order of one. Remove them in the next release.
+CREATE OR REPLACE FUNCTION reserve_walk(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                             p_vendor text, p_hold integer, p_candidates bigint[])
+RETURNS reserve_result
+LANGUAGE sql AS $$
+    SELECT w FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold,
+                                     p_candidates, 1) w LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION reserve_machine(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                                p_vendor text, p_hold integer)
+RETURNS reserve_result
+LANGUAGE sql AS $$
+    SELECT o FROM reserve_order(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold, 1) o LIMIT 1
+$$;
+
+CREATE OR REPLACE FUNCTION api_reserve(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
+                            p_profile text, p_vendor text, p_hold integer)
+RETURNS TABLE (caller text, result reserve_result)
+LANGUAGE sql AS $$
+    SELECT a.caller, a.result FROM api_reserve_order(p_token_hash, p_module_on, p_order_ref, p_site, p_profile,
+                                                     p_vendor, p_hold, 1) a LIMIT 1
 $$;

@@ -1,5 +1,6 @@
 -- Reservations after creation, in the database: cancel and convert (R10,
--- R11) each in one statement. src/reservations.rs calls these and says what
+-- R11) each in one statement, and the same for a whole order with its
+-- extension (R13, R14: order_transition). src/reservations.rs calls these and says what
 -- they guarantee; the API calls them through api_cancel / api_convert with
 -- the token check in the same statement.
 --
@@ -10,7 +11,7 @@
 -- new order can never slip in while a conversion is half done.
 
 CREATE OR REPLACE FUNCTION transition_result_of(p_outcome text, p_row reservations,
-                                                p_link service_links DEFAULT NULL)
+                                     p_link service_links DEFAULT NULL)
 RETURNS transition_result LANGUAGE plpgsql IMMUTABLE AS $$
 DECLARE
     v transition_result;
@@ -30,6 +31,8 @@ BEGIN
     v.ended_by := p_row.ended_by;
     v.end_reason := p_row.end_reason;
     v.machine := p_row.machine_snapshot;
+    v.quantity := p_row.quantity;
+    v.slot := p_row.slot;
     v.link_id := p_link.id;
     v.link_service_ref := p_link.service_ref;
     v.link_created_at := p_link.created_at;
@@ -94,6 +97,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN transition_result_of('not_found', NULL);
     END IF;
+    -- R13: a reservation of an order of several machines is cancelled or
+    -- converted with its order (order_transition), never alone: alone, it
+    -- would leave the order holding part of what it asked.
+    IF v_row.quantity > 1 THEN
+        RETURN transition_result_of('part_of_order', v_row);
+    END IF;
     v_overdue := v_row.expires_at <= clock_timestamp();
     IF v_row.fence <> p_fence THEN
         RETURN transition_result_of('stale_fence', v_row);
@@ -148,5 +157,188 @@ BEGIN
     END IF;
     RETURN QUERY SELECT 'ok'::text,
         reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
+END
+$$;
+
+-- R13/R14: cancel, convert or extend a whole order in one transaction, or
+-- none of it. The order is p_order_ref of org p_org; with p_order_ref NULL,
+-- the order of reservation p_ids[1], which must be an order of one (the
+-- single-reservation endpoint: 'part_of_order' otherwise). The caller names
+-- every reservation of the order once (p_ids, with p_fences in the same
+-- order, and for a conversion p_texts, one service reference each).
+--
+-- Checked in this order, under the locks, and nothing is written unless
+-- every check passes: the order exists ('not_found'), the ids are exactly
+-- its reservations ('mismatch'), each fence is its reservation's
+-- ('stale_fence'), each is held ('not_held'), none is past the deadline
+-- (R11: otherwise every held one is recorded as expired, ended by
+-- 'cancellation', 'conversion' or 'extension', that write stays, and the
+-- answer is 'expired'), and for an extension the cap on the whole hold
+-- ('hold_cap': the new deadline would be more than p_cap seconds after
+-- creation). Returns one row per reservation, in slot order.
+--
+-- Locks: every machine of the order, in machine id order, then the
+-- reservation rows. Every transaction that waits for machine rows takes
+-- them in id order (this one; a single transition and the end of a service
+-- take one), and the allocator never waits for one (SKIP LOCKED), so none
+-- of them deadlock; holding the machines, no new order can take one of
+-- them while the order is converted (R10) or extended.
+--
+-- Extension (R14): the deadline becomes p_seconds from now by the
+-- database's clock; asking for less than is left changes and writes
+-- nothing (an extension never shortens a hold); the fence does not change
+-- (the holder does not); every slot gets the same deadline and an
+-- 'extended' event with the actor, the old and new deadline and the reason.
+CREATE OR REPLACE FUNCTION order_transition(p_org bigint, p_order_ref text, p_ids bigint[], p_fences bigint[],
+                                 p_texts text[], p_actor text, p_action text, p_reason text,
+                                 p_seconds integer, p_cap integer)
+RETURNS SETOF transition_result
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_ref      text := p_order_ref;
+    v_rows     reservations[];
+    v_row      reservations;
+    v_link     service_links;
+    v_at       timestamptz;
+    v_new      timestamptz;
+    v_i        integer;
+    v_found_by text := CASE p_action WHEN 'cancel' THEN 'cancellation'
+                                     WHEN 'convert' THEN 'conversion' ELSE 'extension' END;
+    v_deadline text;
+    v_outcome  text;
+BEGIN
+    IF p_action NOT IN ('cancel', 'convert', 'extend') THEN
+        RAISE EXCEPTION 'unknown transition %', p_action;
+    END IF;
+    IF cardinality(p_ids) IS DISTINCT FROM cardinality(p_fences)
+       OR (p_action = 'convert' AND cardinality(p_ids) IS DISTINCT FROM cardinality(p_texts)) THEN
+        RAISE EXCEPTION 'order_transition: one fence (and for convert one service reference) per id';
+    END IF;
+    IF v_ref IS NULL THEN
+        -- org_id + 0: not an index condition, so only the primary key can
+        -- answer this lookup by id, whatever the statistics say.
+        SELECT r.order_ref INTO v_ref FROM reservations r WHERE r.id = p_ids[1] AND r.org_id + 0 = p_org;
+        IF NOT FOUND THEN
+            RETURN NEXT transition_result_of('not_found', NULL);
+            RETURN;
+        END IF;
+    END IF;
+    -- R10: the machine rows first, in id order (see above).
+    PERFORM 1 FROM machines m
+      WHERE m.id IN (SELECT r.machine_id FROM reservations r WHERE r.org_id = p_org AND r.order_ref = v_ref)
+      ORDER BY m.id
+      FOR UPDATE;
+    v_rows := ARRAY(SELECT r FROM reservations r WHERE r.org_id = p_org AND r.order_ref = v_ref
+                     ORDER BY r.slot FOR UPDATE);
+    IF cardinality(v_rows) = 0 THEN
+        RETURN NEXT transition_result_of('not_found', NULL);
+        RETURN;
+    END IF;
+    IF p_order_ref IS NULL AND v_rows[1].quantity > 1 THEN
+        v_outcome := 'part_of_order';
+    ELSIF (SELECT array_agg(x ORDER BY x) FROM unnest(p_ids) x)
+          IS DISTINCT FROM (SELECT array_agg(r.id ORDER BY r.id) FROM unnest(v_rows) r) THEN
+        v_outcome := 'mismatch';
+    ELSIF EXISTS (SELECT 1 FROM unnest(v_rows) r JOIN unnest(p_ids, p_fences) g(id, fence) ON g.id = r.id
+                   WHERE r.fence <> g.fence) THEN
+        v_outcome := 'stale_fence';
+    ELSIF EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.state <> 'held') THEN
+        v_outcome := 'not_held';
+    END IF;
+    IF v_outcome IS NOT NULL THEN
+        RETURN QUERY SELECT x.* FROM unnest(v_rows) r, LATERAL transition_result_of(v_outcome, r) x;
+        RETURN;
+    END IF;
+    -- R11: the deadline is judged by the database's clock, after the locks,
+    -- once for the whole order (one deadline). The links of a conversion
+    -- are dated with this same reading, so none is dated after it.
+    v_at := clock_timestamp();
+    v_deadline := to_char(v_rows[1].expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC';
+    IF EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.expires_at <= v_at) THEN
+        FOREACH v_row IN ARRAY v_rows LOOP
+            PERFORM reservation_end(v_row.id, 'expired', v_found_by,
+                format('%s requested by %s after the deadline (%s); nobody decided in time',
+                       CASE p_action WHEN 'cancel' THEN 'cancellation' WHEN 'convert' THEN 'conversion'
+                                     ELSE 'extension' END, p_actor, v_deadline));
+        END LOOP;
+        RETURN QUERY SELECT x.* FROM unnest(v_rows) r, LATERAL transition_result_of('expired', r) x;
+        RETURN;
+    END IF;
+    IF p_action = 'extend' THEN
+        v_new := v_at + make_interval(secs => p_seconds);
+        -- An extension never shortens a hold: asking for less than is left
+        -- changes nothing and writes nothing (the answer is the order as it is).
+        IF v_new <= v_rows[1].expires_at THEN
+            RETURN QUERY SELECT x.* FROM unnest(v_rows) r, LATERAL transition_result_of('ok', r) x;
+            RETURN;
+        END IF;
+        -- R14: the cap is on the whole hold, from creation.
+        IF v_new > v_rows[1].created_at + make_interval(secs => p_cap) THEN
+            RETURN QUERY SELECT x.* FROM unnest(v_rows) r, LATERAL transition_result_of('hold_cap', r) x;
+            RETURN;
+        END IF;
+        RETURN QUERY
+        WITH moved AS (
+            UPDATE reservations r SET expires_at = v_new
+             WHERE r.id = ANY (p_ids) AND r.state = 'held'
+            RETURNING r.*
+        ), events AS (
+            INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+            SELECT moved.id, 'extended', 'held', 'held', p_actor,
+                   format('deadline moved from %s to %s (%s s from now, %s s from creation)%s',
+                          v_deadline,
+                          to_char(v_new AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC',
+                          p_seconds, floor(extract(epoch FROM v_new - moved.created_at))::bigint,
+                          CASE WHEN p_reason IS NULL THEN '' ELSE ': ' || p_reason END)
+              FROM moved
+        )
+        SELECT x.* FROM moved, LATERAL transition_result_of('ok', moved::reservations) x ORDER BY moved.slot;
+        RETURN;
+    END IF;
+    IF p_action = 'cancel' THEN
+        -- In FROM (LATERAL), so that reservation_end runs once per row.
+        RETURN QUERY SELECT x.* FROM unnest(v_rows) r,
+                            LATERAL reservation_end(r.id, 'cancelled', p_actor, p_reason) e,
+                            LATERAL transition_result_of('ok', e) x
+                      ORDER BY r.slot;
+        RETURN;
+    END IF;
+    -- R10 per machine, promote, never release-then-write: each link is
+    -- written while its reservation still holds the machine, then the
+    -- reservation turns converted; the machine rows stay locked throughout.
+    FOR v_i IN 1 .. cardinality(v_rows) LOOP
+        v_row := v_rows[v_i];
+        INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+        SELECT p_org, v_row.machine_id, v_row.id, g.service_ref, v_at
+          FROM unnest(p_ids, p_texts) g(id, service_ref)
+         WHERE g.id = v_row.id
+        RETURNING * INTO v_link;
+        RETURN NEXT transition_result_of('ok',
+            reservation_end(v_row.id, 'converted', p_actor, 'converted into service ' || v_link.service_ref), v_link);
+    END LOOP;
+END
+$$;
+
+-- The API's order actions and the extension of one reservation, in one
+-- statement: the caller (api_caller, scope orders), then order_transition.
+CREATE OR REPLACE FUNCTION api_order_transition(p_token_hash bytea, p_module_on boolean, p_order_ref text,
+                                     p_ids bigint[], p_fences bigint[], p_texts text[], p_action text,
+                                     p_reason text, p_seconds integer, p_cap integer)
+RETURNS TABLE (caller text, result transition_result)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_caller record;
+BEGIN
+    SELECT * INTO v_caller FROM api_caller(p_token_hash, 'orders', p_module_on);
+    IF v_caller.status <> 'ok' THEN
+        RETURN QUERY SELECT v_caller.status, NULL::transition_result;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ok'::text, t
+        FROM order_transition(v_caller.org_id, p_order_ref, p_ids, p_fences, p_texts, v_caller.actor,
+                              p_action, p_reason, p_seconds, p_cap) t;
 END
 $$;

@@ -6,22 +6,29 @@
 //! statement (one round trip) instead of a dozen. Where each rule lives:
 //!
 //! - R3, lock one candidate at a time (`FOR UPDATE SKIP LOCKED` on its key),
-//!   R4, the bound (25 scanned, 5 attempts; a locked candidate is skipped, not
-//!   an attempt), R5, every insert attempt in a savepoint (a
+//!   R4, the bound (25 scanned, 5 attempts for one machine; 24 + N and 4 + N
+//!   for an order of N, see [`max_scanned`]; a locked candidate is skipped,
+//!   not an attempt), R5, every insert attempt in a savepoint (a
 //!   `BEGIN ... EXCEPTION` block), R6, the violated constraint told apart by
 //!   its name (`GET STACKED DIAGNOSTICS ... CONSTRAINT_NAME`), R8, the frozen
-//!   reason, and R11, an overdue holder expired at the point of use:
-//!   `reserve_walk`, called alone by [`walk_candidates`].
-//! - R7, the two passes and the two refusals, and R9, the idempotency key
-//!   asked twice: `reserve_machine`, called by [`reserve_on`].
+//!   reason, and R11, an overdue holder (and the rest of its order) expired
+//!   at the point of use: `reserve_walk_slots`.
+//! - R13, all of an order's machines or none: `reserve_order_walk` runs the
+//!   walk of an order of several in a savepoint of its own and rolls it back
+//!   when it ends short; called alone by [`walk_candidates`].
+//! - R7, the two passes and the two refusals (for N machines: `unavailable`
+//!   when fewer than N match, `contended` when N match but fewer could be
+//!   locked), R9, the idempotency key asked twice (for the whole order), and
+//!   the turn that orders of several machines of one site and profile take:
+//!   `reserve_order`, called by [`reserve_on`].
 //! - R7's one definition of why a machine is or is not a candidate:
 //!   `machine_verdicts`, a plain SQL function the planner inlines into every
 //!   caller: the dashboard's explanation ([`explain`]), the counts
 //!   ([`excluded_counts`]), the candidates (`machine_candidates`) and the
 //!   re-check under the lock. The reasons staff see are the allocator's by
 //!   construction.
-//! - The API's token check folded into the same statement: `api_reserve`
-//!   ([`reserve_for_token`]).
+//! - The API's token check folded into the same statement:
+//!   `api_reserve_order` ([`reserve_for_token`]).
 //!
 //! This module turns the functions' rows into Rust values and keeps the
 //! parts that only read (the explanation, pass two on its own for why-not).
@@ -285,7 +292,7 @@ pub async fn excluded_counts(
 }
 
 /// Pass two, callable on its own: of the candidates of pass one (at most the
-/// walk's bound), which could be locked right now and which are locked by
+/// walk's bound for an order of `quantity`), which could be locked right now and which are locked by
 /// someone else. Locks nothing beyond its own rolled-back transaction.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct PassTwo {
@@ -297,11 +304,13 @@ pub async fn lockable_now(
     pool: &Db,
     org_id: i64,
     spec: &OrderSpec,
+    quantity: Quantity,
 ) -> Result<PassTwo, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let mut tx = conn.begin().await?;
     let mut out = PassTwo::default();
-    for machine in candidates(&mut tx, org_id, spec, MAX_SCANNED).await? {
+    // R4 for an order of N: the walk of such an order looks this far.
+    for machine in candidates(&mut tx, org_id, spec, max_scanned(quantity)).await? {
         // R3: one row, by its key; each lock is released at once (savepoint)
         // so that this look never holds more than one machine.
         let mut probe = tx.begin().await?;
@@ -351,12 +360,56 @@ impl HoldSeconds {
     }
 }
 
+/// How many machines an order asks for (R13): 1 to 16.
+///
+/// The bound keeps one reserve's savepoints (R5: at most 4 + N insert
+/// attempts, plus one for the whole order) well under the 64 subtransactions
+/// a backend caches, and the machine rows one transaction holds few; the
+/// schema's `reservations_order_quantity_range` says the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quantity(u8);
+
+impl Quantity {
+    pub const MAX: i64 = 16;
+    pub const ONE: Quantity = Quantity(1);
+
+    pub fn new(n: i64) -> Result<Quantity, ParseError> {
+        if (1..=Self::MAX).contains(&n) {
+            Ok(Quantity(n as u8))
+        } else {
+            Err(ParseError {
+                what: "quantity",
+                problem: format!("an order asks for 1 to {} machines, not {n}", Self::MAX),
+            })
+        }
+    }
+
+    pub fn get(self) -> u8 {
+        self.0
+    }
+}
+
+/// R4 for an order of N machines: at most 24 + N candidates scanned (the
+/// slack of an order of one, 24 skipped or gone besides the one taken,
+/// whatever N).
+pub fn max_scanned(quantity: Quantity) -> usize {
+    MAX_SCANNED - 1 + usize::from(quantity.get())
+}
+
+/// R4 for an order of N machines: at most 4 + N insert attempts (4 lost
+/// insert races besides the N won, as for an order of one).
+pub fn max_attempts(quantity: Quantity) -> usize {
+    MAX_ATTEMPTS - 1 + usize::from(quantity.get())
+}
+
 /// A reserve request.
 #[derive(Debug, Clone)]
 pub struct ReserveRequest {
     pub order_ref: OrderRef,
     pub spec: OrderSpec,
     pub hold: HoldSeconds,
+    /// How many machines, all or none (R13).
+    pub quantity: Quantity,
     /// Who asked: a token name or a staff email (the `created` event's actor).
     pub actor: String,
 }
@@ -376,13 +429,19 @@ pub struct WalkStats {
 
 #[derive(Debug, Clone)]
 pub enum ReserveOutcome {
-    /// A new reservation (201).
+    /// A new order (201): `reservation` is its first machine (slot 1),
+    /// `others` the rest of an order of several, in slot order.
     Created {
         reservation: Reservation,
+        others: Vec<Reservation>,
         walk: WalkStats,
     },
-    /// The order already had this reservation, whatever its state (200).
-    Existing(Reservation),
+    /// The order was already written, whatever its state (200): its first
+    /// reservation and the others, as for `Created`.
+    Existing {
+        reservation: Reservation,
+        others: Vec<Reservation>,
+    },
     /// Something matched but someone was faster, or the walk hit its bound:
     /// retry in a moment (409 with Retry-After).
     Contended { walk: WalkStats, candidates: i64 },
@@ -395,18 +454,19 @@ impl ReserveOutcome {
     pub fn label(&self) -> &'static str {
         match self {
             ReserveOutcome::Created { .. } => "created",
-            ReserveOutcome::Existing(_) => "existing",
+            ReserveOutcome::Existing { .. } => "existing",
             ReserveOutcome::Contended { .. } => "contended",
             ReserveOutcome::Unavailable { .. } => "unavailable",
         }
     }
 }
 
-/// What the walk over a candidate list ended with.
+/// What the walk over a candidate list ended with: every reservation of
+/// the order, in slot order, or nothing.
 #[derive(Debug)]
 pub enum Walked {
-    Created(Reservation),
-    Existing(Reservation),
+    Created(Vec<Reservation>),
+    Existing(Vec<Reservation>),
     /// No insert succeeded; the caller decides between contended and unavailable.
     Nothing,
 }
@@ -421,16 +481,17 @@ pub async fn reserve(
 }
 
 /// `reserve` on a given connection or transaction (tests run many of these
-/// on separate connections): one statement, `reserve_machine` (R7, R9; pass
-/// two in `reserve_walk`). A statement outside a transaction commits on its
-/// own (on the `Db`, pinned or not); inside the caller's, it is part of it.
+/// on separate connections): one statement, `reserve_order` (R7, R9, R13;
+/// pass two in `reserve_walk_slots`). A statement outside a transaction
+/// commits on its own (on the `Db`, pinned or not); inside the caller's, it
+/// is part of it.
 pub async fn reserve_on(
     db: impl PgExecutor<'_>,
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<ReserveOutcome, sqlx::Error> {
-    let row: ReserveRow =
-        sqlx::query_as("SELECT * FROM reserve_machine($1, $2, $3, $4, $5, $6::text, $7)")
+    let rows: Vec<ReserveRow> =
+        sqlx::query_as("SELECT * FROM reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8)")
             .bind(org_id)
             .bind(&req.actor)
             .bind(req.order_ref.as_str())
@@ -438,12 +499,13 @@ pub async fn reserve_on(
             .bind(req.spec.profile.as_str())
             .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
             .bind(req.hold.get() as i32)
-            .fetch_one(db)
+            .bind(i32::from(req.quantity.get()))
+            .fetch_all(db)
             .await?;
-    row.into_outcome()
+    ReserveRow::into_outcome(rows)
 }
 
-/// `POST /api/v1/reservations` in one statement (`api_reserve`): the token
+/// `POST /api/v1/reservations` in one statement (`api_reserve_order`): the token
 /// (by its SHA-256), its scope and both module switches are checked in the
 /// same statement as the reserve, so a revoked token is refused from the
 /// very next request with no round trip of its own. `req.actor` is ignored:
@@ -454,8 +516,8 @@ pub async fn reserve_for_token(
     module_on: bool,
     req: &ReserveRequest,
 ) -> Result<Result<ReserveOutcome, CallerRefusal>, sqlx::Error> {
-    let row: CallerRow<ReserveRow> = sqlx::query_as(
-        "SELECT c.caller, (c.result).* FROM api_reserve($1, $2, $3, $4, $5, $6::text, $7) c",
+    let rows: Vec<CallerRow<ReserveRow>> = sqlx::query_as(
+        "SELECT c.caller, (c.result).* FROM api_reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8) c",
     )
     .bind(token_hash)
     .bind(module_on)
@@ -464,11 +526,16 @@ pub async fn reserve_for_token(
     .bind(req.spec.profile.as_str())
     .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
     .bind(req.hold.get() as i32)
-    .fetch_one(pool)
+    .bind(i32::from(req.quantity.get()))
+    .fetch_all(pool)
     .await?;
-    match CallerRefusal::parse(&row.caller)? {
+    let caller = rows
+        .first()
+        .map(|r| r.caller.clone())
+        .ok_or_else(|| sqlx::Error::Protocol("api_reserve_order answered no row".to_owned()))?;
+    match CallerRefusal::parse(&caller)? {
         Some(refusal) => Ok(Err(refusal)),
-        None => row.result.into_outcome().map(Ok),
+        None => ReserveRow::into_outcome(rows.into_iter().map(|r| r.result).collect()).map(Ok),
     }
 }
 
@@ -497,36 +564,62 @@ impl ReserveRow {
         }
     }
 
-    fn walked(self) -> Result<Walked, sqlx::Error> {
-        let outcome = self.outcome.as_deref().unwrap_or_default();
-        Ok(match outcome {
-            "created" => Walked::Created(self.reservation.required()?),
-            "existing" => Walked::Existing(self.reservation.required()?),
+    /// The rows of `reserve_walk_slots` / `reserve_order_walk`: one per
+    /// reservation of the order ('created' or 'existing'), or one 'nothing'.
+    fn walked(rows: Vec<ReserveRow>) -> Result<Walked, sqlx::Error> {
+        let outcome = rows
+            .first()
+            .and_then(|r| r.outcome.clone())
+            .unwrap_or_default();
+        let reservations = || -> Result<Vec<Reservation>, sqlx::Error> {
+            rows.into_iter().map(|r| r.reservation.required()).collect()
+        };
+        Ok(match outcome.as_str() {
+            "created" => Walked::Created(reservations()?),
+            "existing" => Walked::Existing(reservations()?),
             "nothing" => Walked::Nothing,
             other => {
                 return Err(sqlx::Error::Protocol(format!(
-                    "reserve_walk answered an unknown outcome {other:?}"
+                    "the walk answered an unknown outcome {other:?}"
                 )));
             }
         })
     }
 
-    fn into_outcome(self) -> Result<ReserveOutcome, sqlx::Error> {
-        let walk = self.walk();
-        let candidates = self.candidates.unwrap_or(0);
-        Ok(match self.outcome.as_deref().unwrap_or_default() {
+    fn into_outcome(mut rows: Vec<ReserveRow>) -> Result<ReserveOutcome, sqlx::Error> {
+        let Some(first) = rows.first_mut() else {
+            return Err(sqlx::Error::Protocol(
+                "reserve_order answered no row".to_owned(),
+            ));
+        };
+        let walk = first.walk();
+        let candidates = first.candidates.unwrap_or(0);
+        Ok(match first.outcome.as_deref().unwrap_or_default() {
             "contended" => ReserveOutcome::Contended { walk, candidates },
             "unavailable" => {
-                let mut excluded = self.excluded.map(|j| j.0).unwrap_or_default();
+                let mut excluded = first.excluded.take().map(|j| j.0).unwrap_or_default();
                 excluded.candidates = candidates;
                 ReserveOutcome::Unavailable { excluded }
             }
-            _ => match self.walked()? {
-                Walked::Created(reservation) => ReserveOutcome::Created { reservation, walk },
-                Walked::Existing(reservation) => ReserveOutcome::Existing(reservation),
+            _ => match Self::walked(rows)? {
+                Walked::Created(order) => {
+                    let (reservation, others) = split_order(order)?;
+                    ReserveOutcome::Created {
+                        reservation,
+                        others,
+                        walk,
+                    }
+                }
+                Walked::Existing(order) => {
+                    let (reservation, others) = split_order(order)?;
+                    ReserveOutcome::Existing {
+                        reservation,
+                        others,
+                    }
+                }
                 Walked::Nothing => {
                     return Err(sqlx::Error::Protocol(
-                        "reserve_machine ended without an answer".to_owned(),
+                        "reserve_order ended without an answer".to_owned(),
                     ));
                 }
             },
@@ -534,10 +627,20 @@ impl ReserveRow {
     }
 }
 
+/// An order's first reservation and the others.
+fn split_order(order: Vec<Reservation>) -> Result<(Reservation, Vec<Reservation>), sqlx::Error> {
+    let mut order = order.into_iter();
+    let first = order
+        .next()
+        .ok_or_else(|| sqlx::Error::Protocol("an order without reservations".to_owned()))?;
+    Ok((first, order.collect()))
+}
+
 /// Pass two over `candidates` (machine ids, in order), inside the caller's
-/// open transaction (`reserve_walk`: lock one at a time, skip what others
-/// hold, re-check what no constraint guards, try the insert in a
-/// savepoint). Public so that tests can force a collision on a chosen list.
+/// open transaction (`reserve_order_walk`: lock one at a time, skip what
+/// others hold, re-check what no constraint guards, try each insert in a
+/// savepoint; all of the order's machines or none, R13). Public so that
+/// tests can force a collision on a chosen list.
 pub async fn walk_candidates(
     tx: &mut PgConnection,
     org_id: i64,
@@ -545,18 +648,20 @@ pub async fn walk_candidates(
     candidates: &[i64],
     walk: &mut WalkStats,
 ) -> Result<Walked, sqlx::Error> {
-    let row: ReserveRow =
-        sqlx::query_as("SELECT * FROM reserve_walk($1, $2, $3, $4, $5, $6::text, $7, $8)")
-            .bind(org_id)
-            .bind(&req.actor)
-            .bind(req.order_ref.as_str())
-            .bind(req.spec.site.as_str())
-            .bind(req.spec.profile.as_str())
-            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-            .bind(req.hold.get() as i32)
-            .bind(candidates)
-            .fetch_one(tx)
-            .await?;
-    *walk = row.walk();
-    row.walked()
+    let rows: Vec<ReserveRow> = sqlx::query_as(
+        "SELECT * FROM reserve_order_walk($1, $2, $3, $4, $5, $6::text, $7, $8, $9)",
+    )
+    .bind(org_id)
+    .bind(&req.actor)
+    .bind(req.order_ref.as_str())
+    .bind(req.spec.site.as_str())
+    .bind(req.spec.profile.as_str())
+    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+    .bind(req.hold.get() as i32)
+    .bind(candidates)
+    .bind(i32::from(req.quantity.get()))
+    .fetch_all(tx)
+    .await?;
+    *walk = rows.first().map(ReserveRow::walk).unwrap_or_default();
+    ReserveRow::walked(rows)
 }

@@ -55,7 +55,7 @@ pub async fn count_refusal(
     let reason = match outcome {
         ReserveOutcome::Unavailable { .. } => RefusalReason::Unavailable,
         ReserveOutcome::Contended { .. } => RefusalReason::Contended,
-        ReserveOutcome::Created { .. } | ReserveOutcome::Existing(_) => return,
+        ReserveOutcome::Created { .. } | ReserveOutcome::Existing { .. } => return,
     };
     let (site, profile) = metrics
         .refusal_labels

@@ -5,7 +5,7 @@
 
 use crate::db::Db;
 
-use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
+use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::domain::{
     AssetTag, Email, MachineStatus, OrderRef, Profile, Role, ServiceRef, Site, Slug, Vendor,
 };
@@ -157,6 +157,8 @@ pub const CHECKOUT: &str = "demo-checkout";
 /// The staff member who cancels one of them, with a reason.
 pub const CANCELLED_BY: &str = "support@demo.example";
 pub const CANCEL_REASON: &str = "Customer asked for a larger profile; a new order follows";
+/// Why support extended the demo's order of three (R14).
+pub const EXTEND_REASON: &str = "Bank review of the payment; customer on the phone";
 
 fn spec(i: usize, vendor: Option<&str>) -> anyhow::Result<OrderSpec> {
     Ok(OrderSpec {
@@ -174,16 +176,37 @@ async fn reserve(
     order_ref: &str,
     spec: OrderSpec,
 ) -> anyhow::Result<Option<Reservation>> {
+    Ok(reserve_order(pool, org_id, order_ref, spec, Quantity::ONE)
+        .await?
+        .map(|mut order| order.remove(0)))
+}
+
+/// `reserve` for an order of `quantity` machines (R13): all of them, in
+/// slot order, or `None`.
+async fn reserve_order(
+    pool: &Db,
+    org_id: i64,
+    order_ref: &str,
+    spec: OrderSpec,
+    quantity: Quantity,
+) -> anyhow::Result<Option<Vec<Reservation>>> {
     let req = ReserveRequest {
         order_ref: OrderRef::parse(order_ref)?,
         spec,
         hold: HoldSeconds::new(HOLD_SECONDS)?,
+        quantity,
         actor: CHECKOUT.to_owned(),
     };
     Ok(match allocator::reserve(pool, org_id, &req).await? {
-        ReserveOutcome::Created { reservation, .. } | ReserveOutcome::Existing(reservation) => {
-            Some(reservation)
+        ReserveOutcome::Created {
+            reservation,
+            others,
+            ..
         }
+        | ReserveOutcome::Existing {
+            reservation,
+            others,
+        } => Some(std::iter::once(reservation).chain(others).collect()),
         other => {
             eprintln!("demo: {order_ref} could not be reserved: {other:?}");
             None
@@ -343,6 +366,51 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
         .await?;
         reservations::end_service(pool, org_id, link.id, CHECKOUT).await?;
         backdate(pool, r.id, 20 * 3_600).await?;
+    }
+    // An order of three machines held together (R13), whose hold support
+    // extended by 20 minutes while the customer's bank reviewed the payment
+    // (R14): a new one whenever the last has run out.
+    let live_trio: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-TRIO-%'
+                          AND state = 'held' AND expires_at > clock_timestamp())",
+    )
+    .bind(org_id)
+    .fetch_one(pool)
+    .await?;
+    if !live_trio {
+        let trios: i64 = sqlx::query_scalar(
+            "SELECT count(DISTINCT order_ref) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-TRIO-%'",
+        )
+        .bind(org_id)
+        .fetch_one(pool)
+        .await?;
+        let order_ref = format!("DEMO-TRIO-{}", trios + 1);
+        if let Some(order) =
+            reserve_order(pool, org_id, &order_ref, spec(0, None)?, Quantity::new(3)?).await?
+        {
+            let named: Vec<reservations::Named> = order
+                .iter()
+                .map(|r| reservations::Named {
+                    id: r.id,
+                    fence: r.fence,
+                })
+                .collect();
+            let mut tx = pool.begin().await?;
+            let extended = reservations::order_transition_on(
+                &mut tx,
+                org_id,
+                Some(&order_ref),
+                &named,
+                CANCELLED_BY,
+                reservations::OrderAction::Extend {
+                    seconds: (HOLD_SECONDS + 1_200) as u32,
+                    cap_seconds: crate::settings::Settings::defaults().hold_max_seconds,
+                    reason: Some(EXTEND_REASON),
+                },
+            )
+            .await;
+            reservations::settle(tx, extended).await?;
+        }
     }
     // Live holds, topped up: the shortest ones first.
     let (live, last): (i64, i64) = sqlx::query_as(

@@ -44,6 +44,10 @@ pub struct Reservation {
     /// column), not as it is now.
     #[sqlx(json)]
     pub machine: MachineSnapshot,
+    /// R13: how many machines its order holds, and which of them this is
+    /// (1 of 1 for an order of one).
+    pub quantity: i16,
+    pub slot: i16,
 }
 
 /// The frozen attributes of the chosen machine (R8).
@@ -97,13 +101,32 @@ pub enum TransitionError {
     NotHeld { state: String },
     #[error("the reservation expired at {expires_at}")]
     Expired { expires_at: DateTime<Utc> },
+    /// R13: the reservation belongs to an order of several machines, which
+    /// is cancelled, converted or extended as a whole.
+    #[error(
+        "reservation {id} is one of the {quantity} machines of order {order_ref}; act on the order"
+    )]
+    PartOfOrder {
+        id: i64,
+        order_ref: String,
+        quantity: i16,
+    },
+    /// The request did not name exactly the order's reservations.
+    #[error("the request must name every reservation of the order once: {ids:?}")]
+    Mismatch { ids: Vec<i64> },
+    /// R14: the new deadline would make the whole hold longer than the cap.
+    #[error("the hold cannot last more than {cap_seconds} s from its creation, until {latest}")]
+    HoldCap {
+        cap_seconds: u32,
+        latest: DateTime<Utc>,
+    },
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
 
 /// The columns of `Reservation`, for `SELECT`s and `RETURNING`s.
 pub const RESERVATION_COLUMNS: &str = "id, org_id, order_ref, machine_id, state, fence, reason, hold_seconds, \
-     created_at, expires_at, ended_at, ended_by, end_reason, machine_snapshot AS machine";
+     created_at, expires_at, ended_at, ended_by, end_reason, machine_snapshot AS machine, quantity, slot";
 
 const LINK_COLUMNS: &str =
     "id, machine_id, reservation_id, service_ref, created_at, ended_at, ended_by";
@@ -147,12 +170,54 @@ pub async fn by_order_ref(
     order_ref: &str,
 ) -> Result<Option<Reservation>, sqlx::Error> {
     let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE org_id = $1 AND order_ref = $2"
+        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE org_id = $1 AND order_ref = $2
+          ORDER BY slot LIMIT 1"
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(org_id)
         .bind(order_ref)
         .fetch_optional(conn)
+        .await
+}
+
+/// Every reservation of order `order_ref` in `org_id`, in slot order
+/// (R13); empty if there is no such order.
+pub async fn order_of(
+    db: impl sqlx::PgExecutor<'_>,
+    org_id: i64,
+    order_ref: &str,
+) -> Result<Vec<Reservation>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE org_id = $1 AND order_ref = $2 ORDER BY slot"
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .bind(order_ref)
+        .fetch_all(db)
+        .await
+}
+
+/// The service links of an order's converted reservations, by reservation.
+pub async fn services_of_order(
+    pool: &Db,
+    org_id: i64,
+    order_ref: &str,
+) -> Result<Vec<ServiceLink>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {cols} FROM service_links s
+          WHERE s.org_id = $1
+            AND s.reservation_id IN (SELECT r.id FROM reservations r WHERE r.org_id = $1 AND r.order_ref = $2)
+          ORDER BY s.reservation_id",
+        cols = LINK_COLUMNS
+            .split(", ")
+            .map(|c| format!("s.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .bind(order_ref)
+        .fetch_all(pool)
         .await
 }
 
@@ -320,6 +385,8 @@ pub(crate) struct MaybeReservation {
     ended_by: Option<String>,
     end_reason: Option<String>,
     machine: Option<sqlx::types::Json<MachineSnapshot>>,
+    quantity: Option<i16>,
+    slot: Option<i16>,
 }
 
 impl MaybeReservation {
@@ -343,6 +410,8 @@ impl MaybeReservation {
             ended_by: self.ended_by,
             end_reason: self.end_reason,
             machine: self.machine.map(|j| j.0).unwrap_or_default(),
+            quantity: self.quantity.unwrap_or(1),
+            slot: self.slot.unwrap_or(1),
         })
     }
 }
@@ -382,6 +451,11 @@ impl TransitionRow {
                 Ok((r, link))
             }
             "stale_fence" => Err(TransitionError::StaleFence),
+            "part_of_order" => Err(TransitionError::PartOfOrder {
+                id: r.id,
+                order_ref: r.order_ref,
+                quantity: r.quantity,
+            }),
             "not_held" => Err(TransitionError::NotHeld { state: r.state }),
             "expired" => Err(TransitionError::Expired {
                 expires_at: r.expires_at,
@@ -389,6 +463,54 @@ impl TransitionRow {
             other => Err(TransitionError::Database(sqlx::Error::Protocol(format!(
                 "reservation_transition answered an unknown outcome {other:?}"
             )))),
+        }
+    }
+}
+
+impl TransitionRow {
+    /// The rows of `order_transition`: one per reservation of the order,
+    /// all with the same outcome.
+    fn into_order(
+        rows: Vec<TransitionRow>,
+        cap_seconds: u32,
+    ) -> Result<OrderAfter, TransitionError> {
+        let outcome = rows
+            .first()
+            .and_then(|r| r.outcome.clone())
+            .unwrap_or_else(|| "not_found".to_owned());
+        match outcome.as_str() {
+            "ok" => rows.into_iter().map(TransitionRow::into_result).collect(),
+            "not_found" => Err(TransitionError::NotFound),
+            "mismatch" => Err(TransitionError::Mismatch {
+                ids: rows.iter().filter_map(|r| r.reservation.id).collect(),
+            }),
+            "not_held" => {
+                let order = rows
+                    .into_iter()
+                    .map(|r| r.reservation.required())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let state = order
+                    .iter()
+                    .find(|r| r.state != "held")
+                    .map(|r| r.state.clone())
+                    .unwrap_or_default();
+                Err(TransitionError::NotHeld { state })
+            }
+            "hold_cap" => {
+                let created_at = rows.into_iter().next().map(|r| r.reservation.required());
+                let created_at = created_at.transpose()?.map(|r| r.created_at);
+                Err(TransitionError::HoldCap {
+                    cap_seconds,
+                    latest: created_at.unwrap_or_default()
+                        + chrono::Duration::seconds(i64::from(cap_seconds)),
+                })
+            }
+            // One reservation's refusal stands for the order's (stale_fence,
+            // expired with the order's one deadline, part_of_order).
+            _ => match rows.into_iter().next() {
+                Some(row) => row.into_result().map(|one| vec![one]),
+                None => Err(TransitionError::NotFound),
+            },
         }
     }
 }
@@ -449,6 +571,155 @@ pub async fn convert_on(
         ))
     })?;
     Ok((r, link))
+}
+
+/// What an order transition does (R13, R14), with its texts.
+#[derive(Debug, Clone, Copy)]
+pub enum OrderAction<'a> {
+    /// Cancel every reservation of the order, with one reason.
+    Cancel { reason: &'a str },
+    /// Convert every reservation of the order: one service reference per
+    /// named reservation, in the order they are named.
+    Convert { service_refs: &'a [ServiceRef] },
+    /// Extend the hold (R14): the deadline becomes `seconds` from now by the
+    /// database's clock (never earlier than it was), and the whole hold may
+    /// not last more than `cap_seconds` from creation.
+    Extend {
+        seconds: u32,
+        cap_seconds: u32,
+        reason: Option<&'a str>,
+    },
+}
+
+impl OrderAction<'_> {
+    fn action(&self) -> &'static str {
+        match self {
+            OrderAction::Cancel { .. } => "cancel",
+            OrderAction::Convert { .. } => "convert",
+            OrderAction::Extend { .. } => "extend",
+        }
+    }
+
+    fn reason(&self) -> Option<&str> {
+        match self {
+            OrderAction::Cancel { reason } => Some(reason),
+            OrderAction::Convert { .. } => None,
+            OrderAction::Extend { reason, .. } => *reason,
+        }
+    }
+
+    fn texts(&self) -> Vec<&str> {
+        match self {
+            OrderAction::Convert { service_refs } => {
+                service_refs.iter().map(ServiceRef::as_str).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn seconds(&self) -> (Option<i32>, Option<i32>) {
+        match self {
+            OrderAction::Extend {
+                seconds,
+                cap_seconds,
+                ..
+            } => (
+                i32::try_from(*seconds).ok(),
+                i32::try_from(*cap_seconds).ok(),
+            ),
+            _ => (None, None),
+        }
+    }
+
+    fn cap_seconds(&self) -> u32 {
+        match self {
+            OrderAction::Extend { cap_seconds, .. } => *cap_seconds,
+            _ => 0,
+        }
+    }
+}
+
+/// A reservation named by a request: its id and the fence the caller holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Named {
+    pub id: i64,
+    pub fence: i64,
+}
+
+/// Every reservation of an order after an order transition, in slot order,
+/// each with its service link once converted.
+pub type OrderAfter = Vec<(Reservation, Option<ServiceLink>)>;
+
+/// Cancel, convert or extend a whole order in the caller's transaction
+/// (`order_transition`): all of its reservations or none (R13). With
+/// `order_ref` `None`, the order of reservation `named[0]`, which must be an
+/// order of one (`PartOfOrder` otherwise): the single-reservation extension.
+/// Finish with `settle` (an expiry found at the point of use is committed).
+pub async fn order_transition_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    order_ref: Option<&str>,
+    named: &[Named],
+    actor: &str,
+    what: OrderAction<'_>,
+) -> Result<OrderAfter, TransitionError> {
+    let (seconds, cap) = what.seconds();
+    let rows: Vec<TransitionRow> =
+        sqlx::query_as("SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .bind(org_id)
+            .bind(order_ref)
+            .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
+            .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
+            .bind(what.texts())
+            .bind(actor)
+            .bind(what.action())
+            .bind(what.reason())
+            .bind(seconds)
+            .bind(cap)
+            .fetch_all(conn)
+            .await?;
+    TransitionRow::into_order(rows, what.cap_seconds())
+}
+
+/// `order_transition_on` for an API caller, in one autocommitted statement
+/// (`api_order_transition`): the token, its scope and both module switches
+/// checked in the same statement as the transition.
+pub async fn order_transition_for_token(
+    pool: &Db,
+    token_hash: &[u8],
+    module_on: bool,
+    order_ref: Option<&str>,
+    named: &[Named],
+    what: OrderAction<'_>,
+) -> Result<Result<Result<OrderAfter, TransitionError>, crate::tokens::CallerRefusal>, sqlx::Error>
+{
+    let (seconds, cap) = what.seconds();
+    let rows: Vec<crate::tokens::CallerRow<TransitionRow>> = sqlx::query_as(
+        "SELECT c.caller, (c.result).* FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) c",
+    )
+    .bind(token_hash)
+    .bind(module_on)
+    .bind(order_ref)
+    .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
+    .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
+    .bind(what.texts())
+    .bind(what.action())
+    .bind(what.reason())
+    .bind(seconds)
+    .bind(cap)
+    .fetch_all(pool)
+    .await?;
+    let caller = rows
+        .first()
+        .map(|r| r.caller.clone())
+        .ok_or_else(|| sqlx::Error::Protocol("api_order_transition answered no row".to_owned()))?;
+    match crate::tokens::CallerRefusal::parse(&caller)? {
+        Some(refusal) => Ok(Err(refusal)),
+        None => Ok(Ok(TransitionRow::into_order(
+            rows.into_iter().map(|r| r.result).collect(),
+            what.cap_seconds(),
+        ))),
+    }
 }
 
 /// Why ending a service link was refused.

@@ -14,6 +14,10 @@ pub struct Settings {
     pub datacenter_module: bool,
     /// `POOLKEEPER_HOLD_SECONDS`: default reservation lifetime (R11).
     pub hold_seconds: u32,
+    /// `POOLKEEPER_HOLD_MAX_SECONDS` (default 3600, 1 to 604800): R14's cap
+    /// on a whole hold, from its creation to its deadline, that an extension
+    /// may not pass.
+    pub hold_max_seconds: u32,
     /// `POOLKEEPER_SWEEP_SECONDS`: sweep period.
     pub sweep_period: Duration,
     /// `POOLKEEPER_LEASE_SECONDS`: how long a sweep lease lasts without a
@@ -109,6 +113,7 @@ impl Settings {
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
             datacenter_module: false,
             hold_seconds: 900,
+            hold_max_seconds: 3600,
             sweep_period: Duration::from_secs(60),
             lease_duration: Duration::from_secs(180),
             replica: default_replica_name(),
@@ -155,6 +160,10 @@ impl Settings {
         }
         if let Some(v) = get("POOLKEEPER_HOLD_SECONDS") {
             s.hold_seconds = parse_seconds("POOLKEEPER_HOLD_SECONDS", &v, 1, 86_400)? as u32;
+        }
+        if let Some(v) = get("POOLKEEPER_HOLD_MAX_SECONDS") {
+            s.hold_max_seconds =
+                parse_seconds("POOLKEEPER_HOLD_MAX_SECONDS", &v, 1, 604_800)? as u32;
         }
         if let Some(v) = get("POOLKEEPER_SWEEP_SECONDS") {
             s.sweep_period =
@@ -339,9 +348,22 @@ mod tests {
         assert_eq!(s.bind.to_string(), "127.0.0.1:8080");
         assert!(!s.datacenter_module);
         assert_eq!(s.hold_seconds, 900);
+        assert_eq!(s.hold_max_seconds, 3600);
         assert_eq!(s.sweep_period, Duration::from_secs(60));
         assert!(s.database_url.is_none());
         assert_eq!(s.db_acquire_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_hold_cap_is_configurable_and_bounded() {
+        let s =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_HOLD_MAX_SECONDS").then(|| "7200".into()))
+                .expect("7200 is in range");
+        assert_eq!(s.hold_max_seconds, 7200);
+        let err =
+            Settings::from_lookup(|n| (n == "POOLKEEPER_HOLD_MAX_SECONDS").then(|| "0".into()))
+                .expect_err("a cap of 0 refuses every extension");
+        assert_eq!(err.name, "POOLKEEPER_HOLD_MAX_SECONDS");
     }
 
     #[test]

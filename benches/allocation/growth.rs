@@ -94,6 +94,7 @@ async fn measure(db: &Db, org_id: i64, sites: i64, n: usize, tag: &str) -> anyho
                 vendor: None,
             },
             hold: HoldSeconds::new(900)?,
+            quantity: poolkeeper::allocator::Quantity::ONE,
             actor: "bench".to_owned(),
         };
         let t = Instant::now();

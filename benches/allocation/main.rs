@@ -149,6 +149,8 @@ pub struct Results {
     pub round_trips: Vec<roundtrips::Count>,
     /// Item 8: the hot path direct and through PgBouncer.
     pub pooler: Option<pooler::Result>,
+    /// Item 9: reserve+cancel cycles of orders of 3 machines (R13), 8 clients.
+    pub orders_of_three: Vec<throughput::Run>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -417,6 +419,33 @@ async fn api_items(
         for &clients in &cfg.clients {
             let t = measure_throughput(cfg, meter, probe, db, org, base, clients).await?;
             results.throughput.push(t);
+        }
+    }
+
+    if cfg.runs_item("throughput") {
+        // Item 9: orders of three machines, all or nothing, 8 clients.
+        for r in 0..cfg.runs {
+            let o = throughput::http_orders_run(
+                meter,
+                base,
+                &org.token,
+                cfg.sites,
+                8,
+                cfg.run_seconds,
+                &format!("o3-{r}"),
+                3,
+            )
+            .await?;
+            eprintln!(
+                "  orders of 3, 8 clients, run {r}: {:.0} orders/s ({:.0} machines/s) p50 {:.2} p99 {:.2} ms, cancel p50 {:.2} ms, {} contended",
+                o.cycles_per_s,
+                3.0 * o.cycles_per_s,
+                o.reserve.p50_ms,
+                o.reserve.p99_ms,
+                o.cancel.p50_ms,
+                o.contended
+            );
+            results.orders_of_three.push(o);
         }
     }
 

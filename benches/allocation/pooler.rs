@@ -333,6 +333,7 @@ async fn cycle(
             vendor: None,
         },
         hold: HoldSeconds::new(900)?,
+        quantity: poolkeeper::allocator::Quantity::ONE,
         actor: "bench".to_owned(),
     };
     let t = Instant::now();

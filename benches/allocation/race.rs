@@ -125,6 +125,7 @@ pub async fn run(db: &Db, rounds: usize) -> anyhow::Result<(Tally, Tally)> {
                     order_ref: OrderRef::parse(&order_ref)?,
                     spec: spec.clone(),
                     hold: HoldSeconds::new(900)?,
+                    quantity: poolkeeper::allocator::Quantity::ONE,
                     actor: "bench".to_owned(),
                 };
                 tasks.push(tokio::spawn(async move {

@@ -365,6 +365,31 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             met(worst <= 2.0)
         );
     }
+    if !results.orders_of_three.is_empty() {
+        let runs = &results.orders_of_three;
+        let rate = crate::stats::median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>());
+        let reserve =
+            crate::stats::Latency::median_of(&runs.iter().map(|r| r.reserve).collect::<Vec<_>>());
+        let cancel =
+            crate::stats::Latency::median_of(&runs.iter().map(|r| r.cancel).collect::<Vec<_>>());
+        let one = results
+            .throughput
+            .iter()
+            .find(|t| t.clients == 8)
+            .map(|t| t.http_cycles_per_s);
+        let _ = writeln!(
+            w,
+            "| 9 | orders of 3 machines (R13: `quantity` 3, all or nothing), reserve then cancel of the whole order through the API, 8 clients | {:.0} orders/s ({:.0} machines/s{}); reserve p50 {:.2} ms, p99 {:.2} ms; cancel p50 {:.2} ms; {} contended | | |",
+            rate,
+            3.0 * rate,
+            one.map(|o| format!("; orders of one: {o:.0}/s, item 1"))
+                .unwrap_or_default(),
+            reserve.p50_ms,
+            reserve.p99_ms,
+            cancel.p50_ms,
+            runs.iter().map(|r| r.contended).sum::<u64>()
+        );
+    }
     if let Some(p) = &results.pooler {
         let direct = p.paths.first().map(|d| d.cycles_per_s).unwrap_or(0.0);
         for (i, path) in p.paths.iter().enumerate() {

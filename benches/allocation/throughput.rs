@@ -75,6 +75,22 @@ pub async fn http_run(
     seconds: f64,
     tag: &str,
 ) -> anyhow::Result<Run> {
+    http_orders_run(meter, base, token, sites, clients, seconds, tag, 1).await
+}
+
+/// `http_run` with orders of `quantity` machines (R13, item 9): each cycle
+/// reserves an order of that many and cancels it whole.
+#[allow(clippy::too_many_arguments)]
+pub async fn http_orders_run(
+    meter: &Meter,
+    base: &str,
+    token: &str,
+    sites: i64,
+    clients: usize,
+    seconds: f64,
+    tag: &str,
+    quantity: u8,
+) -> anyhow::Result<Run> {
     let barrier = Arc::new(Barrier::new(clients + 1));
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -87,7 +103,7 @@ pub async fn http_run(
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-            http_client(&http, &base, &token, &site, &prefix, deadline).await
+            http_client(&http, &base, &token, &site, &prefix, deadline, quantity).await
         }));
     }
     let before = meter.read();
@@ -120,11 +136,30 @@ pub async fn http_cycle(
     site: &str,
     order_ref: &str,
 ) -> anyhow::Result<Cycle> {
+    http_order_cycle(http, base, token, site, order_ref, 1).await
+}
+
+/// One cycle of an order of `quantity` machines: reserve them, then cancel
+/// the order whole (`/api/v1/orders/{order_ref}/cancel`); an order of one
+/// is the cycle above, unchanged.
+pub async fn http_order_cycle(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    site: &str,
+    order_ref: &str,
+    quantity: u8,
+) -> anyhow::Result<Cycle> {
     let t = Instant::now();
+    let body = if quantity == 1 {
+        json!({"order_ref": order_ref, "site": site, "profile": PROFILE})
+    } else {
+        json!({"order_ref": order_ref, "site": site, "profile": PROFILE, "quantity": quantity})
+    };
     let resp = http
         .post(format!("{base}/api/v1/reservations"))
         .bearer_auth(token)
-        .json(&json!({"order_ref": order_ref, "site": site, "profile": PROFILE}))
+        .json(&body)
         .send()
         .await?;
     let status = resp.status();
@@ -140,16 +175,31 @@ pub async fn http_cycle(
         }
         _ => bail!("reserve answered {status}: {body}"),
     }
-    let (Some(id), Some(fence)) = (body["id"].as_i64(), body["fence"].as_i64()) else {
-        bail!("reserve answer without id or fence: {body}");
+    let t;
+    let resp = if quantity == 1 {
+        let (Some(id), Some(fence)) = (body["id"].as_i64(), body["fence"].as_i64()) else {
+            bail!("reserve answer without id or fence: {body}");
+        };
+        t = Instant::now();
+        http.post(format!("{base}/api/v1/reservations/{id}/cancel"))
+            .bearer_auth(token)
+            .json(&json!({"fence": fence, "reason": "bench cycle"}))
+            .send()
+            .await?
+    } else {
+        let named: Vec<Value> = body["reservations"]
+            .as_array()
+            .context("an order's reservations")?
+            .iter()
+            .map(|r| json!({"id": r["id"], "fence": r["fence"]}))
+            .collect();
+        t = Instant::now();
+        http.post(format!("{base}/api/v1/orders/{order_ref}/cancel"))
+            .bearer_auth(token)
+            .json(&json!({"reservations": named, "reason": "bench cycle"}))
+            .send()
+            .await?
     };
-    let t = Instant::now();
-    let resp = http
-        .post(format!("{base}/api/v1/reservations/{id}/cancel"))
-        .bearer_auth(token)
-        .json(&json!({"fence": fence, "reason": "bench cycle"}))
-        .send()
-        .await?;
     let status = resp.status();
     let body = resp.bytes().await?;
     if status != 200 {
@@ -171,12 +221,14 @@ async fn http_client(
     site: &str,
     prefix: &str,
     deadline: Instant,
+    quantity: u8,
 ) -> anyhow::Result<ClientResult> {
     let mut out = ClientResult::default();
     let mut i = 0u64;
     while Instant::now() < deadline {
         i += 1;
-        let cycle = http_cycle(http, base, token, site, &format!("{prefix}-{i}")).await?;
+        let cycle =
+            http_order_cycle(http, base, token, site, &format!("{prefix}-{i}"), quantity).await?;
         out.reserve.push(cycle.reserve);
         match cycle.cancel {
             Some(cancel) => {

@@ -115,6 +115,29 @@ pub fn hold_seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::E
     optional_integer(d, "hold_seconds")
 }
 
+/// `quantity` of a reserve body (its range is `allocator::Quantity`'s).
+pub fn quantity<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    optional_integer(d, "quantity")
+}
+
+/// `seconds` of an extend body (its range is `HoldSeconds`'s).
+pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    integer(d, "seconds")
+}
+
+/// `id` of a reservation named in an order's body.
+pub fn id<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    integer(d, "id")
+}
+
+/// An optional `reason` (an extension's): absent or `null` is `None`,
+/// otherwise as `reason`.
+pub fn optional_reason<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let s: Option<String> = serde::Deserialize::deserialize(d)?;
+    s.map(|s| reason(serde::de::value::StringDeserializer::<D::Error>::new(s)))
+        .transpose()
+}
+
 /// `reason` of a cancel body: at most 500 characters as sent (before
 /// trimming), counted as JSON Schema's `maxLength` counts them;
 /// the rest of its rules (not blank, no control characters) are

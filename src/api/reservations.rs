@@ -1,16 +1,20 @@
-//! Order endpoints (scope `orders`): reserve, read, convert, cancel.
+//! Order endpoints (scope `orders`): reserve (one machine or an order of
+//! several, R13), read, convert, cancel, extend (R14); and the same actions
+//! on a whole order under `/orders/{order_ref}`.
 
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
+use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::api::json;
 use crate::domain::{OrderRef, Profile, Scope, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
-use crate::reservations::{self, Reservation, ServiceLink, Transition, TransitionError};
+use crate::reservations::{
+    self, Named, OrderAction, OrderAfter, Reservation, ServiceLink, Transition, TransitionError,
+};
 use crate::settings::Settings;
 use crate::tokens::{ApiClient, BearerToken, CallerRefusal};
 
@@ -23,7 +27,12 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(web::resource("/reservations/{id}").route(web::get().to(get)))
     .service(web::resource("/reservations/{id}/events").route(web::get().to(events)))
     .service(web::resource("/reservations/{id}/convert").route(web::post().to(convert)))
-    .service(web::resource("/reservations/{id}/cancel").route(web::post().to(cancel)));
+    .service(web::resource("/reservations/{id}/cancel").route(web::post().to(cancel)))
+    .service(web::resource("/reservations/{id}/extend").route(web::post().to(extend)))
+    .service(web::resource("/orders/{order_ref}").route(web::get().to(get_order)))
+    .service(web::resource("/orders/{order_ref}/convert").route(web::post().to(convert_order)))
+    .service(web::resource("/orders/{order_ref}/cancel").route(web::post().to(cancel_order)))
+    .service(web::resource("/orders/{order_ref}/extend").route(web::post().to(extend_order)));
 }
 
 #[derive(Debug, Deserialize)]
@@ -37,6 +46,9 @@ pub struct ReserveBody {
     /// 40121 or 40121.0 (see `json`); null is absent.
     #[serde(default, deserialize_with = "json::hold_seconds")]
     hold_seconds: Option<i64>,
+    /// R13: how many machines, all or none (1 to 16; absent or null: 1).
+    #[serde(default, deserialize_with = "json::quantity")]
+    quantity: Option<i64>,
 }
 
 /// Bodies and path ids are parsed in the handler, after the module check,
@@ -135,7 +147,9 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
     let b: ReserveBody = json_body(bytes)?;
     let hold = HoldSeconds::new(b.hold_seconds.unwrap_or(i64::from(settings.hold_seconds)))
         .map_err(|e| invalid(e.to_string()))?;
+    let quantity = Quantity::new(b.quantity.unwrap_or(1)).map_err(|e| invalid(e.to_string()))?;
     Ok(ReserveRequest {
+        quantity,
         order_ref: b.order_ref,
         spec: OrderSpec {
             site: b.site,
@@ -168,26 +182,99 @@ async fn reserve(
         .inc();
     // Issue 15: lost demand, labelled by the inventory's sites and profiles.
     crate::demand::count_refusal(&metrics, &pool, &outcome, &req.spec).await;
+    let quantity = req.quantity.get();
     match outcome {
-        ReserveOutcome::Created { reservation, .. } => {
-            Ok(HttpResponse::Created().json(body_with(&reservation, None)?))
+        // An order of one answers as a reservation, as it always did; an
+        // order of several answers with all of its reservations (R13).
+        ReserveOutcome::Created {
+            reservation,
+            others,
+            ..
+        } if others.is_empty() => Ok(HttpResponse::Created().json(body_with(&reservation, None)?)),
+        ReserveOutcome::Created {
+            reservation,
+            others,
+            ..
+        } => {
+            let order: OrderAfter = std::iter::once(reservation)
+                .chain(others)
+                .map(|r| (r, None))
+                .collect();
+            Ok(HttpResponse::Created().json(order_body(&order)?))
         }
-        ReserveOutcome::Existing(reservation) => {
+        ReserveOutcome::Existing {
+            reservation,
+            others,
+        } if others.is_empty() => {
             Ok(HttpResponse::Ok().json(body(&pool, reservation.org_id, &reservation).await?))
+        }
+        ReserveOutcome::Existing { reservation, .. } => {
+            let order = read_order(&pool, reservation.org_id, &reservation.order_ref).await?;
+            Ok(HttpResponse::Ok().json(order_body(&order)?))
         }
         ReserveOutcome::Contended { walk, candidates } => Err(conflict(
             "contended",
-            "machines match this order but faster orders are taking them; retry in a moment",
+            if quantity == 1 {
+                "machines match this order but faster orders are taking them; retry in a moment"
+                    .to_owned()
+            } else {
+                format!(
+                    "{candidates} machines match this order of {quantity} but faster orders are taking them; retry in a moment"
+                )
+            },
         )
         .with("scanned", json!(walk.scanned))
         .with("candidates", json!(candidates))
+        .with("quantity", json!(quantity))
         .retry_after(allocator::RETRY_AFTER_SECONDS)),
         ReserveOutcome::Unavailable { excluded } => Err(conflict(
             "unavailable",
-            "no machine matches this order; more hardware is needed",
+            if quantity == 1 {
+                "no machine matches this order; more hardware is needed".to_owned()
+            } else {
+                format!(
+                    "only {} of the {quantity} machines of this order match; more hardware is needed",
+                    excluded.candidates
+                )
+            },
         )
-        .with("excluded", json!(excluded))),
+        .with("excluded", json!(excluded))
+        .with("candidates", json!(excluded.candidates))
+        .with("quantity", json!(quantity))),
     }
+}
+
+/// Every reservation of an order with its service link once converted.
+async fn read_order(pool: &Db, org_id: i64, order_ref: &str) -> Result<OrderAfter, ApiError> {
+    let order = reservations::order_of(pool, org_id, order_ref).await?;
+    let links = if order.iter().any(|r| r.state == "converted") {
+        reservations::services_of_order(pool, org_id, order_ref).await?
+    } else {
+        Vec::new()
+    };
+    Ok(order
+        .into_iter()
+        .map(|r| {
+            let link = links.iter().find(|l| l.reservation_id == r.id).cloned();
+            (r, link)
+        })
+        .collect())
+}
+
+/// The API's view of an order (R13): its ref, its size, its one deadline
+/// and every reservation (each with its id, fence and machine).
+fn order_body(order: &OrderAfter) -> Result<Value, ApiError> {
+    let first = order.first().map(|(r, _)| r).ok_or(not_found("order"))?;
+    let reservations = order
+        .iter()
+        .map(|(r, link)| body_with(r, link.clone()))
+        .collect::<Result<Vec<Value>, ApiError>>()?;
+    Ok(json!({
+        "order_ref": first.order_ref,
+        "quantity": first.quantity,
+        "expires_at": first.expires_at,
+        "reservations": reservations,
+    }))
 }
 
 async fn get(
@@ -256,9 +343,25 @@ fn refusal(e: TransitionError) -> ApiError {
             format!("the reservation has already ended: {state}"),
         )
         .with("state", json!(state)),
-        TransitionError::Expired { expires_at } => {
-            conflict("expired", e.to_string()).with("expires_at", json!(expires_at))
+        TransitionError::Expired { expires_at } => conflict("expired", e.to_string())
+            .with("expires_at", json!(expires_at))
+            .with("state", json!("expired")),
+        TransitionError::PartOfOrder {
+            ref order_ref,
+            quantity,
+            ..
+        } => conflict("part_of_order", e.to_string())
+            .with("order_ref", json!(order_ref))
+            .with("quantity", json!(quantity)),
+        TransitionError::Mismatch { ref ids } => {
+            conflict("order_mismatch", e.to_string()).with("reservation_ids", json!(ids))
         }
+        TransitionError::HoldCap {
+            cap_seconds,
+            latest,
+        } => conflict("hold_cap_exceeded", e.to_string())
+            .with("cap_seconds", json!(cap_seconds))
+            .with("latest_expires_at", json!(latest)),
         TransitionError::Database(db) => db.into(),
     }
 }
@@ -350,4 +453,269 @@ async fn cancel(
         Transition::Cancel(&reason),
     )
     .await
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBody {
+    #[serde(deserialize_with = "json::fence")]
+    fence: i64,
+    #[serde(deserialize_with = "json::seconds")]
+    seconds: i64,
+    #[serde(default, deserialize_with = "json::optional_reason")]
+    reason: Option<String>,
+}
+
+/// The seconds of an extension: as a reserve's `hold_seconds`, 1 to 86400.
+fn extend_seconds(seconds: i64) -> Result<u32, ApiError> {
+    HoldSeconds::new(seconds)
+        .map(HoldSeconds::get)
+        .map_err(|_| invalid("seconds: must be a whole number of seconds from 1 to 86400"))
+}
+
+/// An extension's optional reason, checked as a cancellation's.
+fn extend_reason(reason: Option<String>) -> Result<Option<String>, ApiError> {
+    reason
+        .map(|r| {
+            reservations::check_reason(&r)
+                .map(str::to_owned)
+                .map_err(|e| invalid(format!("reason: {e}")))
+        })
+        .transpose()
+}
+
+/// An order action through `api_order_transition`: one statement.
+async fn order_transition(
+    token: &BearerToken,
+    settings: &Settings,
+    pool: &Db,
+    order_ref: Option<&str>,
+    named: &[Named],
+    what: OrderAction<'_>,
+) -> Result<OrderAfter, ApiError> {
+    reservations::order_transition_for_token(
+        pool,
+        token.digest(),
+        settings.datacenter_module,
+        order_ref,
+        named,
+        what,
+    )
+    .await?
+    .map_err(caller_refused)?
+    .map_err(refusal)
+}
+
+/// `POST /reservations/{id}/extend` (R14): the reservation of an order of
+/// one; a reservation of an order of several is `409 part_of_order`.
+async fn extend(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let bytes = read_body(payload).await;
+    let request = path_id(&path).and_then(|id| {
+        let b: ExtendBody = json_body(&bytes?)?;
+        Ok((
+            id,
+            b.fence,
+            extend_seconds(b.seconds)?,
+            extend_reason(b.reason)?,
+        ))
+    });
+    let (id, fence, seconds, reason) = parsed(request, &token, &pool, &settings).await?;
+    let order = order_transition(
+        &token,
+        &settings,
+        &pool,
+        None,
+        &[Named { id, fence }],
+        OrderAction::Extend {
+            seconds,
+            cap_seconds: settings.hold_max_seconds,
+            reason: reason.as_deref(),
+        },
+    )
+    .await?;
+    let (r, link) = order.into_iter().next().ok_or(not_found("reservation"))?;
+    Ok(HttpResponse::Ok().json(body_with(&r, link)?))
+}
+
+/// An order ref from the path, as a reserve body's.
+fn path_order_ref(raw: &str) -> Result<OrderRef, ApiError> {
+    if raw == "." || raw == ".." {
+        // Not a path segment any client can send (the document says so).
+        return Err(invalid("order_ref: cannot be \".\" or \"..\" in a path"));
+    }
+    OrderRef::parse(raw).map_err(|e| invalid(e.to_string()))
+}
+
+async fn get_order(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Orders)?;
+    let order_ref = path_order_ref(&path)?;
+    let order = read_order(&pool, client.org_id, order_ref.as_str()).await?;
+    if order.is_empty() {
+        return Err(not_found("order"));
+    }
+    Ok(HttpResponse::Ok().json(order_body(&order)?))
+}
+
+/// A reservation named in an order's body: its id and its fence.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedBody {
+    #[serde(deserialize_with = "json::id")]
+    id: i64,
+    #[serde(deserialize_with = "json::fence")]
+    fence: i64,
+}
+
+/// A reservation named in an order's conversion, with its service.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvertItem {
+    #[serde(deserialize_with = "json::id")]
+    id: i64,
+    #[serde(deserialize_with = "json::fence")]
+    fence: i64,
+    service_ref: ServiceRef,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConvertOrderBody {
+    reservations: Vec<ConvertItem>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelOrderBody {
+    reservations: Vec<NamedBody>,
+    #[serde(deserialize_with = "json::reason")]
+    reason: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendOrderBody {
+    reservations: Vec<NamedBody>,
+    #[serde(deserialize_with = "json::seconds")]
+    seconds: i64,
+    #[serde(default, deserialize_with = "json::optional_reason")]
+    reason: Option<String>,
+}
+
+/// The reservations an order's body names: 1 to 16 (an order's size), ids
+/// from 1 (the document's bounds). Naming one twice, or not naming one of
+/// the order's, is the order's answer: `409 order_mismatch`.
+fn named(items: impl Iterator<Item = (i64, i64)>) -> Result<Vec<Named>, ApiError> {
+    let named: Vec<Named> = items.map(|(id, fence)| Named { id, fence }).collect();
+    if named.is_empty() || named.len() as i64 > Quantity::MAX {
+        return Err(invalid(format!(
+            "reservations: name every reservation of the order (1 to {})",
+            Quantity::MAX
+        )));
+    }
+    if named.iter().any(|n| n.id < 1) {
+        return Err(invalid("reservations: ids are whole numbers from 1"));
+    }
+    Ok(named)
+}
+
+async fn convert_order(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let bytes = read_body(payload).await;
+    let request = path_order_ref(&path).and_then(|order_ref| {
+        let b: ConvertOrderBody = json_body(&bytes?)?;
+        let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
+        let refs: Vec<ServiceRef> = b.reservations.into_iter().map(|i| i.service_ref).collect();
+        Ok((order_ref, named, refs))
+    });
+    let (order_ref, named, refs) = parsed(request, &token, &pool, &settings).await?;
+    let order = order_transition(
+        &token,
+        &settings,
+        &pool,
+        Some(order_ref.as_str()),
+        &named,
+        OrderAction::Convert {
+            service_refs: &refs,
+        },
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(order_body(&order)?))
+}
+
+async fn cancel_order(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let bytes = read_body(payload).await;
+    let request = path_order_ref(&path).and_then(|order_ref| {
+        let b: CancelOrderBody = json_body(&bytes?)?;
+        let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
+        let reason = reservations::check_reason(&b.reason).map_err(invalid)?;
+        Ok((order_ref, named, reason.to_owned()))
+    });
+    let (order_ref, named, reason) = parsed(request, &token, &pool, &settings).await?;
+    let order = order_transition(
+        &token,
+        &settings,
+        &pool,
+        Some(order_ref.as_str()),
+        &named,
+        OrderAction::Cancel { reason: &reason },
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(order_body(&order)?))
+}
+
+async fn extend_order(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let bytes = read_body(payload).await;
+    let request = path_order_ref(&path).and_then(|order_ref| {
+        let b: ExtendOrderBody = json_body(&bytes?)?;
+        let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
+        Ok((
+            order_ref,
+            named,
+            extend_seconds(b.seconds)?,
+            extend_reason(b.reason)?,
+        ))
+    });
+    let (order_ref, named, seconds, reason) = parsed(request, &token, &pool, &settings).await?;
+    let order = order_transition(
+        &token,
+        &settings,
+        &pool,
+        Some(order_ref.as_str()),
+        &named,
+        OrderAction::Extend {
+            seconds,
+            cap_seconds: settings.hold_max_seconds,
+            reason: reason.as_deref(),
+        },
+    )
+    .await?;
+    Ok(HttpResponse::Ok().json(order_body(&order)?))
 }

@@ -45,6 +45,7 @@ pub fn flash_message(code: &str) -> Option<&'static str> {
     Some(match code {
         "cancelled" => "The reservation was cancelled.",
         "converted" => "The reservation was converted into a service.",
+        "extended" => "The hold was extended; its new deadline is below.",
         "logged_out" => "You are logged out.",
         "settings_saved" => "Settings saved.",
         "webhook_saved" => "Webhook saved. Pending events go to this URL.",

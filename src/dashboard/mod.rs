@@ -66,6 +66,7 @@ routes! {
     "/reservations/{id}" => [get => reservations::detail],
     "/reservations/{id}/cancel" => [get => reservations::confirm_cancel, post => reservations::cancel],
     "/reservations/{id}/convert" => [get => reservations::confirm_convert, post => reservations::convert],
+    "/reservations/{id}/extend" => [get => reservations::confirm_extend, post => reservations::extend],
     "/search" => [get => search::search],
     "/why-not" => [get => why_not::why_not],
     "/jobs" => [get => jobs::jobs],

@@ -137,6 +137,8 @@ mod tests {
                 profile: "epyc".into(),
                 status: "ready".into(),
             },
+            quantity: 1,
+            slot: 1,
         }
     }
 

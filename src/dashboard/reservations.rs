@@ -1,6 +1,9 @@
 //! `/reservations`: held reservations with a countdown computed by the
 //! database, compact rows, 100 a page, filtered by site and deadline; the detail page with its timeline and the one-sentence answer;
-//! cancel and convert through a GET confirmation page and a POST form.
+//! cancel, convert and extend (R14) through a GET confirmation page and a
+//! POST form. A reservation of an order of several machines (R13) is shown
+//! with its order's other machines, and every action on it acts on the
+//! whole order.
 
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -19,7 +22,7 @@ use super::view::{
 };
 use crate::domain::{ServiceRef, Site};
 use crate::inventory;
-use crate::reservations::{self, TransitionError};
+use crate::reservations::{self, Named, OrderAction, TransitionError};
 use crate::settings::Settings;
 
 #[derive(sqlx::FromRow)]
@@ -31,6 +34,8 @@ struct LiveRow {
     fence: i64,
     expires_at: DateTime<Utc>,
     remaining: i64,
+    quantity: i16,
+    slot: i16,
 }
 
 /// One compact row: the frozen reason is on the reservation's own page.
@@ -40,6 +45,9 @@ pub struct LiveView {
     pub asset_tag: String,
     pub site: String,
     pub fence: i64,
+    /// R13: this is machine `slot` of an order of `quantity`.
+    pub quantity: i16,
+    pub slot: i16,
     pub remaining: i64,
     pub remaining_text: String,
     pub overdue: bool,
@@ -156,7 +164,8 @@ async fn held_rows(
     // predicate, which says so to keep the allocator's probes off it.
     let sql = format!(
         "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.expires_at,
-                floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining
+                floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining,
+                r.quantity, r.slot
            FROM reservations r JOIN machines m ON m.id = r.machine_id
           WHERE r.org_id = $1 AND r.state = 'held' AND r.expires_at IS NOT NULL
             AND ($2::text IS NULL OR m.site = $2::text)
@@ -245,6 +254,8 @@ pub(crate) async fn list(
             asset_tag: r.asset_tag,
             site: r.site,
             fence: r.fence,
+            quantity: r.quantity,
+            slot: r.slot,
             remaining: r.remaining.max(0),
             remaining_text: fmt_remaining(r.remaining),
             overdue: r.remaining <= 0,
@@ -330,6 +341,39 @@ async fn extra(pool: &Db, org_id: i64, id: i64) -> Result<Option<Extra>, sqlx::E
     .await
 }
 
+/// One machine of a reservation's order (R13), for the detail and
+/// confirmation pages.
+#[derive(sqlx::FromRow)]
+pub struct OrderLine {
+    pub id: i64,
+    pub fence: i64,
+    pub slot: i16,
+    pub state: String,
+    pub asset_tag: String,
+    pub site: String,
+}
+
+/// Every reservation of the order of `r` (itself included), in slot order.
+async fn order_lines(
+    pool: &Db,
+    org_id: i64,
+    r: &reservations::Reservation,
+) -> Result<Vec<OrderLine>, sqlx::Error> {
+    if r.quantity <= 1 {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "SELECT r.id, r.fence, r.slot, r.state, m.asset_tag, m.site
+           FROM reservations r JOIN machines m ON m.id = r.machine_id
+          WHERE r.org_id = $1 AND r.order_ref = $2
+          ORDER BY r.slot",
+    )
+    .bind(org_id)
+    .bind(&r.order_ref)
+    .fetch_all(pool)
+    .await
+}
+
 pub struct EventView {
     pub at: String,
     pub kind: String,
@@ -355,6 +399,7 @@ struct ReservationPage {
     overdue: bool,
     can_act: bool,
     events: Vec<EventView>,
+    order: Vec<OrderLine>,
 }
 
 async fn load(
@@ -382,7 +427,9 @@ pub(crate) async fn detail(
     let (r, m) = load(&pool, &staff, id).await?;
     let events = reservations::events(&pool, staff.org_id, id).await?;
     let sentence = outcome::sentence(&r, &events, m.service_ref.as_deref(), m.remaining);
+    let order = order_lines(&pool, staff.org_id, &r).await?;
     page(&ReservationPage {
+        order,
         chrome: Chrome::new(&req, &staff, format!("Reservation {id}"), "reservations"),
         sentence,
         created_at: fmt_time(&r.created_at),
@@ -428,7 +475,18 @@ struct ConfirmPage {
     fence: i64,
     remaining_text: String,
     overdue: bool,
+    /// R13: the order's machines when it has several (the action is on all
+    /// of them); empty for an order of one.
+    order: Vec<OrderLine>,
+    /// The extension's choices, in minutes from now, within the cap.
+    extend_choices: Vec<u32>,
+    /// R14's cap, in words.
+    cap_text: String,
 }
+
+/// The extension's choices offered on the page, in minutes from now (any
+/// whole number of seconds up to the cap is accepted).
+pub const EXTEND_CHOICES: [u32; 5] = [5, 10, 15, 30, 60];
 
 async fn confirm(
     req: HttpRequest,
@@ -445,11 +503,22 @@ async fn confirm(
     if r.state != "held" {
         return Err(not_held(id, &r.state));
     }
+    let order = order_lines(&pool, staff.org_id, &r).await?;
     page(&ConfirmPage {
+        order,
+        extend_choices: EXTEND_CHOICES
+            .into_iter()
+            .filter(|m| m * 60 <= settings.hold_max_seconds)
+            .collect(),
+        cap_text: fmt_duration(settings.hold_max_seconds),
         chrome: Chrome::new(
             &req,
             &staff,
-            format!("Confirm: {action} reservation {id}"),
+            if r.quantity > 1 {
+                format!("Confirm: {action} order {}", r.order_ref)
+            } else {
+                format!("Confirm: {action} reservation {id}")
+            },
             "reservations",
         ),
         action,
@@ -479,6 +548,26 @@ pub(crate) async fn confirm_cancel(
         id.into_inner(),
         q.fence,
         "cancel",
+    )
+    .await
+}
+
+pub(crate) async fn confirm_extend(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    id: web::Path<i64>,
+    q: web::Query<FenceQuery>,
+) -> Result<HttpResponse, DashError> {
+    confirm(
+        req,
+        staff,
+        settings,
+        pool,
+        id.into_inner(),
+        q.fence,
+        "extend",
     )
     .await
 }
@@ -515,6 +604,13 @@ pub struct ActionForm {
     pub reason: String,
     #[serde(default)]
     pub service_ref: String,
+    /// An extension's length, in minutes from now.
+    #[serde(default)]
+    pub minutes: String,
+    /// For an order of several (R13): `fence_<id>` and, to convert,
+    /// `service_ref_<id>` for each of its reservations.
+    #[serde(flatten)]
+    pub order: std::collections::HashMap<String, String>,
 }
 
 fn not_held(id: i64, state: &str) -> DashError {
@@ -557,7 +653,49 @@ fn refused(id: i64, e: TransitionError) -> DashError {
             ),
             link,
         },
+        TransitionError::PartOfOrder {
+            order_ref,
+            quantity,
+            ..
+        } => DashError::Stale {
+            heading: "This reservation is part of an order".into(),
+            message: format!(
+                "Reservation {id} is one of the {quantity} machines of order {order_ref}, which are \
+                 cancelled, converted and extended together. Nothing was changed."
+            ),
+            link,
+        },
+        TransitionError::Mismatch { .. } => DashError::Stale {
+            heading: "This order changed since your page was loaded".into(),
+            message: format!(
+                "The form did not name every reservation of the order of reservation {id}. \
+                 Nothing was changed. Open it again to see the order as it is."
+            ),
+            link,
+        },
+        TransitionError::HoldCap {
+            cap_seconds,
+            latest,
+        } => DashError::Stale {
+            heading: "The hold cannot be extended that far".into(),
+            message: format!(
+                "A hold may last at most {} from its creation: reservation {id} can be held until {} \
+                 at the latest. Nothing was changed.",
+                fmt_duration(cap_seconds),
+                fmt_time(&latest)
+            ),
+            link,
+        },
         TransitionError::Database(e) => e.into(),
+    }
+}
+
+/// A number of seconds in words, for the extension's pages.
+fn fmt_duration(seconds: u32) -> String {
+    match seconds {
+        s if s % 3600 == 0 => format!("{} h", s / 3600),
+        s if s % 60 == 0 => format!("{} min", s / 60),
+        s => format!("{s} s"),
     }
 }
 
@@ -570,6 +708,69 @@ fn precheck(staff: &Staff, settings: &Settings, form: &ActionForm) -> Result<i64
     form.fence.trim().parse::<i64>().map_err(|_| {
         DashError::bad_request("The form's fence is missing or not a number; reload the page.")
     })
+}
+
+/// A reservation's order when it has several machines (R13): what the form
+/// names of each (its fence and, for a conversion, its service), read
+/// against the order as it is now. `None` for an order of one.
+async fn order_named(
+    pool: &Db,
+    staff: &Staff,
+    id: i64,
+    form: &ActionForm,
+) -> Result<Option<(String, Vec<Named>)>, DashError> {
+    let (r, _) = load(pool, staff, id).await?;
+    if r.quantity <= 1 {
+        return Ok(None);
+    }
+    let order = reservations::order_of(pool, staff.org_id, &r.order_ref).await?;
+    let named = order
+        .iter()
+        .map(|o| {
+            form.order
+                .get(&format!("fence_{}", o.id))
+                .and_then(|f| f.trim().parse::<i64>().ok())
+                .map(|fence| Named { id: o.id, fence })
+                .ok_or_else(|| {
+                    DashError::bad_request(
+                        "The form does not name every machine of the order; reload the page.",
+                    )
+                })
+        })
+        .collect::<Result<Vec<Named>, DashError>>()?;
+    Ok(Some((r.order_ref, named)))
+}
+
+/// Audits and settles an order action; the audit row commits with it.
+#[allow(clippy::too_many_arguments)]
+async fn act_on_order(
+    req: &HttpRequest,
+    staff: &Staff,
+    pool: &Db,
+    id: i64,
+    order_ref: &str,
+    named: &[Named],
+    what: OrderAction<'_>,
+    audit: (&str, &str),
+) -> Result<(), DashError> {
+    let mut tx = pool.begin().await?;
+    let outcome = reservations::order_transition_on(
+        &mut tx,
+        staff.org_id,
+        Some(order_ref),
+        named,
+        &staff.email,
+        what,
+    )
+    .await;
+    if outcome.is_ok() {
+        let object = format!("order:{order_ref}");
+        audit_on(&mut tx, req, staff, audit.0, &object, Some(audit.1)).await?;
+    }
+    reservations::settle(tx, outcome)
+        .await
+        .map_err(|e| refused(id, e))?;
+    Ok(())
 }
 
 pub(crate) async fn cancel(
@@ -592,6 +793,21 @@ pub(crate) async fn cancel(
             "{sentence} to cancel a reservation; nothing was changed."
         ))
     })?;
+    // R13: a reservation of an order of several cancels the whole order.
+    if let Some((order_ref, named)) = order_named(&pool, &staff, id, &form).await? {
+        act_on_order(
+            &req,
+            &staff,
+            &pool,
+            id,
+            &order_ref,
+            &named,
+            OrderAction::Cancel { reason },
+            ("order.cancel", reason),
+        )
+        .await?;
+        return Ok(see_other(&format!("/reservations/{id}?flash=cancelled")));
+    }
     // The audit row commits with the cancellation, or not at all.
     let mut tx = pool.begin().await?;
     let outcome =
@@ -624,11 +840,46 @@ pub(crate) async fn convert(
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
     let fence = precheck(&staff, &settings, &form)?;
-    let service_ref = ServiceRef::parse(form.service_ref.trim()).map_err(|e| {
+    let bad_ref = |e: crate::domain::ParseError| {
         DashError::bad_request(format!(
             "The service reference is not valid: {e}. Nothing was changed."
         ))
-    })?;
+    };
+    // R13: a reservation of an order of several converts the whole order,
+    // one service reference per machine.
+    if let Some((order_ref, named)) = order_named(&pool, &staff, id, &form).await? {
+        let refs = named
+            .iter()
+            .map(|n| {
+                let text = form
+                    .order
+                    .get(&format!("service_ref_{}", n.id))
+                    .map(|s| s.trim())
+                    .unwrap_or_default();
+                ServiceRef::parse(text).map_err(bad_ref)
+            })
+            .collect::<Result<Vec<ServiceRef>, DashError>>()?;
+        let listed = refs
+            .iter()
+            .map(ServiceRef::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
+        act_on_order(
+            &req,
+            &staff,
+            &pool,
+            id,
+            &order_ref,
+            &named,
+            OrderAction::Convert {
+                service_refs: &refs,
+            },
+            ("order.convert", &listed),
+        )
+        .await?;
+        return Ok(see_other(&format!("/reservations/{id}?flash=converted")));
+    }
+    let service_ref = ServiceRef::parse(form.service_ref.trim()).map_err(bad_ref)?;
     let mut tx = pool.begin().await?;
     let outcome =
         reservations::convert_on(&mut tx, staff.org_id, id, fence, &staff.email, &service_ref)
@@ -649,6 +900,87 @@ pub(crate) async fn convert(
         .await
         .map_err(|e| refused(id, e))?;
     Ok(see_other(&format!("/reservations/{id}?flash=converted")))
+}
+
+/// R14: extend a hold (or its whole order) by the minutes chosen, from the
+/// database's clock, with a reason; support and admin only; an audit row
+/// commits with it.
+pub(crate) async fn extend(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    id: web::Path<i64>,
+    form: web::Form<ActionForm>,
+) -> Result<HttpResponse, DashError> {
+    let id = id.into_inner();
+    let fence = precheck(&staff, &settings, &form)?;
+    let seconds = form
+        .minutes
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|m| (1..=1440).contains(m))
+        .map(|m| m * 60)
+        .ok_or_else(|| {
+            DashError::bad_request(
+                "Choose how many minutes to extend the hold by (1 to 1440); nothing was changed.",
+            )
+        })?;
+    let reason = reservations::check_reason(&form.reason).map_err(|problem| {
+        let mut sentence = problem.to_owned();
+        sentence[..1].make_ascii_uppercase();
+        DashError::bad_request(format!("{sentence} to extend a hold; nothing was changed."))
+    })?;
+    let what = OrderAction::Extend {
+        seconds,
+        cap_seconds: settings.hold_max_seconds,
+        reason: Some(reason),
+    };
+    let detail = format!("{} min: {reason}", seconds / 60);
+    match order_named(&pool, &staff, id, &form).await? {
+        Some((order_ref, named)) => {
+            act_on_order(
+                &req,
+                &staff,
+                &pool,
+                id,
+                &order_ref,
+                &named,
+                what,
+                ("order.extend", &detail),
+            )
+            .await?
+        }
+        None => {
+            let mut tx = pool.begin().await?;
+            let outcome = reservations::order_transition_on(
+                &mut tx,
+                staff.org_id,
+                None,
+                &[Named { id, fence }],
+                &staff.email,
+                what,
+            )
+            .await;
+            if outcome.is_ok() {
+                let object = format!("reservation:{id}");
+                audit_on(
+                    &mut tx,
+                    &req,
+                    &staff,
+                    "reservation.extend",
+                    &object,
+                    Some(&detail),
+                )
+                .await?;
+            }
+            reservations::settle(tx, outcome)
+                .await
+                .map_err(|e| refused(id, e))?;
+        }
+    }
+    Ok(see_other(&format!("/reservations/{id}?flash=extended")))
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use super::machines::{MachineView, PAGE_SIZE, parse_spec};
 use super::reasons;
 use super::session::Staff;
 use super::view::{Chrome, Select, non_blank, page, url_with};
-use crate::allocator::{self, OrderSpec, PassTwo, Verdict};
+use crate::allocator::{self, OrderSpec, PassTwo, Quantity, Verdict};
 use crate::domain::MachineStatus;
 use crate::inventory::MachineFilter;
 use crate::settings::Settings;
@@ -30,27 +30,40 @@ pub struct WhyNotQuery {
     pub site: Option<String>,
     pub profile: Option<String>,
     pub vendor: Option<String>,
+    /// R13: how many machines the order asks for (1 to 16; empty: 1).
+    pub quantity: Option<String>,
     /// One group of the summary: a key of `Exclusion::KEYS` or `candidate`.
     pub reason: Option<String>,
     pub after: Option<String>,
 }
 
-/// What a reserve would answer, from the two passes (R7).
+/// What a reserve of `quantity` machines would answer, from the two passes
+/// (R7, R13).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Answer {
-    WouldReserve(String),
+    /// The machines it would take, in the walk's order.
+    WouldReserve(Vec<String>),
     Contended,
-    Unavailable,
+    /// Only this many of the quantity match.
+    Unavailable {
+        matching: usize,
+    },
 }
 
-pub fn answer(pass_two: &PassTwo) -> Answer {
-    match (
-        pass_two.lockable.first(),
-        pass_two.locked_by_others.is_empty(),
-    ) {
-        (Some(m), _) => Answer::WouldReserve(m.asset_tag.clone()),
-        (None, false) => Answer::Contended,
-        (None, true) => Answer::Unavailable,
+pub fn answer(pass_two: &PassTwo, quantity: Quantity) -> Answer {
+    let n = usize::from(quantity.get());
+    let matching = pass_two.lockable.len() + pass_two.locked_by_others.len();
+    if pass_two.lockable.len() >= n {
+        Answer::WouldReserve(
+            pass_two.lockable[..n]
+                .iter()
+                .map(|m| m.asset_tag.clone())
+                .collect(),
+        )
+    } else if matching >= n {
+        Answer::Contended
+    } else {
+        Answer::Unavailable { matching }
     }
 }
 
@@ -176,6 +189,19 @@ pub(crate) async fn why_not(
     gate::datacenter(&settings, &staff)?;
     let q = q.into_inner();
     let spec = parse_spec(&q.site, &q.profile, &q.vendor)?;
+    let quantity = match non_blank(&q.quantity) {
+        None => Quantity::ONE,
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .and_then(|n| Quantity::new(n).ok())
+            .ok_or_else(|| {
+                DashError::bad_request(format!(
+                    "“Machines” is a whole number from 1 to {}.",
+                    Quantity::MAX
+                ))
+            })?,
+    };
     let group: Option<&'static str> = match non_blank(&q.reason) {
         None => None,
         Some(r) => Some(
@@ -234,6 +260,11 @@ pub(crate) async fn why_not(
         });
     };
     let vendor = spec.vendor.as_ref().map_or("", |v| v.as_str());
+    let quantity_text = if quantity == Quantity::ONE {
+        String::new()
+    } else {
+        quantity.get().to_string()
+    };
     let link = |reason: &str, after: &str| {
         url_with(
             "/why-not",
@@ -241,6 +272,7 @@ pub(crate) async fn why_not(
                 ("site", spec.site.as_str()),
                 ("profile", spec.profile.as_str()),
                 ("vendor", vendor),
+                ("quantity", &quantity_text),
                 ("reason", reason),
                 ("after", after),
             ],
@@ -272,17 +304,28 @@ pub(crate) async fn why_not(
         .collect();
     let total = summary.iter().map(|r| r.count).sum();
 
-    let pass_two = allocator::lockable_now(&pool, staff.org_id, &spec).await?;
-    let (answer_kind, answer_text) = match answer(&pass_two) {
-        Answer::WouldReserve(tag) => ("reserve", format!("Would reserve {tag}.")),
-        Answer::Contended => (
+    let pass_two = allocator::lockable_now(&pool, staff.org_id, &spec, quantity).await?;
+    let n = quantity.get();
+    let (answer_kind, answer_text) = match answer(&pass_two, quantity) {
+        Answer::WouldReserve(tags) => ("reserve", format!("Would reserve {}.", tags.join(", "))),
+        Answer::Contended if n == 1 => (
             "contended",
             "Contended: retry. Machines match, but every one is locked by another order right now."
                 .to_owned(),
         ),
-        Answer::Unavailable => (
+        Answer::Contended => (
+            "contended",
+            format!(
+                "Contended: retry. {n} machines match, but fewer are free of other orders' locks right now."
+            ),
+        ),
+        Answer::Unavailable { .. } if n == 1 => (
             "unavailable",
             "Unavailable: buy hardware. No machine matches this order.".to_owned(),
+        ),
+        Answer::Unavailable { matching } => (
+            "unavailable",
+            format!("Unavailable: buy hardware. Only {matching} of {n} match."),
         ),
     };
 
@@ -390,12 +433,34 @@ mod tests {
             lockable: vec![machine("PK-1")],
             locked_by_others: vec![machine("PK-2")],
         };
-        assert_eq!(answer(&lockable), Answer::WouldReserve("PK-1".into()));
+        let one = Quantity::ONE;
+        let two = Quantity::new(2).expect("two");
+        assert_eq!(
+            answer(&lockable, one),
+            Answer::WouldReserve(vec!["PK-1".into()])
+        );
+        assert_eq!(answer(&lockable, two), Answer::Contended);
+        let three = Quantity::new(3).expect("three");
+        assert_eq!(
+            answer(&lockable, three),
+            Answer::Unavailable { matching: 2 }
+        );
         let contended = PassTwo {
             lockable: vec![],
             locked_by_others: vec![machine("PK-2")],
         };
-        assert_eq!(answer(&contended), Answer::Contended);
-        assert_eq!(answer(&PassTwo::default()), Answer::Unavailable);
+        assert_eq!(answer(&contended, one), Answer::Contended);
+        assert_eq!(
+            answer(&PassTwo::default(), one),
+            Answer::Unavailable { matching: 0 }
+        );
+        let free = PassTwo {
+            lockable: vec![machine("PK-1"), machine("PK-5"), machine("PK-9")],
+            locked_by_others: vec![],
+        };
+        assert_eq!(
+            answer(&free, three),
+            Answer::WouldReserve(vec!["PK-1".into(), "PK-5".into(), "PK-9".into()])
+        );
     }
 }

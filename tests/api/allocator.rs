@@ -5,7 +5,8 @@
 use std::sync::Arc;
 
 use poolkeeper::allocator::{
-    self, Exclusion, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest, WalkStats, Walked,
+    self, Exclusion, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest, WalkStats,
+    Walked,
 };
 use poolkeeper::db::Db;
 use poolkeeper::domain::{OrderRef, Profile, ServiceRef, Site, Vendor};
@@ -48,6 +49,7 @@ pub fn request_for(order_ref: &str, profile: &str, vendor: Option<&str>) -> Rese
             vendor: vendor.map(|v| Vendor::parse(v).expect("vendor")),
         },
         hold: HoldSeconds::new(900).expect("hold"),
+        quantity: Quantity::ONE,
         actor: "test".to_owned(),
     }
 }
@@ -377,7 +379,9 @@ pub(crate) async fn check_round(
                     "round {round}"
                 );
             }
-            ReserveOutcome::Existing(_) => panic!("round {round}: distinct orders cannot replay"),
+            ReserveOutcome::Existing { .. } => {
+                panic!("round {round}: distinct orders cannot replay")
+            }
         }
     }
     // The invariants, in SQL: one holder per machine, all on eligible machines.
@@ -477,7 +481,7 @@ async fn explain_counts_and_candidates_agree() {
     from_explain.sort();
     assert_eq!(from_explain, vec!["OK-0", "OK-1", "OK-2", "OK-overdue"]);
     assert_eq!(counts.candidates, 4);
-    let two = allocator::lockable_now(&pool, org.id, &spec)
+    let two = allocator::lockable_now(&pool, org.id, &spec, Quantity::ONE)
         .await
         .expect("pass two");
     let mut lockable: Vec<String> = two.lockable.iter().map(|m| m.asset_tag.clone()).collect();
@@ -562,7 +566,9 @@ async fn five_requests_one_order_ref_give_one_reservation() {
                     created += 1;
                     assert_eq!(reservation.id, id);
                 }
-                ReserveOutcome::Existing(r) => assert_eq!(r.id, id, "round {round}"),
+                ReserveOutcome::Existing { reservation, .. } => {
+                    assert_eq!(reservation.id, id, "round {round}")
+                }
                 ReserveOutcome::Contended { .. } => {}
                 ReserveOutcome::Unavailable { .. } => {
                     panic!("round {round}: machines were left: {outcomes:#?}")
@@ -680,7 +686,7 @@ async fn a_lost_insert_race_is_rolled_back_to_its_savepoint_and_the_next_candida
         .await
         .expect("the walk survives the violation");
     let r = match walked {
-        Walked::Created(r) => r,
+        Walked::Created(mut order) if order.len() == 1 => order.remove(0),
         other => panic!("expected a reservation, got {other:?}"),
     };
     assert_eq!(r.machine_id, second);
@@ -748,7 +754,10 @@ async fn both_unique_constraints_are_told_apart_by_name() {
         .await
         .expect("walk")
     {
-        Walked::Existing(r) => {
+        Walked::Existing(order) => {
+            let [r] = &order[..] else {
+                panic!("an order of one: {order:?}")
+            };
             assert_eq!(r.order_ref, "ORD-A");
             assert_eq!(r.machine_id, a);
         }
@@ -1101,7 +1110,7 @@ async fn lockable_now_tells_locked_from_lockable_and_locks_nothing() {
         .execute(&mut holder)
         .await
         .expect("lock");
-    let two = allocator::lockable_now(&pool, org.id, &spec(None))
+    let two = allocator::lockable_now(&pool, org.id, &spec(None), Quantity::ONE)
         .await
         .expect("pass two");
     let tags = |ms: &[poolkeeper::inventory::Machine]| {
@@ -1327,7 +1336,7 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
         .await
         .expect("analyze empty");
     let config: Vec<String> = sqlx::query_scalar(
-        "SELECT unnest(proconfig) FROM pg_proc WHERE proname IN ('reserve_walk', 'reserve_machine')",
+        "SELECT unnest(proconfig) FROM pg_proc WHERE proname IN ('reserve_walk_slots', 'reserve_order')",
     )
     .fetch_all(&pool)
     .await
@@ -1350,7 +1359,7 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
         .execute(&mut conn)
         .await
         .expect("generic plans");
-    // The re-check of reserve_walk, and pass one's candidates.
+    // The re-check of reserve_walk_slots, and pass one's candidates.
     for (name, sql) in [
         (
             "recheck",
@@ -1451,7 +1460,7 @@ async fn plans_cached_on_an_empty_table_look_reservations_up_by_their_keys() {
     let mut conn = limited_connection(&db).await;
     let reserve = |order_ref: String| {
         format!(
-            "SELECT id, fence FROM reserve_machine({}, 'test', '{order_ref}', '{SITE}', '{PROFILE}', NULL, 900)",
+            "SELECT id, fence FROM reserve_order({}, 'test', '{order_ref}', '{SITE}', '{PROFILE}', NULL, 900, 1)",
             org.id
         )
     };

@@ -607,8 +607,15 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     );
     assert_eq!(
         d.texts("tr[data-reservation] a.button").await.len(),
-        2 * rows.len(),
-        "cancel and convert on every row"
+        3 * rows.len(),
+        "cancel, convert and extend on every row"
+    );
+    assert!(
+        rows.iter()
+            .filter(|r| r.contains("DEMO-TRIO-") && r.contains(" of 3)"))
+            .count()
+            == 3,
+        "the order of three, each machine with its place in the order: {rows:?}"
     );
     assert!(d.text("#live-status").await.contains("Last refreshed at"));
     check_page(&d, &shots, "12-reservations", &axe, &mut problems).await;
@@ -686,13 +693,46 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     assert!(d.text("#answer").await.starts_with("Held until"));
     assert_eq!(
         d.texts("main p.actions a.button").await,
-        ["Cancel…", "Convert…"]
+        ["Cancel…", "Convert…", "Extend…"]
     );
     check_page(&d, &shots, "18-held", &axe, &mut problems).await;
     d.click("main p.actions a[href*=\"/cancel\"]").await;
     d.wait_url("the confirmation", |u| u.contains("/cancel"))
         .await;
     check_page(&d, &shots, "19-confirm-cancel", &axe, &mut problems).await;
+
+    // R13, R14: the order of three, extended by support with a reason; its
+    // page links the order's other machines; the extend confirmation.
+    let trio: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM reservations WHERE order_ref = 'DEMO-TRIO-1' ORDER BY slot",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("the demo's order of three");
+    assert_eq!(trio.len(), 3);
+    d.goto(&app.url(&format!("/reservations/{}", trio[0])))
+        .await;
+    let facts = d.text("dl.facts").await;
+    assert!(facts.contains("machine 1 of 3, held together"), "{facts}");
+    assert_eq!(d.texts("dl.facts ul.order-lines li").await.len(), 3);
+    let timeline = d.text("table.timeline").await;
+    assert!(
+        timeline.contains("extended") && timeline.contains(poolkeeper::demo::EXTEND_REASON),
+        "{timeline}"
+    );
+    assert_eq!(
+        d.texts("main p.actions a.button").await,
+        [
+            "Cancel the order…",
+            "Convert the order…",
+            "Extend the order…"
+        ]
+    );
+    check_page(&d, &shots, "19b-order-of-three", &axe, &mut problems).await;
+    d.click("main p.actions a[href*=\"/extend\"]").await;
+    d.wait_url("the extension", |u| u.contains("/extend")).await;
+    assert!(d.text("h1").await.starts_with("Extend order DEMO-TRIO-1"));
+    check_page(&d, &shots, "19c-confirm-extend", &axe, &mut problems).await;
 
     // Reasons in words on machines and why-not.
     d.goto(&app.url("/machines?spec_site=par1&spec_profile=epyc-9354-256g"))
@@ -728,6 +768,14 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         .await;
     assert!(d.text("#machines").await.contains("at another site"));
     check_page(&d, &shots, "22-why-not-other-sites", &axe, &mut problems).await;
+    d.goto(&app.url("/why-not?site=par1&profile=epyc-9354-256g&quantity=3"))
+        .await;
+    let three = d.text("#answer").await;
+    assert!(
+        three.starts_with("Would reserve ") && three.matches(", ").count() == 2,
+        "three machines named: {three}"
+    );
+    check_page(&d, &shots, "22b-why-not-three", &axe, &mut problems).await;
 
     for (path, shot) in [
         ("/machines", "23-machines"),

@@ -148,6 +148,9 @@ const KNOWN: &[&str] = &[
     "description",
     "examples",
     "default",
+    "items",
+    "minItems",
+    "maxItems",
 ];
 
 fn check_keywords(schema: &Value) {
@@ -308,6 +311,17 @@ fn valid_of_type(doc: &Value, schema: &Value, t: &str) -> BoxedStrategy<Value> {
                 .prop_map(|fields| Value::Object(fields.into_iter().flatten().collect()))
                 .boxed()
         }
+        "array" => {
+            let min = usize_kw(schema, "minItems").unwrap_or(0);
+            let max = usize_kw(schema, "maxItems").unwrap_or(min + 4);
+            // Mostly short lists; sometimes exactly at the upper bound.
+            let short = prop::collection::vec(valid(doc, &schema["items"]), min..=max.min(min + 3));
+            prop_oneof![
+                4 => short.prop_map(Value::from),
+                1 => prop::collection::vec(valid(doc, &schema["items"]), max..=max).prop_map(Value::from),
+            ]
+            .boxed()
+        }
         other => panic!("type {other}: extend the fuzzer"),
     }
 }
@@ -405,6 +419,35 @@ fn invalid(doc: &Value, schema: &Value) -> BoxedStrategy<Value> {
         let (a, b) = (lo.clamp(-1000, 1000), hi.clamp(-1000, 1000));
         options.push((a..=b).prop_map(|n| json!(n as f64 + 0.5)).boxed());
         options.push((a..=b).prop_map(|n| json!(n.to_string())).boxed());
+    }
+    if ts.iter().any(|t| t == "array") {
+        let items = schema["items"].clone();
+        if let Some(min) = usize_kw(schema, "minItems").filter(|m| *m > 0) {
+            options.push(
+                prop::collection::vec(valid(doc, &items), min - 1..=min - 1)
+                    .prop_map(Value::from)
+                    .boxed(),
+            );
+        }
+        if let Some(max) = usize_kw(schema, "maxItems") {
+            options.push(
+                prop::collection::vec(valid(doc, &items), max + 1..=max + 1)
+                    .prop_map(Value::from)
+                    .boxed(),
+            );
+        }
+        // One item broken, among valid ones.
+        options.push(
+            (
+                prop::collection::vec(valid(doc, &items), 0..=2),
+                invalid(doc, &items),
+            )
+                .prop_map(|(mut v, bad)| {
+                    v.push(bad);
+                    Value::from(v)
+                })
+                .boxed(),
+        );
     }
     if ts.iter().any(|t| t == "object") {
         let required: Vec<String> = schema["required"]
@@ -732,6 +775,7 @@ impl Fuzzer<'_> {
                         Some(n) if case.floats && n.unsigned_abs() < EXACT => json!(n as f64),
                         _ => v.clone(),
                     };
+                    let v = overlay_items(body.get(k), v);
                     body.insert(k.clone(), v);
                 }
             }
@@ -849,23 +893,57 @@ impl Fuzzer<'_> {
             }
             self.answers += 1;
             for (target, link) in links_of(&self.doc, &op, status) {
-                let eval = |m: &Value| -> Map<String, Value> {
+                // A link applies to an answer only when every expression of
+                // it resolves there: a reserve's answer is a Reservation or
+                // an Order (R13), and each has only its own links' fields.
+                let eval = |m: &Value| -> Option<Map<String, Value>> {
                     m.as_object()
                         .into_iter()
                         .flatten()
-                        .filter_map(|(k, e)| evaluate(e, &answer).map(|v| (k.clone(), v)))
+                        .map(|(k, e)| evaluate(e, &answer).map(|v| (k.clone(), v)))
                         .collect()
+                };
+                let (Some(params), Some(body)) =
+                    (eval(&link["parameters"]), eval(&link["requestBody"]))
+                else {
+                    continue;
                 };
                 let binding = Binding {
                     source: self.answers,
-                    params: eval(&link["parameters"]),
-                    body: eval(&link["requestBody"]),
+                    params,
+                    body,
                 };
                 self.bindings.entry(target).or_default().push(binding);
             }
         }
         Ok(())
     }
+}
+
+/// A link that names a list of objects (an order's reservations) gives the
+/// values of the fields the generated items have (their id and fence), one
+/// item per linked object; every other field of an item (a service_ref)
+/// stays generated. Anything else is the linked value as it is.
+fn overlay_items(generated: Option<&Value>, linked: Value) -> Value {
+    let (Some(Value::Array(made)), Value::Array(from)) = (generated, &linked) else {
+        return linked;
+    };
+    if made.is_empty() || !from.iter().all(Value::is_object) {
+        return linked;
+    }
+    Value::Array(
+        from.iter()
+            .zip(made.iter().cycle())
+            .map(|(l, g)| match g {
+                Value::Object(g) => Value::Object(
+                    g.iter()
+                        .map(|(k, v)| (k.clone(), l.get(k).cloned().unwrap_or_else(|| v.clone())))
+                        .collect(),
+                ),
+                other => other.clone(),
+            })
+            .collect(),
+    )
 }
 
 /// The documented examples of a body schema's properties, as one object.
@@ -940,7 +1018,7 @@ fn generated_requests_agree_with_the_published_document() {
     let machine = example_body(&doc, &ops[put].body.as_ref().expect("body").0);
     let order = example_body(&doc, &ops[reserve].body.as_ref().expect("body").0);
     rt.block_on(async {
-        for i in 0..16 {
+        for i in 0..48 {
             let c = Case {
                 params: vec![Some(format!("CT-{i:03}"))],
                 body: Some(machine.clone()),
@@ -950,8 +1028,9 @@ fn generated_requests_agree_with_the_published_document() {
             };
             fuzzer.run(put, c).await.expect("a machine");
         }
-        // A few held reservations, so that convert and cancel find some.
-        for i in 0..6 {
+        // Held reservations, so that convert, cancel and extend (which
+        // take them in turn) find some.
+        for i in 0..12 {
             let mut body = order.clone();
             body["order_ref"] = json!(format!("ORD-CT-{i}"));
             let c = Case {
@@ -962,6 +1041,21 @@ fn generated_requests_agree_with_the_published_document() {
                 floats: false,
             };
             fuzzer.run(reserve, c).await.expect("a reservation");
+        }
+        // And orders of two (R13), so that each of the three order
+        // operations (which take them in turn) finds some through links.
+        for i in 0..10 {
+            let mut body = order.clone();
+            body["order_ref"] = json!(format!("ORD-CT-PAIR-{i}"));
+            body["quantity"] = json!(2);
+            let c = Case {
+                params: vec![],
+                body: Some(body),
+                broken: None,
+                link: None,
+                floats: false,
+            };
+            fuzzer.run(reserve, c).await.expect("an order of two");
         }
         // A webhook, so that reading it answers 200 before a generated
         // DELETE removes it.

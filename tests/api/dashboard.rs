@@ -1684,6 +1684,23 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-HOLD-%'
                   AND state = 'held' AND expires_at > clock_timestamp()";
     assert_eq!(one(live).await, poolkeeper::demo::HOLDS as i64);
+    // R13, R14: an order of three held together, one deadline, extended by
+    // support with a reason (an event per machine).
+    let trio_live =
+        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-TRIO-%'
+                       AND quantity = 3 AND state = 'held' AND expires_at > clock_timestamp()";
+    assert_eq!(one(trio_live).await, 3);
+    assert_eq!(
+        one("SELECT count(DISTINCT expires_at) FROM reservations WHERE org_id = $1 AND order_ref = 'DEMO-TRIO-1'")
+            .await,
+        1
+    );
+    assert_eq!(
+        one("SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
+              WHERE r.org_id = $1 AND e.kind = 'extended' AND e.actor = 'support@demo.example'")
+        .await,
+        3
+    );
     assert_eq!(
         one(
             "SELECT count(*) FROM reservations WHERE org_id = $1 AND state = 'held'
@@ -1767,12 +1784,19 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
     .await
     .expect("time passes");
     assert_eq!(one(live).await, 0);
-    let ended =
-        "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref NOT LIKE 'DEMO-HOLD-%'";
+    let ended = "SELECT count(*) FROM reservations WHERE org_id = $1
+                   AND order_ref NOT LIKE 'DEMO-HOLD-%' AND order_ref NOT LIKE 'DEMO-TRIO-%'";
     let ended_before = one(ended).await;
     poolkeeper::demo::load(pool).await.expect("demo later");
     assert_eq!(one(live).await, poolkeeper::demo::HOLDS as i64);
     assert_eq!(one(ended).await, ended_before);
+    // The order of three is topped up like the live holds: a new one.
+    assert_eq!(one(trio_live).await, 3);
+    assert_eq!(
+        one("SELECT count(DISTINCT order_ref) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-TRIO-%'")
+            .await,
+        2
+    );
     assert_eq!(
         one("SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-HOLD-%'")
             .await,
@@ -1861,4 +1885,162 @@ async fn insert_reservation_at(
     .execute(pool)
     .await
     .expect("insert a reservation");
+}
+
+/// R13 and R14 on the dashboard: a reservation of an order of three shows
+/// the order's other machines (live list and its page); support extends it
+/// with a reason (the whole order, one deadline, an `extended` event per
+/// machine and one audit row); a viewer sees no Extend button and gets 403;
+/// a reason is required; converting from one reservation's page converts
+/// the whole order, one service reference per machine.
+#[tokio::test]
+async fn orders_of_several_and_extensions_on_the_dashboard() {
+    use poolkeeper::allocator::{Quantity, ReserveOutcome};
+    let app = spawn_app().await;
+    for i in 0..3 {
+        app.insert_machine(
+            app.org.id,
+            &format!("PK-{i}"),
+            "par1",
+            "dell",
+            "epyc",
+            "ready",
+        )
+        .await;
+    }
+    let req = poolkeeper::allocator::ReserveRequest {
+        quantity: Quantity::new(3).expect("three"),
+        ..crate::allocator::request_for("ORD-TRIO", "epyc", None)
+    };
+    let order = match allocator::reserve(&app.pool, app.org.id, &req)
+        .await
+        .expect("reserve")
+    {
+        ReserveOutcome::Created {
+            reservation,
+            others,
+            ..
+        } => std::iter::once(reservation)
+            .chain(others)
+            .collect::<Vec<_>>(),
+        other => panic!("expected an order of three, got {other:?}"),
+    };
+    let first = &order[0];
+    let support = app.staff("ana@acme.example", "support").await;
+    let viewer = app.staff("vic@acme.example", "viewer").await;
+
+    let (status, live) = support.page("/reservations").await;
+    assert_eq!(status, 200);
+    assert!(
+        live.contains("(1 of 3)") && live.contains("/search?q=ORD-TRIO"),
+        "{live}"
+    );
+    assert!(live.contains(&format!(
+        "/reservations/{}/extend?fence={}",
+        first.id, first.fence
+    )));
+    let (_, page) = support
+        .page(&format!("/reservations/{}", order[1].id))
+        .await;
+    assert!(page.contains("machine 2 of 3"), "{page}");
+    for r in [&order[0], &order[2]] {
+        assert!(
+            page.contains(&format!("href=\"/reservations/{}\"", r.id)),
+            "links its order"
+        );
+    }
+    let (_, viewer_page) = viewer.page(&format!("/reservations/{}", first.id)).await;
+    assert!(
+        !viewer_page.contains("/extend?fence="),
+        "no Extend button for a viewer"
+    );
+    let (status, _) = viewer
+        .page(&format!(
+            "/reservations/{}/extend?fence={}",
+            first.id, first.fence
+        ))
+        .await;
+    assert_eq!(status, 403);
+
+    // The confirmation page names the whole order and carries each fence.
+    let confirm = format!("/reservations/{}/extend?fence={}", first.id, first.fence);
+    let (status, body) = support.page(&confirm).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("Extend order ORD-TRIO?"), "{body}");
+    let mut form: Vec<(String, String)> = vec![
+        ("fence".into(), first.fence.to_string()),
+        ("minutes".into(), "30".into()),
+        ("reason".into(), " ".into()),
+    ];
+    for r in &order {
+        let f = hidden_field(&body, &format!("fence_{}", r.id)).expect("a fence per machine");
+        assert_eq!(f, r.fence.to_string());
+        form.push((format!("fence_{}", r.id), f));
+    }
+    let post = |form: Vec<(String, String)>, path: String| {
+        let support = &support;
+        async move {
+            let csrf = support.csrf().await;
+            let mut fields = form;
+            fields.push(("csrf".into(), csrf));
+            support
+                .http
+                .post(support.url(&path))
+                .form(&fields)
+                .send()
+                .await
+                .expect("post")
+        }
+    };
+    let extend_path = format!("/reservations/{}/extend", first.id);
+    let r = post(form.clone(), extend_path.clone()).await;
+    assert_eq!(r.status().as_u16(), 400, "a reason is required");
+    form[2].1 = "3-D Secure challenge".into();
+    let r = post(form.clone(), extend_path).await;
+    assert_eq!(r.status().as_u16(), 303);
+    let (deadlines, events, audits): (i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(DISTINCT expires_at) FROM reservations WHERE order_ref = 'ORD-TRIO'
+                   AND expires_at > clock_timestamp() + interval '29 minutes'),
+                (SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
+                  WHERE r.order_ref = 'ORD-TRIO' AND e.kind = 'extended' AND e.actor = 'ana@acme.example'
+                    AND e.detail LIKE '%: 3-D Secure challenge'),
+                (SELECT count(*) FROM audit_log WHERE action = 'order.extend' AND object = 'order:ORD-TRIO')",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("after the extension");
+    assert_eq!((deadlines, events, audits), (1, 3, 1));
+    let (_, timeline) = support
+        .page(&format!("/reservations/{}", order[2].id))
+        .await;
+    assert!(timeline.contains("extended") && timeline.contains("3-D Secure challenge"));
+
+    // Convert the whole order from one reservation's page.
+    let (_, body) = support
+        .page(&format!(
+            "/reservations/{}/convert?fence={}",
+            first.id, first.fence
+        ))
+        .await;
+    let mut form: Vec<(String, String)> = vec![("fence".into(), first.fence.to_string())];
+    for (i, r) in order.iter().enumerate() {
+        assert!(body.contains(&format!("name=\"service_ref_{}\"", r.id)));
+        form.push((format!("fence_{}", r.id), r.fence.to_string()));
+        form.push((format!("service_ref_{}", r.id), format!("SRV-T{i}")));
+    }
+    let r = post(form, format!("/reservations/{}/convert", first.id)).await;
+    assert_eq!(r.status().as_u16(), 303);
+    let converted: Vec<(String, String)> = sqlx::query_as(
+        "SELECT r.state, s.service_ref FROM reservations r JOIN service_links s ON s.reservation_id = r.id
+          WHERE r.order_ref = 'ORD-TRIO' ORDER BY r.slot",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("converted");
+    assert_eq!(
+        converted,
+        (0..3)
+            .map(|i| ("converted".to_owned(), format!("SRV-T{i}")))
+            .collect::<Vec<_>>()
+    );
 }

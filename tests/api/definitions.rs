@@ -104,22 +104,67 @@ async fn migrations_table(db: &TestDb) -> Vec<(i64, String, bool, Vec<u8>)> {
     rows
 }
 
-/// Database A migrated with the migrations of 2026-12-03, database B from
-/// scratch with sql/: the same functions, views and triggers. Then A is
-/// upgraded by today's `migrate` (the legacy checksums rewritten, the
-/// definitions installed): A equals B, schema and `_sqlx_migrations`
+/// The definition files as they were at version 1 (issue 19's move), frozen.
+const V1: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/sql-definitions-v1"
+);
+
+/// The last migration of issue 19, the one that created `sql_definitions`.
+const LAYOUT_MIGRATION: i64 = 20261203000008;
+
+/// The definition set at version 1, read from the frozen fixture, in the
+/// order of `FILES`.
+fn v1_set() -> DefinitionSet {
+    DefinitionSet {
+        version: 1,
+        files: poolkeeper::definitions::FILES
+            .iter()
+            .filter_map(|(name, _)| {
+                let path = Path::new(V1).join(name);
+                // A file added after version 1 was not part of it.
+                let sql = std::fs::read_to_string(path).ok()?;
+                Some(((*name).to_owned(), sql))
+            })
+            .collect(),
+    }
+}
+
+/// Database A migrated with the migrations of 2026-12-03; database B with
+/// today's migrations up to issue 19's and the definitions at version 1:
+/// the same functions, views and triggers (the move changed nothing). Then
+/// A is upgraded by today's `migrate` (the legacy checksums rewritten, the
+/// later migrations and definitions installed): A equals C, a database
+/// built from scratch by today's `migrate`, schema and `_sqlx_migrations`
 /// included. A checksum that is neither the legacy one nor the current one
 /// is still refused.
 #[tokio::test]
 async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cleanly() {
-    let (a, b) = (empty_db().await, empty_db().await);
+    let (a, b, c) = (empty_db().await, empty_db().await, empty_db().await);
     let mut conn = a.connection().await;
     legacy_migrator()
         .run(&mut conn)
         .await
         .expect("legacy migrations");
     let _ = conn.close().await;
-    let report = poolkeeper::db::migrate(&b.options)
+    let mut conn = b.connection().await;
+    Migrator::with_migrations(
+        poolkeeper::db::MIGRATOR
+            .iter()
+            .filter(|m| m.version <= LAYOUT_MIGRATION)
+            .cloned()
+            .collect(),
+    )
+    .run(&mut conn)
+    .await
+    .expect("the migrations of issue 19");
+    let v1 = v1_set();
+    assert_eq!(v1.files.len(), 4, "the four files of version 1");
+    poolkeeper::definitions::apply(&mut conn, &v1)
+        .await
+        .expect("the definitions at version 1");
+    let _ = conn.close().await;
+    let report = poolkeeper::db::migrate(&c.options)
         .await
         .expect("new layout");
     let set = DefinitionSet::embedded().expect("embedded set");
@@ -133,7 +178,8 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
     );
 
     let legacy = definitions_of(&a).await;
-    let fresh = definitions_of(&b).await;
+    let moved = definitions_of(&b).await;
+    let fresh = definitions_of(&c).await;
     // Not vacuous: what issue 19 moved is there, including the copy of
     // reservation_transition that runs (20261203000007's, `org_id + 0`).
     let functions = legacy.iter().filter(|l| l.starts_with("function ")).count();
@@ -147,26 +193,26 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
             .iter()
             .any(|l| l.contains("reservation_transition") && l.contains("r.org_id + 0 = p_org"))
     );
-    assert_eq!(legacy, fresh, "the legacy and the new layout differ");
+    assert_eq!(legacy, moved, "the legacy and the new layout differ");
 
     // The upgrade of A by today's binary.
     let report = poolkeeper::db::migrate(&a.options).await.expect("upgrade");
     assert_eq!(report.checksums_rewritten, 4);
-    // sql_definitions' migration, and every migration added after it
-    // (tables and indexes still come as migrations).
-    let newer = poolkeeper::db::MIGRATOR.iter().count() - legacy_migrator().iter().count();
-    assert!(newer >= 1);
+    let later = poolkeeper::db::MIGRATOR
+        .iter()
+        .filter(|m| m.version > 20261203000007)
+        .count();
     assert_eq!(
-        report.applied, newer,
-        "sql_definitions' migration and the later ones"
+        report.applied, later,
+        "sql_definitions' migration and those after"
     );
     assert!(matches!(
         report.definitions,
         Some(Outcome::Applied { from: 0, .. })
     ));
     assert_eq!(definitions_of(&a).await, fresh);
-    assert_eq!(schema_of(&a).await, schema_of(&b).await);
-    assert_eq!(migrations_table(&a).await, migrations_table(&b).await);
+    assert_eq!(schema_of(&a).await, schema_of(&c).await);
+    assert_eq!(migrations_table(&a).await, migrations_table(&c).await);
     let installed = |db: TestDb| async move {
         let mut conn = db.connection().await;
         let rows: Vec<(String, Vec<u8>, i64)> =
@@ -177,7 +223,7 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
         let _ = conn.close().await;
         rows
     };
-    assert_eq!(installed(a.clone()).await, installed(b.clone()).await);
+    assert_eq!(installed(a.clone()).await, installed(c.clone()).await);
 
     // Once more: nothing left to do.
     let again = poolkeeper::db::migrate(&a.options).await.expect("again");

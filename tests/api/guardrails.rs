@@ -68,6 +68,8 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/reservations/{id}/cancel",   "post", [303, 403, 303, 303, 404]),
     ("/reservations/{id}/convert",  "get",  [303, 403, 200, 200, 404]),
     ("/reservations/{id}/convert",  "post", [303, 403, 303, 303, 404]),
+    ("/reservations/{id}/extend",   "get",  [303, 403, 200, 200, 404]),
+    ("/reservations/{id}/extend",   "post", [303, 403, 303, 303, 404]),
     ("/search",                     "get",  [303, 200, 200, 200, 200]),
     ("/why-not",                    "get",  [303, 200, 200, 200, 200]),
     ("/jobs",                       "get",  [303, 200, 200, 200, 200]),
@@ -122,6 +124,11 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/reservations/{id}/events",   "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}/convert",  "post", "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}/cancel",   "post", "orders",    [401, 403, 200, 404]),
+    ("/api/v1/reservations/{id}/extend",   "post", "orders",    [401, 403, 200, 404]),
+    ("/api/v1/orders/{order_ref}",         "get",  "orders",    [401, 403, 200, 404]),
+    ("/api/v1/orders/{order_ref}/convert", "post", "orders",    [401, 403, 200, 404]),
+    ("/api/v1/orders/{order_ref}/cancel",  "post", "orders",    [401, 403, 200, 404]),
+    ("/api/v1/orders/{order_ref}/extend",  "post", "orders",    [401, 403, 200, 404]),
     ("/api/v1/services/{id}/end",          "post", "orders",    [401, 403, 200, 404]),
     ("/api/v1/webhook",                    "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/webhook",                    "put",  "orders",    [401, 403, 201, 201]),
@@ -261,6 +268,7 @@ async fn dashboard_cell(
             fields.push(("fence".into(), fence.to_string()));
             fields.push(("reason".into(), "matrix".into()));
             fields.push(("service_ref".into(), format!("SRV-{n}")));
+            fields.push(("minutes".into(), "10".into()));
             if m == "get" {
                 concrete = format!("{concrete}?fence={fence}");
             }
@@ -525,9 +533,27 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
                     .expect("link");
             (format!("/api/v1/services/{link}/end"), Some(json!({})))
         }
+        (p, _) if p.starts_with("/api/v1/orders/") => {
+            // An order of one, acted on as an order.
+            let (id, fence, order) = fresh_held(app).await;
+            let body = if p.ends_with("/convert") {
+                Some(
+                    json!({"reservations": [{"id": id, "fence": fence, "service_ref": format!("SRV-{n}")}]}),
+                )
+            } else if p.ends_with("/cancel") {
+                Some(json!({"reservations": [{"id": id, "fence": fence}], "reason": "matrix"}))
+            } else if p.ends_with("/extend") {
+                Some(json!({"reservations": [{"id": id, "fence": fence}], "seconds": 600}))
+            } else {
+                None
+            };
+            (p.replace("{order_ref}", &order), body)
+        }
         (p, _) => {
             let (id, fence, _) = fresh_held(app).await;
-            let body = if p.ends_with("/convert") {
+            let body = if p.ends_with("/extend") {
+                Some(json!({"fence": fence, "seconds": 600}))
+            } else if p.ends_with("/convert") {
                 Some(json!({"fence": fence, "service_ref": format!("SRV-{n}")}))
             } else if p.ends_with("/cancel") {
                 Some(json!({"fence": fence, "reason": "matrix"}))
@@ -542,6 +568,7 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
 fn concrete_for_405(path: &str) -> String {
     path.replace("{asset_tag}", "PK-1")
         .replace("{id}", "1")
+        .replace("{order_ref}", "ORD-1")
         .replace("{path:.*}", "app.css")
 }
 
@@ -748,6 +775,7 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
         for page in [
             format!("/reservations/{held}/cancel?fence={fence}"),
             format!("/reservations/{held}/convert?fence={fence}"),
+            format!("/reservations/{held}/extend?fence={fence}"),
             "/machines".into(),
             "/machines/PK-1".into(),
             "/why-not?site=par1&profile=epyc".into(),
@@ -790,6 +818,27 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             "POST",
             format!("/api/v1/reservations/{held}/cancel"),
             Some(json!({"fence": fence, "reason": "raw"})),
+        ),
+        (
+            "POST",
+            format!("/api/v1/reservations/{held}/extend"),
+            Some(json!({"fence": fence, "seconds": 600})),
+        ),
+        ("GET", "/api/v1/orders/ORD-H".into(), None),
+        (
+            "POST",
+            "/api/v1/orders/ORD-H/convert".into(),
+            Some(json!({"reservations": [{"id": held, "fence": fence, "service_ref": "SRV-9"}]})),
+        ),
+        (
+            "POST",
+            "/api/v1/orders/ORD-H/cancel".into(),
+            Some(json!({"reservations": [{"id": held, "fence": fence}], "reason": "raw"})),
+        ),
+        (
+            "POST",
+            "/api/v1/orders/ORD-H/extend".into(),
+            Some(json!({"reservations": [{"id": held, "fence": fence}], "seconds": 600})),
         ),
         (
             "POST",

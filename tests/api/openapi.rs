@@ -455,6 +455,164 @@ async fn real_answers_validate_against_the_documented_schemas() {
     c.check(CANCEL, "post", cancel(id4, fence4).await.expect("expired"))
         .await;
 
+    // Extensions and orders of several machines (R13, R14).
+    const EXTEND: &str = "/api/v1/reservations/{id}/extend";
+    const ORDER: &str = "/api/v1/orders/{order_ref}";
+    const ORDER_CONVERT: &str = "/api/v1/orders/{order_ref}/convert";
+    const ORDER_CANCEL: &str = "/api/v1/orders/{order_ref}/cancel";
+    const ORDER_EXTEND: &str = "/api/v1/orders/{order_ref}/extend";
+    for i in 0..5 {
+        app.insert_machine(
+            app.org.id,
+            &format!("OQ-{i}"),
+            "par1",
+            "dell",
+            "quad",
+            "ready",
+        )
+        .await;
+    }
+    let one = c
+        .check(
+            R,
+            "post",
+            post(
+                "/reservations".into(),
+                json!({"order_ref": "ORD-X1", "site": "par1", "profile": "quad"}),
+            )
+            .await
+            .expect("reserve"),
+        )
+        .await;
+    let (xid, xfence) = (
+        one["id"].as_i64().expect("id"),
+        one["fence"].as_i64().expect("fence"),
+    );
+    let extend = |id: i64, body: Value| post(format!("/reservations/{id}/extend"), body);
+    for (id, body) in [
+        (
+            xid,
+            json!({"fence": xfence, "seconds": 600, "reason": "3-D Secure"}),
+        ),
+        (xid, json!({"fence": xfence, "seconds": "x"})),
+        (999_999, json!({"fence": 1, "seconds": 600})),
+        (xid, json!({"fence": xfence + 1, "seconds": 600})),
+        (xid, json!({"fence": xfence, "seconds": 86_400})),
+    ] {
+        c.check(EXTEND, "post", extend(id, body).await.expect("extend"))
+            .await;
+    }
+    let pair = |order_ref: &'static str| {
+        post(
+            "/reservations".into(),
+            json!({"order_ref": order_ref, "site": "par1", "profile": "quad", "quantity": 2}),
+        )
+    };
+    let p1 = c
+        .check(R, "post", pair("ORD-P1").await.expect("pair"))
+        .await;
+    let p2 = c
+        .check(R, "post", pair("ORD-P2").await.expect("pair"))
+        .await;
+    for path in ["/orders/ORD-P1", "/orders/NOPE", "/orders/a%20b"] {
+        let r = http
+            .get(api(path))
+            .bearer_auth(t)
+            .send()
+            .await
+            .expect("get order");
+        c.check(ORDER, "get", r).await;
+    }
+    let named = |o: &Value, bump: i64, with_ref: bool| -> Value {
+        Value::Array(
+            o["reservations"]
+                .as_array()
+                .expect("reservations")
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    let mut v =
+                        json!({"id": r["id"], "fence": r["fence"].as_i64().unwrap_or(0) + bump});
+                    if with_ref {
+                        v["service_ref"] = json!(format!("SRV-P{i}"));
+                    }
+                    v
+                })
+                .collect(),
+        )
+    };
+    let order_post = |p: &str, body: Value| post(p.to_owned(), body);
+    let cases: Vec<(&str, &str, Value)> = vec![
+        (
+            ORDER_EXTEND,
+            "/orders/ORD-P1/extend",
+            json!({"reservations": named(&p1, 0, false), "seconds": "x"}),
+        ),
+        (
+            ORDER_EXTEND,
+            "/orders/NOPE/extend",
+            json!({"reservations": named(&p1, 0, false), "seconds": 600}),
+        ),
+        (
+            ORDER_EXTEND,
+            "/orders/ORD-P1/extend",
+            json!({"reservations": named(&p1, 1, false), "seconds": 600}),
+        ),
+        (
+            ORDER_EXTEND,
+            "/orders/ORD-P1/extend",
+            json!({"reservations": named(&p1, 0, false), "seconds": 600}),
+        ),
+        (
+            ORDER_CONVERT,
+            "/orders/ORD-P1/convert",
+            json!({"reservations": []}),
+        ),
+        (
+            ORDER_CONVERT,
+            "/orders/NOPE/convert",
+            json!({"reservations": named(&p1, 0, true)}),
+        ),
+        (
+            ORDER_CONVERT,
+            "/orders/ORD-P1/convert",
+            json!({"reservations": named(&p1, 1, true)}),
+        ),
+        (
+            ORDER_CONVERT,
+            "/orders/ORD-P1/convert",
+            json!({"reservations": named(&p1, 0, true)}),
+        ),
+        (
+            ORDER_CANCEL,
+            "/orders/ORD-P2/cancel",
+            json!({"reservations": named(&p2, 0, false)}),
+        ),
+        (
+            ORDER_CANCEL,
+            "/orders/NOPE/cancel",
+            json!({"reservations": named(&p2, 0, false), "reason": "r"}),
+        ),
+        (
+            ORDER_CANCEL,
+            "/orders/ORD-P2/cancel",
+            json!({"reservations": named(&p2, 1, false), "reason": "r"}),
+        ),
+        (
+            ORDER_CANCEL,
+            "/orders/ORD-P2/cancel",
+            json!({"reservations": named(&p2, 0, false), "reason": "gave up"}),
+        ),
+    ];
+    for (doc_path, path, body) in cases {
+        c.check(
+            doc_path,
+            "post",
+            order_post(path, body).await.expect("order action"),
+        )
+        .await;
+    }
+
     // Services.
     const END: &str = "/api/v1/services/{id}/end";
     let sid = converted["service"]["id"].as_i64().expect("service id");
@@ -582,6 +740,31 @@ async fn real_answers_validate_against_the_documented_schemas() {
             CANCEL,
             format!("{base}/reservations/{id3}/cancel"),
             Some(json!({"fence": fence3, "reason": "r"})),
+        ),
+        (
+            "post",
+            EXTEND,
+            format!("{base}/reservations/{xid}/extend"),
+            Some(json!({"fence": xfence, "seconds": 60})),
+        ),
+        ("get", ORDER, format!("{base}/orders/ORD-P1"), None),
+        (
+            "post",
+            ORDER_CONVERT,
+            format!("{base}/orders/ORD-P1/convert"),
+            Some(json!({"reservations": [{"id": 1, "fence": 1, "service_ref": "S"}]})),
+        ),
+        (
+            "post",
+            ORDER_CANCEL,
+            format!("{base}/orders/ORD-P1/cancel"),
+            Some(json!({"reservations": [{"id": 1, "fence": 1}], "reason": "r"})),
+        ),
+        (
+            "post",
+            ORDER_EXTEND,
+            format!("{base}/orders/ORD-P1/extend"),
+            Some(json!({"reservations": [{"id": 1, "fence": 1}], "seconds": 60})),
         ),
         ("post", END, format!("{base}/services/{sid}/end"), None),
         ("get", W, format!("{base}/webhook"), None),
