@@ -477,7 +477,7 @@ impl CallerRefusal {
 /// very next request with no round trip of its own. `req.actor` is ignored:
 /// the actor is the token's name.
 pub async fn reserve_for_token(
-    pool: &Db,
+    db: impl sqlx::PgExecutor<'_>,
     token_hash: &[u8],
     module_on: bool,
     req: &ReserveRequest,
@@ -492,7 +492,7 @@ pub async fn reserve_for_token(
     .bind(req.spec.profile.as_str())
     .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
     .bind(req.hold.get() as i32)
-    .fetch_one(pool)
+    .fetch_one(db)
     .await?;
     match CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),

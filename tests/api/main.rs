@@ -9,7 +9,10 @@ mod dashboard;
 mod demand;
 mod deploy_unit;
 mod embedded;
+mod failover;
 mod guardrails;
+#[path = "../ha/cluster.rs"]
+mod ha_cluster;
 mod helpers;
 mod inventory;
 mod lease;
