@@ -9,6 +9,9 @@
 mod cpu;
 mod fill;
 mod growth;
+mod ha;
+#[path = "../../tests/ha/cluster.rs"]
+mod ha_cluster;
 mod notes;
 mod pages;
 mod pooler;
@@ -128,6 +131,9 @@ pub struct Results {
     pub round_trips: Vec<roundtrips::Count>,
     /// Item 8: the hot path direct and through PgBouncer.
     pub pooler: Option<pooler::Result>,
+    /// Item 9: the hot path through HAProxy to a Patroni leader with a
+    /// synchronous standby, beside the ceiling on that cluster.
+    pub ha: Option<ha::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
 }
@@ -249,6 +255,18 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
             results.pooler = Some(pooler::run(cfg, &db, &cluster.dir, &org).await?);
             db.setup.close().await;
             drop_database(cluster, &db.name).await?;
+        }
+    }
+
+    if cfg.runs_item("ha") {
+        if let Some(why) = ha::unavailable() {
+            results.skipped.push(why);
+        } else {
+            eprintln!(
+                "ha: {} clients through HAProxy to a Patroni leader with a synchronous standby",
+                ha::CLIENTS
+            );
+            results.ha = Some(ha::run(cfg).await?);
         }
     }
 

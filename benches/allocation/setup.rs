@@ -102,6 +102,7 @@ impl Config {
                     "pages",
                     "fill",
                     "pooler",
+                    "ha",
                 ]
                 .map(String::from)
                 .to_vec(),

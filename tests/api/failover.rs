@@ -757,10 +757,22 @@ fn render(r: &Rendered<'_>) -> String {
             .map(|e| e.latency)
             .max()
             .unwrap_or_default();
-        let slow = window
+        let mut slow_by: BTreeMap<String, usize> = BTreeMap::new();
+        for e in window
             .iter()
             .filter(|e| e.latency > Duration::from_secs(ACQUIRE_SECONDS))
-            .count();
+        {
+            *slow_by.entry(answer_key(e)).or_default() += 1;
+        }
+        let slow = if slow_by.is_empty() {
+            "0".to_owned()
+        } else {
+            slow_by
+                .iter()
+                .map(|(k, n)| format!("{k}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k}: {n}")).collect();
         let _ = writeln!(
             out,
