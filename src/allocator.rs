@@ -36,6 +36,7 @@ use sqlx::{Connection, PgConnection, PgExecutor};
 use crate::domain::{MachineStatus, OrderRef, ParseError, Profile, Site, Vendor};
 use crate::inventory::{Machine, MachineFilter};
 use crate::reservations::{self, Reservation};
+use crate::tokens::{CallerRefusal, CallerRow};
 
 /// R4: at most this many candidates are scanned by one reserve.
 pub const MAX_SCANNED: usize = 25;
@@ -439,38 +440,6 @@ pub async fn reserve_on(
     row.into_outcome()
 }
 
-/// What the order service's token says about its request (`api_caller`):
-/// refused before anything is read or written, in the order the API checks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CallerRefusal {
-    /// Unknown or revoked token (401).
-    Unauthorized,
-    /// The token lacks the `orders` scope (403).
-    Forbidden,
-    /// R12: the deployment switch is off (403 module_disabled).
-    ModuleOffDeployment,
-    /// R12: the organization's setting is off (403 module_disabled).
-    ModuleOffOrganization,
-}
-
-impl CallerRefusal {
-    /// `api_caller`'s status; `None` for `ok`.
-    pub(crate) fn parse(status: &str) -> Result<Option<CallerRefusal>, sqlx::Error> {
-        Ok(Some(match status {
-            "ok" => return Ok(None),
-            "unauthorized" => CallerRefusal::Unauthorized,
-            "forbidden" => CallerRefusal::Forbidden,
-            "module_off_deployment" => CallerRefusal::ModuleOffDeployment,
-            "module_off_org" => CallerRefusal::ModuleOffOrganization,
-            other => {
-                return Err(sqlx::Error::Protocol(format!(
-                    "api_caller answered an unknown status {other:?}"
-                )));
-            }
-        }))
-    }
-}
-
 /// `POST /api/v1/reservations` in one statement (`api_reserve`): the token
 /// (by its SHA-256), its scope and both module switches are checked in the
 /// same statement as the reserve, so a revoked token is refused from the
@@ -498,15 +467,6 @@ pub async fn reserve_for_token(
         Some(refusal) => Ok(Err(refusal)),
         None => row.result.into_outcome().map(Ok),
     }
-}
-
-/// A row of a function answering for an API caller: `api_caller`'s status,
-/// then the result (all NULL when the caller was refused).
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct CallerRow<T> {
-    pub(crate) caller: String,
-    #[sqlx(flatten)]
-    pub(crate) result: T,
 }
 
 /// A row of the SQL type `reserve_result`.

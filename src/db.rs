@@ -485,7 +485,8 @@ impl Db {
         &self,
         application_name: &str,
         max_connections: u32,
-        timings: &crate::lease::Timings,
+        call_timeout: std::time::Duration,
+        statement_timeout: std::time::Duration,
         transaction_pooler: bool,
     ) -> Db {
         let options = (*self.pool.connect_options())
@@ -495,12 +496,12 @@ impl Db {
             primary_only(PgPoolOptions::new(), statement_timeout)
                 .max_connections(max_connections)
                 .min_connections(0)
-                .acquire_timeout(timings.call_timeout)
+                .acquire_timeout(call_timeout)
         };
         if transaction_pooler {
             return Db::new(builder(None).connect_lazy_with(options), self.pinned);
         }
-        let pool = builder(Some(timings.statement_timeout)).connect_lazy_with(options);
+        let pool = builder(Some(statement_timeout)).connect_lazy_with(options);
         Db::new(pool, self.pinned)
     }
 

@@ -281,11 +281,11 @@ pub async fn transition_for_token(
 ) -> Result<
     Result<
         Result<(Reservation, Option<ServiceLink>), TransitionError>,
-        crate::allocator::CallerRefusal,
+        crate::tokens::CallerRefusal,
     >,
     sqlx::Error,
 > {
-    let row: crate::allocator::CallerRow<TransitionRow> = sqlx::query_as(
+    let row: crate::tokens::CallerRow<TransitionRow> = sqlx::query_as(
         "SELECT c.caller, (c.result).* FROM api_transition($1, $2, $3, $4, $5, $6) c",
     )
     .bind(token_hash)
@@ -296,7 +296,7 @@ pub async fn transition_for_token(
     .bind(what.text())
     .fetch_one(db)
     .await?;
-    match crate::allocator::CallerRefusal::parse(&row.caller)? {
+    match crate::tokens::CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),
         None => Ok(Ok(row.result.into_result())),
     }

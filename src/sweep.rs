@@ -279,7 +279,8 @@ pub async fn run(
     let worker_pool = pool.worker_pool(
         "poolkeeper-sweep",
         2,
-        &config.lease,
+        config.lease.call_timeout,
+        config.lease.statement_timeout,
         settings.db_pooler == DbPooler::Transaction,
     );
     let terms = Terms {

@@ -242,3 +242,44 @@ impl FromRequest for ApiClient {
         })
     }
 }
+
+/// What the order service's token says about its request (`api_caller`):
+/// refused before anything is read or written, in the order the API checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallerRefusal {
+    /// Unknown or revoked token (401).
+    Unauthorized,
+    /// The token lacks the `orders` scope (403).
+    Forbidden,
+    /// R12: the deployment switch is off (403 module_disabled).
+    ModuleOffDeployment,
+    /// R12: the organization's setting is off (403 module_disabled).
+    ModuleOffOrganization,
+}
+
+impl CallerRefusal {
+    /// `api_caller`'s status; `None` for `ok`.
+    pub(crate) fn parse(status: &str) -> Result<Option<CallerRefusal>, sqlx::Error> {
+        Ok(Some(match status {
+            "ok" => return Ok(None),
+            "unauthorized" => CallerRefusal::Unauthorized,
+            "forbidden" => CallerRefusal::Forbidden,
+            "module_off_deployment" => CallerRefusal::ModuleOffDeployment,
+            "module_off_org" => CallerRefusal::ModuleOffOrganization,
+            other => {
+                return Err(sqlx::Error::Protocol(format!(
+                    "api_caller answered an unknown status {other:?}"
+                )));
+            }
+        }))
+    }
+}
+
+/// A row of a function answering for an API caller: `api_caller`'s status,
+/// then the result (all NULL when the caller was refused).
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct CallerRow<T> {
+    pub(crate) caller: String,
+    #[sqlx(flatten)]
+    pub(crate) result: T,
+}

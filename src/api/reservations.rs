@@ -5,16 +5,14 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::allocator::{
-    self, CallerRefusal, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest,
-};
+use crate::allocator::{self, HoldSeconds, OrderSpec, ReserveOutcome, ReserveRequest};
 use crate::api::json;
 use crate::domain::{OrderRef, Profile, Scope, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
 use crate::reservations::{self, Reservation, ServiceLink, Transition, TransitionError};
 use crate::settings::Settings;
-use crate::tokens::{ApiClient, BearerToken};
+use crate::tokens::{ApiClient, BearerToken, CallerRefusal};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(

@@ -6,7 +6,7 @@ use actix_web::http::header;
 use actix_web::{HttpResponse, ResponseError};
 use askama::Template;
 
-use super::view::{Chrome, html_response};
+use super::layout::{Chrome, html_response};
 use crate::db;
 
 #[derive(thiserror::Error)]

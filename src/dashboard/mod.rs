@@ -9,6 +9,8 @@ pub mod demand;
 pub mod error;
 pub mod gate;
 pub mod jobs;
+pub mod layout;
+pub mod login;
 pub mod machines;
 pub mod org_settings;
 pub mod outcome;
@@ -49,8 +51,8 @@ macro_rules! routes {
 
 routes! {
     "/" => [get => overview::overview],
-    "/login" => [get => session::login_form, post => session::login],
-    "/logout" => [post => session::logout],
+    "/login" => [get => login::login_form, post => login::login],
+    "/logout" => [post => login::logout],
     "/machines" => [get => machines::list],
     "/machines/{asset_tag}" => [get => machines::detail],
     "/reservations" => [get => reservations::list],

@@ -7,9 +7,9 @@
 use std::time::Duration;
 
 use poolkeeper::db::Db;
-use poolkeeper::demand::{OTHER, RefusalLabels};
 use poolkeeper::lease::{self, Claim, Mandate, SWEEP_KEY};
 use poolkeeper::metrics::Metrics;
+use poolkeeper::metrics::{OTHER, RefusalLabels};
 use poolkeeper::sweep::{self, SweepError};
 use serde_json::{Value, json};
 use sqlx::Connection;

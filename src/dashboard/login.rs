@@ -1,0 +1,290 @@
+//! Logging in and out: the login form (login CSRF as a double-submit
+//! token), throttled password checks, the session renewed at login and
+//! revoked at logout. The session itself is `session`'s.
+
+use std::sync::OnceLock;
+
+use crate::db::Db;
+use actix_web::cookie::{Cookie, SameSite, time::Duration as CookieDuration};
+use actix_web::{HttpRequest, HttpResponse, web};
+use askama::Template;
+use serde::Deserialize;
+
+use super::csrf;
+use super::error::DashError;
+use super::session::{
+    Staff, audit_on, cookie_name, hash_token, login_cookie_name, random_token, source_addr,
+};
+use super::view::{Chrome, page, see_other};
+use crate::domain::Email;
+use crate::settings::Settings;
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    chrome: Chrome,
+    login_csrf: String,
+    email: String,
+    error: Option<&'static str>,
+}
+
+fn login_cookie(settings: &Settings, value: String) -> Cookie<'static> {
+    let mut c = Cookie::build(login_cookie_name(settings), value)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(settings.secure_cookies)
+        .max_age(CookieDuration::hours(1))
+        .finish();
+    c.set_secure(settings.secure_cookies);
+    c
+}
+
+/// The login form. Login CSRF is a double-submit token: a cookie and a
+/// hidden field that must match.
+pub(crate) async fn login_form(
+    req: HttpRequest,
+    settings: web::Data<Settings>,
+) -> Result<HttpResponse, DashError> {
+    let token = random_token();
+    let mut chrome = Chrome::anonymous("Log in");
+    chrome.flash = super::view::flash_from(&req);
+    let mut resp = page(&LoginPage {
+        chrome,
+        login_csrf: token.clone(),
+        email: String::new(),
+        error: None,
+    })?;
+    resp.add_cookie(&login_cookie(&settings, token))
+        .map_err(|e| DashError::Internal(e.into()))?;
+    Ok(resp)
+}
+
+#[derive(Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    email: String,
+    #[serde(default)]
+    password: String,
+    #[serde(default)]
+    csrf: String,
+}
+
+/// A hash to verify against when the account does not exist, so that an
+/// unknown email takes as long as a wrong password.
+fn dummy_hash() -> &'static str {
+    static HASH: OnceLock<String> = OnceLock::new();
+    HASH.get_or_init(|| crate::staff::hash_password("not-a-real-password").unwrap_or_default())
+}
+
+#[derive(sqlx::FromRow)]
+struct UserRow {
+    id: i64,
+    org_id: i64,
+    password_hash: String,
+    disabled: bool,
+}
+
+/// Recorded instead of whatever was typed when it is not an email.
+const NOT_AN_EMAIL: &str = "(not an email)";
+
+/// Failed logins allowed in the last 15 minutes, shared across replicas
+/// through login_attempts: per account (10: the 11th attempt is refused even
+/// with the right password), and per source address (50: higher, since many
+/// people may share an office address, yet it stops spraying many accounts
+/// from one address; SECURITY.md says what a reverse proxy changes).
+const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
+const MAX_FAILURES_PER_ADDRESS: i64 = 50;
+
+pub(crate) async fn login(
+    req: HttpRequest,
+    pool: web::Data<Db>,
+    settings: web::Data<Settings>,
+    form: web::Form<LoginForm>,
+) -> Result<HttpResponse, DashError> {
+    let expected = req
+        .cookie(login_cookie_name(&settings))
+        .map(|c| c.value().to_owned());
+    if !expected
+        .as_deref()
+        .is_some_and(|e| csrf::same(e, &form.csrf))
+    {
+        return Err(DashError::forbidden(
+            "The login form expired or was not sent by this site; reload the login page and try again.",
+        ));
+    }
+    let addr = source_addr(&req);
+    let email_text = form.email.trim().to_ascii_lowercase();
+    // What is recorded (throttling, audit): the account name when the field
+    // holds an email, else a fixed word, so that a password typed into the
+    // email field never reaches the audit log.
+    let account = match Email::parse(&form.email) {
+        Ok(e) => e.as_str().to_owned(),
+        Err(_) => NOT_AN_EMAIL.to_owned(),
+    };
+    let (by_account, by_address): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
+           FROM login_attempts
+          WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
+            AND (email = $1 OR source_addr = $2)",
+    )
+    .bind(&account)
+    .bind(&addr)
+    .fetch_one(pool.get_ref())
+    .await?;
+    if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
+        // Filed under the account's organization when it exists, so that
+        // its admins see the refusals on /audit.
+        let org_id: Option<i64> = sqlx::query_scalar("SELECT org_id FROM users WHERE email = $1")
+            .bind(&account)
+            .fetch_optional(pool.get_ref())
+            .await?;
+        record_attempt(&pool, org_id, &account, &addr, false, "login_throttled").await?;
+        return Err(DashError::Throttled);
+    }
+    let user: Option<UserRow> = match Email::parse(&form.email) {
+        Ok(email) => {
+            sqlx::query_as(
+                "SELECT id, org_id, password_hash, disabled_at IS NOT NULL AS disabled FROM users WHERE email = $1",
+            )
+            .bind(email.as_str())
+            .fetch_optional(pool.get_ref())
+            .await?
+        }
+        Err(_) => None,
+    };
+    let password = form.password.clone();
+    let stored = user
+        .as_ref()
+        .map(|u| u.password_hash.clone())
+        .unwrap_or_else(|| dummy_hash().to_owned());
+    // argon2 is deliberately slow: off the async workers.
+    let ok = web::block(move || crate::staff::verify_password(&stored, &password))
+        .await
+        .map_err(|e| DashError::Internal(e.into()))?;
+    let user = match user {
+        Some(u) if ok && !u.disabled => u,
+        other => {
+            record_attempt(
+                &pool,
+                other.map(|u| u.org_id),
+                &account,
+                &addr,
+                false,
+                "login_failed",
+            )
+            .await?;
+            let token = random_token();
+            let mut resp = super::view::html_response(
+                actix_web::http::StatusCode::UNAUTHORIZED,
+                LoginPage {
+                    chrome: Chrome::anonymous("Log in"),
+                    login_csrf: token.clone(),
+                    email: email_text,
+                    error: Some("That email and password do not match an active account."),
+                }
+                .render()?,
+            );
+            resp.add_cookie(&login_cookie(&settings, token))
+                .map_err(|e| DashError::Internal(e.into()))?;
+            return Ok(resp);
+        }
+    };
+    // Renew the session id at login: a cookie planted before login is
+    // revoked, never promoted.
+    if let Some(old) = req.cookie(cookie_name(&settings)) {
+        sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1 AND revoked_at IS NULL")
+            .bind(hash_token(old.value()))
+            .execute(pool.get_ref())
+            .await?;
+    }
+    let token = random_token();
+    sqlx::query("INSERT INTO sessions (token_hash, user_id, csrf_token) VALUES ($1, $2, $3)")
+        .bind(hash_token(&token))
+        .bind(user.id)
+        .bind(random_token())
+        .execute(pool.get_ref())
+        .await?;
+    record_attempt(&pool, Some(user.org_id), &account, &addr, true, "login").await?;
+    let session = Cookie::build(cookie_name(&settings), token)
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(settings.secure_cookies)
+        .max_age(CookieDuration::seconds(
+            settings.session_max.as_secs() as i64
+        ))
+        .finish();
+    let mut clear_login = login_cookie(&settings, String::new());
+    clear_login.make_removal();
+    let mut resp = see_other("/");
+    resp.add_cookie(&session)
+        .map_err(|e| DashError::Internal(e.into()))?;
+    resp.add_cookie(&clear_login)
+        .map_err(|e| DashError::Internal(e.into()))?;
+    Ok(resp)
+}
+
+/// login_attempts for throttling, audit_log for people; never the password.
+async fn record_attempt(
+    pool: &Db,
+    org_id: Option<i64>,
+    email: &str,
+    addr: &str,
+    succeeded: bool,
+    action: &str,
+) -> Result<(), DashError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("INSERT INTO login_attempts (email, source_addr, succeeded) VALUES ($1, $2, $3)")
+        .bind(email)
+        .bind(addr)
+        .bind(succeeded)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO audit_log (org_id, actor, action, object, source_addr) VALUES ($1, $2, $3, $4, $5)")
+        .bind(org_id)
+        .bind(email)
+        .bind(action)
+        .bind(format!("user:{email}"))
+        .bind(addr)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+#[derive(Deserialize)]
+pub struct LogoutForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+pub(crate) async fn logout(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<Db>,
+    settings: web::Data<Settings>,
+    form: web::Form<LogoutForm>,
+) -> Result<HttpResponse, DashError> {
+    csrf::check(&staff, &form.csrf)?;
+    // The revocation and its audit row commit together.
+    let mut tx = pool.begin().await?;
+    sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1")
+        .bind(&staff.token_hash)
+        .execute(&mut *tx)
+        .await?;
+    let object = format!("user:{}", staff.email);
+    audit_on(&mut tx, &req, &staff, "logout", &object, None).await?;
+    tx.commit().await?;
+    let mut gone = Cookie::build(cookie_name(&settings), "")
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(settings.secure_cookies)
+        .finish();
+    gone.make_removal();
+    let mut resp = see_other("/login?flash=logged_out");
+    resp.add_cookie(&gone)
+        .map_err(|e| DashError::Internal(e.into()))?;
+    Ok(resp)
+}

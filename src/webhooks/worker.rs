@@ -1,0 +1,308 @@
+//! The delivery worker under the `webhooks` lease.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use crate::db::Db;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until, timeout};
+
+use super::delivery::{backoff, post};
+use super::outbox::{DeliveryError, Due, WEBHOOKS_KEY, drop_orphans, due, record_attempt};
+use super::urls::{REQUEST_TIMEOUT, http_client};
+use crate::lease::{Holder, Terms, Timings};
+use crate::metrics::Metrics;
+use crate::settings::{DbPooler, Settings};
+
+/// Deliveries in flight at once, all organizations together.
+pub const CONCURRENCY: usize = 32;
+
+/// Deliveries in flight at once for one organization: a slow endpoint holds
+/// these slots and no more.
+pub const PER_ORG: usize = 8;
+
+/// Timings of the worker, derived from `Settings`.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub replica: String,
+    pub poll: Duration,
+    /// The lease's timings (`POOLKEEPER_WEBHOOK_LEASE_SECONDS`), the
+    /// worker's call bounds among them.
+    pub lease: Timings,
+    pub backoff_base: Duration,
+    pub give_up: Duration,
+    pub allow_private: bool,
+}
+
+impl WorkerConfig {
+    pub fn from_settings(settings: &Settings) -> WorkerConfig {
+        WorkerConfig {
+            replica: settings.replica.clone(),
+            poll: settings.webhook_poll,
+            lease: Timings::for_lease(settings.webhook_lease_duration),
+            backoff_base: settings.webhook_backoff_base,
+            give_up: settings.webhook_give_up,
+            allow_private: settings.webhook_allow_private,
+        }
+    }
+}
+
+/// The delivery worker, run on every replica by `serve` until `shutdown`
+/// turns true. Errors are logged and it tries again next poll; on shutdown
+/// it lets in-flight deliveries finish (each is bounded by the request
+/// timeout), then releases the lease.
+pub async fn run(
+    pool: &Db,
+    settings: &Settings,
+    metrics: Metrics,
+    shutdown: watch::Receiver<bool>,
+) {
+    let config = WorkerConfig::from_settings(settings);
+    let http = match http_client(config.allow_private) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot build the webhook HTTP client; no webhook is delivered by this replica");
+            return;
+        }
+    };
+    // Its own small pool, like the sweep's: HTTP load cannot starve it, and
+    // a slow receiver holds no connection (the POST runs outside any
+    // statement).
+    let worker_pool = pool.worker_pool(
+        "poolkeeper-webhooks",
+        4,
+        config.lease.call_timeout,
+        config.lease.statement_timeout,
+        settings.db_pooler == DbPooler::Transaction,
+    );
+    let terms = Terms {
+        key: WEBHOOKS_KEY,
+        replica: config.replica.clone(),
+        timings: config.lease,
+        work: "delivering",
+    };
+    let lease = Holder::new(worker_pool.clone(), metrics, terms);
+    let mut worker = Worker {
+        pool: worker_pool.clone(),
+        http,
+        config,
+        shutdown,
+        stopping: false,
+        lease,
+        tasks: JoinSet::new(),
+        in_flight: HashMap::new(),
+    };
+    worker.run().await;
+    worker_pool.close().await;
+}
+
+/// What a delivery task reports back.
+struct Done {
+    id: i64,
+    org_id: i64,
+    outcome: Result<Option<String>, DeliveryError>,
+}
+
+struct Worker {
+    pool: Db,
+    http: reqwest::Client,
+    config: WorkerConfig,
+    shutdown: watch::Receiver<bool>,
+    stopping: bool,
+    lease: Holder,
+    tasks: JoinSet<Done>,
+    /// Delivery id -> organization, for everything in `tasks`.
+    in_flight: HashMap<i64, i64>,
+}
+
+impl Worker {
+    async fn run(&mut self) {
+        tracing::info!(
+            replica = %self.config.replica,
+            poll_ms = self.config.poll.as_millis() as u64,
+            lease_s = self.config.lease.lease_duration.as_secs_f64(),
+            "webhook delivery worker started"
+        );
+        let mut next_poll = Instant::now();
+        while !self.stop_requested() {
+            let wake = self.lease.wake(next_poll);
+            tokio::select! {
+                _ = sleep_until(wake) => {}
+                Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    self.finished(done);
+                    // A slot is free: look again now rather than a poll later.
+                    next_poll = next_poll.min(Instant::now());
+                    continue;
+                }
+                changed = self.shutdown.changed() => {
+                    if changed.is_err() {
+                        self.stopping = true;
+                    }
+                    continue;
+                }
+            }
+            if self.lease.keep().await {
+                self.abandon_deliveries();
+            }
+            if Instant::now() >= next_poll {
+                next_poll = Instant::now() + self.config.poll;
+                if !self.lease.is_held() {
+                    self.lease.claim().await;
+                }
+                if self.lease.trusted() {
+                    self.poll().await;
+                }
+            }
+        }
+        // Let what is in flight finish and be recorded (bounded by the
+        // request timeout and the statement bound), then release.
+        let drain = self.config.lease.call_timeout + REQUEST_TIMEOUT;
+        let deadline = Instant::now() + drain;
+        while !self.tasks.is_empty() {
+            match tokio::time::timeout_at(deadline, self.tasks.join_next()).await {
+                Ok(Some(done)) => self.finished(done),
+                Ok(None) => break,
+                Err(_) => {
+                    self.tasks.abort_all();
+                    break;
+                }
+            }
+        }
+        self.lease.release().await;
+        tracing::info!(replica = %self.config.replica, "webhook delivery worker stopped");
+    }
+
+    fn stop_requested(&mut self) -> bool {
+        self.stopping = self.stopping || *self.shutdown.borrow();
+        self.stopping
+    }
+
+    fn lost(&mut self, why: &str) {
+        if self.lease.lost(why) {
+            self.abandon_deliveries();
+        }
+    }
+
+    /// Stops delivering: in-flight POSTs are abandoned (their writes would
+    /// fail the fence check anyway); the next holder sends them again.
+    fn abandon_deliveries(&mut self) {
+        self.tasks.abort_all();
+        self.in_flight.clear();
+    }
+
+    fn finished(&mut self, done: Result<Done, tokio::task::JoinError>) {
+        let Ok(done) = done else {
+            // Aborted (lease lost) or panicked: nothing was recorded, so the
+            // delivery stays pending and is sent again.
+            return;
+        };
+        self.in_flight.remove(&done.id);
+        match done.outcome {
+            Ok(Some(state)) if state == "failed" => tracing::warn!(
+                delivery = done.id,
+                org = done.org_id,
+                "webhook delivery gave up after the retry window"
+            ),
+            Ok(_) => {}
+            Err(DeliveryError::Lost) => self.lost("a fenced delivery write found the lease gone"),
+            Err(e) => tracing::error!(
+                delivery = done.id,
+                error = %e,
+                "could not record a webhook attempt; it will be sent again"
+            ),
+        }
+    }
+
+    /// Looks for due deliveries and starts as many as there are free slots.
+    async fn poll(&mut self) {
+        let Some(fence) = self.lease.fence() else {
+            return;
+        };
+        let free = CONCURRENCY.saturating_sub(self.tasks.len());
+        if free == 0 {
+            return;
+        }
+        let limit = self.config.lease.call_timeout;
+        match timeout(limit, drop_orphans(&self.pool, &self.config.replica, fence)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(DeliveryError::Lost)) => {
+                return self.lost("a fenced delivery write found the lease gone");
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "could not drop orphaned webhook deliveries"),
+            Err(_) => tracing::error!("dropping orphaned webhook deliveries timed out"),
+        }
+        let in_flight: Vec<i64> = self.in_flight.keys().copied().collect();
+        let rows = match timeout(
+            limit,
+            due(&self.pool, &in_flight, PER_ORG as i64, free as i64 + 64),
+        )
+        .await
+        {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "could not read due webhook deliveries");
+                return;
+            }
+            Err(_) => {
+                tracing::error!("reading due webhook deliveries timed out");
+                return;
+            }
+        };
+        let mut per_org: HashMap<i64, usize> = HashMap::new();
+        for org in self.in_flight.values() {
+            *per_org.entry(*org).or_default() += 1;
+        }
+        let mut started_reservations: HashSet<i64> = HashSet::new();
+        for d in rows {
+            if self.tasks.len() >= CONCURRENCY {
+                break;
+            }
+            let n = per_org.entry(d.org_id).or_default();
+            // One organization's slots, and one event per reservation at a
+            // time (the query already hides later events of a reservation).
+            if *n >= PER_ORG || !started_reservations.insert(d.reservation_id) {
+                continue;
+            }
+            *n += 1;
+            self.in_flight.insert(d.id, d.org_id);
+            self.start(d, fence);
+        }
+    }
+
+    fn start(&mut self, d: Due, fence: i64) {
+        let pool = self.pool.clone();
+        let http = self.http.clone();
+        let replica = self.config.replica.clone();
+        let config = self.config.clone();
+        self.tasks.spawn(async move {
+            let attempt = post(&http, &d, config.allow_private).await;
+            let retry_in = backoff(config.backoff_base, d.attempts.max(0) as u32 + 1);
+            if let Some(error) = &attempt.error {
+                tracing::info!(delivery = d.id, event = d.event_id, error = %error, "webhook attempt failed");
+            }
+            let outcome = match timeout(
+                config.lease.call_timeout,
+                record_attempt(
+                    &pool,
+                    &replica,
+                    fence,
+                    d.id,
+                    &attempt,
+                    retry_in,
+                    config.give_up,
+                ),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(DeliveryError::TimedOut(config.lease.call_timeout)),
+            };
+            Done {
+                id: d.id,
+                org_id: d.org_id,
+                outcome,
+            }
+        });
+    }
+}
