@@ -2,7 +2,7 @@
 //! one candidate at a time.
 //!
 //! The rules run inside PostgreSQL, in the functions of
-//! `migrations/20261203000001_allocator.sql`, so that a reserve is one
+//! `sql/allocator.sql`, so that a reserve is one
 //! statement (one round trip) instead of a dozen. Where each rule lives:
 //!
 //! - R3, lock one candidate at a time (`FOR UPDATE SKIP LOCKED` on its key),

@@ -231,8 +231,23 @@ async fn run_command(
 }
 
 fn log_schema_report(report: crate::db::MigrationReport) {
+    if report.checksums_rewritten > 0 {
+        tracing::info!(
+            migrations = report.checksums_rewritten,
+            "checksums of migrations whose functions moved to sql/ updated"
+        );
+    }
     if report.applied > 0 {
         tracing::info!(applied = report.applied, "migrations applied");
+    }
+    // A newer set installed was already logged as a warning where seen.
+    if let Some(crate::definitions::Outcome::Applied { from, to, files }) = &report.definitions {
+        tracing::info!(
+            from,
+            to,
+            files = files.join(", "),
+            "SQL definitions applied"
+        );
     }
     if report.leases_purged > 0 {
         tracing::info!(

@@ -36,7 +36,7 @@ impl RefusalReason {
 }
 
 // Recording: the allocator's `reserve_machine`
-// (migrations/20261203000001_allocator.sql) inserts the refusal row in the
+// (sql/allocator.sql) inserts the refusal row in the
 // statement that read the counts: `excluded` holds API.md's counts for
 // `unavailable`, `{"candidates": N}` for `contended`.
 

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod cli;
 pub mod dashboard;
 pub mod db;
+pub mod definitions;
 pub mod demand;
 pub mod demo;
 pub mod domain;

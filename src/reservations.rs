@@ -3,8 +3,8 @@
 //! deadline (R11) in the same transaction that writes it.
 //!
 //! Cancel and convert run inside PostgreSQL, each as one statement: the
-//! function `reservation_transition` of
-//! `migrations/20261203000006_transitions.sql` locks the machine row first,
+//! function `reservation_transition` of `sql/transitions.sql` locks the
+//! machine row first,
 //! then the reservation row (the allocator's order too, so the two never
 //! deadlock and a new order can never slip in while a conversion is half
 //! done), checks fence, state and deadline in that order, records an

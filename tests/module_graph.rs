@@ -16,6 +16,7 @@ const RUNGS: &[(&str, &[&str])] = &[
         "bottom: the database handle, settings, domain types, errors, metrics",
         &[
             "db",
+            "definitions",
             "domain",
             "embedded_pg",
             "error",

@@ -119,8 +119,8 @@ candidate locked at a time and a `BEGIN ... EXCEPTION` block per insert
 attempt, R7's counts on a refusal), the cancel and the convert
 `api_transition`; the pool no longer pings a connection before handing it
 out. The rules did not move out of sight: `src/allocator.rs` says where
-each one lives, and the SQL is in `migrations/20261203000001_allocator.sql`
-and `migrations/20261203000006_transitions.sql`, tied to the rule numbers.
+each one lives, and the SQL is in `sql/allocator.sql` and
+`sql/transitions.sql`, tied to the rule numbers.
 The ceiling is still the bench's own pair of functions, never the shipped
 path, so the ratio still compares the HTTP API with the database alone;
 because the shipped path is now PL/pgSQL as well, the table also gives the

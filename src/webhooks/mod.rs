@@ -1,8 +1,8 @@
 //! Reservation events for the order service (issue 15, part 2): each
 //! organization may register one webhook URL; every event of its
 //! reservations is put in the outbox (`webhook_deliveries`) by a trigger in
-//! the transaction that wrote the event (see the migration
-//! `20261203000005_webhooks.sql` for why a trigger and why no cursor), and
+//! the transaction that wrote the event (see `sql/webhook_outbox.sql` for
+//! why a trigger and why no cursor), and
 //! the delivery worker here POSTs it, signed, at least once.
 //!
 //! The worker runs on every replica; the lease of key `webhooks` keeps it on

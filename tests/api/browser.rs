@@ -4,7 +4,7 @@
 //! a reason, finds it through search and reads who cancelled it and why;
 //! then tours every page over the demo's story as support, viewer and admin,
 //! checking what a person sees, running axe-core (npm package, installed
-//! into target/axe-core by .ci/run) on each page, and taking screenshots at
+//! into target/axe-core by scripts/test) on each page, and taking screenshots at
 //! 1400 and 375 px wide into target/screenshots/.
 
 use std::path::{Path, PathBuf};
@@ -34,6 +34,21 @@ fn find_program(names: &[&str]) -> Option<PathBuf> {
     None
 }
 
+/// Whether the browser tests run: chromedriver, Chromium and axe-core
+/// present, or the test fails naming the install (`helpers::needs`), unless
+/// `POOLKEEPER_TEST_SKIP=browser`.
+fn browser_available() -> bool {
+    let present = find_program(&["chromedriver"]).is_some()
+        && find_program(&["chromium", "chromium-browser", "google-chrome"]).is_some()
+        && axe_path().is_file();
+    crate::helpers::needs(
+        "browser",
+        present,
+        "apt-get install -y chromium chromium-driver nodejs npm && \
+         npm install --prefix target/axe-core axe-core@4",
+    )
+}
+
 /// chromedriver on a free port, killed when dropped.
 struct Driver {
     _child: tokio::process::Child,
@@ -48,11 +63,11 @@ impl Driver {
         let chromedriver = find_program(&["chromedriver"]).unwrap_or_else(|| {
             panic!(
                 "chromedriver is not installed: this test needs a real browser. \
-                 Install it with `apt-get install -y chromium chromium-driver` (.ci/run does)."
+                 Install it with `apt-get install -y chromium chromium-driver` (scripts/test does)."
             )
         });
         let chromium = find_program(&["chromium", "chromium-browser", "google-chrome"]).unwrap_or_else(|| {
-            panic!("chromium is not installed: `apt-get install -y chromium chromium-driver` (.ci/run does).")
+            panic!("chromium is not installed: `apt-get install -y chromium chromium-driver` (scripts/test does).")
         });
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -286,14 +301,18 @@ impl Drop for Driver {
     }
 }
 
-/// axe.min.js of the npm package `axe-core`, installed by .ci/run with
+/// axe.min.js of the npm package `axe-core`, installed by scripts/test with
 /// `npm install --prefix target/axe-core axe-core@4`.
+fn axe_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/axe-core/node_modules/axe-core/axe.min.js")
+}
+
 fn axe_source() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("target/axe-core/node_modules/axe-core/axe.min.js");
+    let path = axe_path();
     std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
-            "{}: {e}. Install axe-core with `npm install --prefix target/axe-core axe-core@4` (.ci/run does).",
+            "{}: {e}. Install axe-core with `npm install --prefix target/axe-core axe-core@4` (scripts/test does).",
             path.display()
         )
     })
@@ -338,6 +357,9 @@ fn seconds(text: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_watches_the_countdown_cancels_and_finds_who_did_it() {
+    if !browser_available() {
+        return;
+    }
     let app = spawn_app().await;
     app.insert_machine(app.org.id, "PK-001", "par1", "dell", "epyc", "ready")
         .await;
@@ -513,6 +535,9 @@ async fn id_of(app: &crate::helpers::TestApp, order_ref: &str) -> i64 {
 /// page checked by axe-core and at 375 px, with screenshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
+    if !browser_available() {
+        return;
+    }
     let app = spawn_app().await;
     poolkeeper::demo::load(&app.pool).await.expect("demo");
     let axe = axe_source();

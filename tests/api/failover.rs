@@ -540,6 +540,19 @@ async fn run(rounds: usize) {
             }
             let new_leader = cluster.wait_healthy(Duration::from_secs(90)).await;
             let healed = since(&shared);
+            // The frozen leader woke up to find another one and follows it;
+            // a switchover hands over to the synchronous standby.
+            let expected = match kind {
+                FaultKind::FreezeLeader => new_leader != leader,
+                FaultKind::Switchover => new_leader == sync,
+                _ => true,
+            };
+            if !expected {
+                shared.violation(format!(
+                    "{}: leader {leader} (sync {sync}) became {new_leader}",
+                    kind.label()
+                ));
+            }
             eprintln!(
                 "failover: {} at {:.1}s: {detail}; healthy at {:.1}s, leader {new_leader}",
                 kind.label(),

@@ -624,3 +624,48 @@ impl TestApp {
             .expect("state")
     }
 }
+
+/// Whether a test may use `component` (PgBouncer, the browser,
+/// systemd-analyze): a test never passes by skipping what it claims. When
+/// `present`, yes; when missing, the test fails naming the command that
+/// installs it (`scripts/test` installs every one). Only a developer's
+/// explicit `POOLKEEPER_TEST_SKIP=component[,...]` (README) skips it,
+/// saying so: the answer is then `false` and the test returns.
+pub fn needs(component: &str, present: bool, install: &str) -> bool {
+    let opted_out = std::env::var("POOLKEEPER_TEST_SKIP")
+        .is_ok_and(|v| v.split(',').any(|c| c.trim() == component));
+    if opted_out {
+        eprintln!("skipped: POOLKEEPER_TEST_SKIP names {component}");
+        return false;
+    }
+    assert!(
+        present,
+        "{component} is not installed: run `scripts/test` (it installs what is missing) or \
+         `{install}`; POOLKEEPER_TEST_SKIP={component} skips these tests knowingly"
+    );
+    true
+}
+
+/// A missing component fails the test, naming how to install it.
+#[test]
+fn a_missing_component_fails_naming_its_install_command() {
+    let failure = std::panic::catch_unwind(|| {
+        needs(
+            "no-such-component",
+            false,
+            "apt-get install -y no-such-package",
+        )
+    })
+    .expect_err("a missing component fails");
+    let msg = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(msg.contains("scripts/test"), "{msg}");
+    assert!(msg.contains("apt-get install -y no-such-package"), "{msg}");
+    assert!(
+        msg.contains("POOLKEEPER_TEST_SKIP=no-such-component"),
+        "{msg}"
+    );
+    assert!(needs("present-component", true, "unused"));
+}

@@ -6,6 +6,7 @@ mod bad_input;
 mod browser;
 mod contract;
 mod dashboard;
+mod definitions;
 mod demand;
 mod deploy_unit;
 mod embedded;

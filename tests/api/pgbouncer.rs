@@ -37,7 +37,7 @@ use crate::helpers::{TestDb, create_org};
 use crate::replicas::{Replica, wait_lease};
 
 /// The pgbouncer binary, or None (with the reason printed) when it is not
-/// installed: `.ci/run` installs it.
+/// installed: `scripts/test` installs it.
 pub fn pgbouncer_binary() -> Option<PathBuf> {
     ["/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"]
         .iter()
@@ -87,7 +87,7 @@ impl Bouncer {
     /// (through its Unix socket), with `pool_size` server connections per
     /// user and database, trusting the users listed.
     pub async fn start(db: &TestDb, users: &[&str], pool_size: u32, mode: &str) -> Bouncer {
-        let bin = pgbouncer_binary().expect("pgbouncer is installed (see .ci/run)");
+        let bin = pgbouncer_binary().expect("pgbouncer is installed (scripts/test installs it)");
         let socket = db
             .options
             .get_socket()
@@ -205,12 +205,14 @@ pub async fn set_role_limits(db: &TestDb, role: &str, statement_timeout: &str) {
     }
 }
 
+/// True when the developer opted out (`POOLKEEPER_TEST_SKIP=pgbouncer`);
+/// without PgBouncer and without that, the test fails (`helpers::needs`).
 fn skip() -> bool {
-    if pgbouncer_binary().is_none() {
-        eprintln!("skipped: pgbouncer is not installed (apt-get install pgbouncer; .ci/run does)");
-        return true;
-    }
-    false
+    !crate::helpers::needs(
+        "pgbouncer",
+        pgbouncer_binary().is_some(),
+        "apt-get install -y --no-install-recommends pgbouncer",
+    )
 }
 
 /// The failure made deterministic: one server session shared by two client
@@ -400,6 +402,43 @@ async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_throug
     assert!(log.contains("POOLKEEPER_DB_STATEMENT_CACHE=off"), "{log}");
     assert!(log.contains("max_prepared_statements"), "{log}");
     assert!(log.contains("pool_mode = session"), "{log}");
+}
+
+/// A pooler-only `serve` (transaction mode, no migration session) refuses
+/// to start while SQL definitions are pending, as it does for migrations,
+/// naming what to set; it changes nothing.
+#[tokio::test]
+async fn serve_through_the_pooler_alone_refuses_pending_definitions() {
+    if skip() {
+        return;
+    }
+    let db = crate::helpers::migrated_db().await;
+    set_role_limits(&db, "postgres", "15s").await;
+    let admin = db.pool().await;
+    sqlx::query("DELETE FROM sql_definitions")
+        .execute(&admin)
+        .await
+        .expect("forget the installed set");
+    let bouncer = Bouncer::start(&db, &["postgres"], 4, "transaction").await;
+    let mut r = Replica::spawn(
+        "refuse-definitions",
+        crate::replicas::free_port(),
+        &[
+            ("DATABASE_URL", bouncer.url("postgres", &db.name)),
+            ("POOLKEEPER_DB_POOLER", "transaction".into()),
+            ("POOLKEEPER_DB_STATEMENT_CACHE", "off".into()),
+        ],
+    );
+    let (status, log) = r.exit(Duration::from_secs(30)).await;
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("SQL definitions are pending"), "{log}");
+    assert!(log.contains("POOLKEEPER_MIGRATION_DATABASE_URL"), "{log}");
+    let files: i64 = sqlx::query_scalar("SELECT count(*) FROM sql_definitions")
+        .fetch_one(&admin)
+        .await
+        .expect("sql_definitions");
+    assert_eq!(files, 0, "nothing applied through the pooler");
+    admin.close().await;
 }
 
 /// Behind a pooler the limits cannot travel as startup options: without

@@ -321,3 +321,59 @@ async fn migrate_as_owner_then_serve_as_a_role_with_only_dml_grants() {
         replica.log()
     );
 }
+
+/// The SQL definitions are the owner's: when they are pending, a replica
+/// serving as the app role applies them over
+/// `POOLKEEPER_MIGRATION_DATABASE_URL` (the owner), never as itself, and
+/// the functions stay owned by the owner; the app role only reads
+/// `sql_definitions`.
+#[tokio::test]
+async fn pending_definitions_are_applied_as_the_owner_not_the_app_role() {
+    let db = empty_db().await;
+    let suffix = format!("{:08x}", rand::random::<u32>());
+    let (owner, app) = (format!("pk_owner_{suffix}"), format!("pk_app_{suffix}"));
+    create_roles(&db, &owner, &app).await;
+    let out = tokio::process::Command::new(binary())
+        .arg("migrate")
+        .env("DATABASE_URL", url_as(&db, &owner))
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("run migrate");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Pending: as if the installed set were older than the binary's.
+    let admin = db.pool().await;
+    sqlx::query("DELETE FROM sql_definitions")
+        .execute(&admin)
+        .await
+        .expect("forget the installed set");
+
+    let replica = Replica::start(
+        "definitions-as-owner",
+        &[
+            ("DATABASE_URL", url_as(&db, &app)),
+            ("POOLKEEPER_MIGRATION_DATABASE_URL", url_as(&db, &owner)),
+        ],
+    )
+    .await;
+    let ready = reqwest::get(replica.url("/readyz")).await.expect("readyz");
+    assert_eq!(ready.status().as_u16(), 200, "{}", replica.log());
+    let files: i64 = sqlx::query_scalar("SELECT count(*) FROM sql_definitions")
+        .fetch_one(&admin)
+        .await
+        .expect("sql_definitions");
+    assert_eq!(files as usize, poolkeeper::definitions::FILES.len());
+    let owners: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT pg_get_userbyid(proowner)::text FROM pg_proc
+          WHERE pronamespace = 'public'::regnamespace",
+    )
+    .fetch_all(&admin)
+    .await
+    .expect("owners");
+    assert_eq!(owners, vec![owner.clone()]);
+    admin.close().await;
+}

@@ -27,7 +27,7 @@ pub const TTL_SECONDS: u64 = 10;
 pub const LOOP_WAIT_SECONDS: u64 = 1;
 pub const RETRY_TIMEOUT_SECONDS: u64 = 4;
 
-/// What `apt-get` installs when a part is missing (`.ci/run` does it).
+/// What `apt-get` installs when a part is missing (`scripts/test` does it).
 pub const APT_PACKAGES: &str = "patroni etcd-server haproxy postgresql";
 
 /// The programs the cluster needs.
@@ -72,7 +72,7 @@ pub fn binaries() -> Result<Binaries, String> {
     } else {
         Err(format!(
             "missing {}: run `apt-get update && apt-get install -y --no-install-recommends {APT_PACKAGES}` \
-             (.ci/run does it)",
+             (scripts/test does it)",
             missing.join(", ")
         ))
     }

@@ -1,0 +1,306 @@
+-- The allocator in the database: each API decision in one round trip.
+--
+-- src/allocator.rs says what R3-R9 are and calls these functions; the rules
+-- themselves live here, each tied to its number. Every function is VOLATILE
+-- (the default) and runs in READ COMMITTED, so each statement inside takes a
+-- fresh snapshot: the re-check under a lock (R3) and the second R9 ask see
+-- what neighbours committed a moment ago, as separate statements from the
+-- application did.
+--
+-- Plans: these functions keep their statements' plans for the life of a
+-- connection. A plan made while `reservations` was small (a fresh database,
+-- analyzed empty) would scan the table, and keep doing so as it grows.
+-- `SET enable_seqscan = off` on the functions that probe per candidate keeps
+-- every such plan on an index whatever the statistics said when it was made;
+-- the probes are written so that exactly one index answers each of them (the
+-- partial unique indexes of R1 and R10), and the held-by-deadline index of the
+-- sweep is declared so that it cannot serve a probe (the migration
+-- 20261203000001_allocator.sql redeclares it; see there).
+
+-- R7, the one definition: every machine of org p_org with why it is not a
+-- candidate for (p_site, p_profile, p_vendor NULL = any), checked in the
+-- order of `allocator::Exclusion`. An overdue hold does not exclude (R11: it
+-- expires at the point of use). A plain SQL function: the planner inlines
+-- it into each caller's query (the dashboard's explanation, the counts, the
+-- candidates, the re-check), so the callers' filters reach the indexes.
+--
+-- The two probes are single-row lookups of the partial unique indexes
+-- `service_links_one_live_per_machine` and `reservations_one_holder_per_machine`
+-- (LIMIT 1 changes nothing, the indexes allow one row, but keeps each a
+-- per-machine probe). The held probe's predicate is exactly the arbiter's;
+-- whether the hold is overdue is judged on the row it found.
+CREATE OR REPLACE FUNCTION machine_verdicts(p_org bigint, p_site text, p_profile text, p_vendor text)
+RETURNS SETOF machine_verdict
+LANGUAGE sql STABLE AS $$
+    SELECT m.id, m.asset_tag, m.site, m.vendor, m.profile, m.status, m.created_at, m.updated_at,
+           CASE WHEN m.site <> p_site THEN 'wrong_site'
+                WHEN p_vendor IS NOT NULL AND m.vendor <> p_vendor THEN 'wrong_vendor'
+                WHEN m.profile <> p_profile THEN 'wrong_profile'
+                WHEN m.status <> 'ready' THEN 'not_ready'
+                WHEN live.service_ref IS NOT NULL THEN 'in_service'
+                WHEN hold.live THEN 'held'
+           END,
+           live.service_ref,
+           CASE WHEN hold.live THEN hold.id END,
+           CASE WHEN hold.live THEN hold.expires_at END
+      FROM machines m
+      LEFT JOIN LATERAL (
+           SELECT s.service_ref FROM service_links s
+            WHERE s.machine_id = m.id AND s.ended_at IS NULL LIMIT 1) live ON true
+      LEFT JOIN LATERAL (
+           SELECT r.id, r.expires_at, r.expires_at > clock_timestamp() AS live FROM reservations r
+            WHERE r.machine_id = m.id AND r.state = 'held' LIMIT 1) hold ON true
+     WHERE m.org_id = p_org
+$$;
+
+-- R7 pass one's candidates: at most p_limit machines with no exclusion, in
+-- id order. The filters repeat what `exclusion IS NULL` implies (site,
+-- profile, vendor, ready) only so that the planner walks
+-- `machines_candidates_idx`; the verdict itself is machine_verdicts'.
+CREATE OR REPLACE FUNCTION machine_candidates(p_org bigint, p_site text, p_profile text, p_vendor text, p_limit bigint)
+RETURNS SETOF machine_verdict
+LANGUAGE sql STABLE AS $$
+    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v
+     WHERE v.site = p_site AND v.profile = p_profile AND (p_vendor IS NULL OR v.vendor = p_vendor)
+       AND v.status = 'ready' AND v.exclusion IS NULL
+     ORDER BY v.id LIMIT p_limit
+$$;
+
+-- A reserve_result carrying reservation p_row (or none). PL/pgSQL, not
+-- SQL: PostgreSQL 15 plans a SQL function that it cannot inline on every
+-- call, and this one (a row of 21 columns) cannot be inlined.
+CREATE OR REPLACE FUNCTION reserve_result_of(p_outcome text, p_row reservations,
+                                             p_scanned integer, p_locked integer, p_gone integer, p_attempts integer)
+RETURNS reserve_result LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v reserve_result;
+BEGIN
+    v.outcome := p_outcome;
+    v.id := p_row.id;
+    v.org_id := p_row.org_id;
+    v.order_ref := p_row.order_ref;
+    v.machine_id := p_row.machine_id;
+    v.state := p_row.state;
+    v.fence := p_row.fence;
+    v.reason := p_row.reason;
+    v.hold_seconds := p_row.hold_seconds;
+    v.created_at := p_row.created_at;
+    v.expires_at := p_row.expires_at;
+    v.ended_at := p_row.ended_at;
+    v.ended_by := p_row.ended_by;
+    v.end_reason := p_row.end_reason;
+    v.machine := p_row.machine_snapshot;
+    v.scanned := p_scanned;
+    v.locked_by_others := p_locked;
+    v.gone := p_gone;
+    v.attempts := p_attempts;
+    RETURN v;
+END
+$$;
+
+-- R3-R6, R8, R11: pass two over p_candidates (machine ids, in the order of
+-- pass one), for order p_order_ref of org p_org. Lock one candidate at a
+-- time by its key, skip what others hold, re-check what no constraint
+-- guards, and try the insert in a savepoint. Returns 'created', 'existing'
+-- (the order got a reservation behind our back) or 'nothing'.
+-- `allocator::walk_candidates` calls it alone so that tests can force a
+-- collision on a chosen list; reserve_machine calls it after pass one.
+CREATE OR REPLACE FUNCTION reserve_walk(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                                        p_vendor text, p_hold integer, p_candidates bigint[])
+RETURNS reserve_result
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_sort = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    max_scanned  CONSTANT integer := 25;  -- R4
+    max_attempts CONSTANT integer := 5;   -- R4
+    v_total      integer := coalesce(cardinality(p_candidates), 0);
+    v_scanned    integer := 0;
+    v_locked     integer := 0;
+    v_gone       integer := 0;
+    v_attempts   integer := 0;
+    v_position   integer := 0;
+    v_machine_id bigint;
+    v_verdict    machine_verdict;
+    v_expired    bigint;
+    v_reason     text;
+    v_row        reservations;
+    v_constraint text;
+BEGIN
+    FOREACH v_machine_id IN ARRAY coalesce(p_candidates, '{}') LOOP
+        v_position := v_position + 1;
+        EXIT WHEN v_position > max_scanned OR v_attempts >= max_attempts;
+        v_scanned := v_scanned + 1;
+        -- R3/R4: lock this one row by its key; locked by someone else is
+        -- skipped, not an attempt. The status is re-checked on the newest
+        -- row version.
+        PERFORM 1 FROM machines WHERE id = v_machine_id AND status = 'ready' FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND THEN
+            v_locked := v_locked + 1;
+            CONTINUE;
+        END IF;
+        -- With the row lock held, this statement (a fresh snapshot) sees
+        -- every conversion that committed before we got it, and none can
+        -- start until we end (convert locks the machine first). A live
+        -- service link has no constraint against a held reservation: this
+        -- check is its guard (R10). `held` is left to the arbiter (R1): a
+        -- holder that committed since pass one costs an attempt, never a
+        -- second holder.
+        SELECT * INTO v_verdict FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v
+         WHERE v.id = v_machine_id;
+        IF NOT FOUND OR (v_verdict.exclusion IS NOT NULL AND v_verdict.exclusion <> 'held') THEN
+            v_gone := v_gone + 1;
+            CONTINUE;
+        END IF;
+        v_attempts := v_attempts + 1;
+        -- R5: a unique violation aborts the transaction; inside this block
+        -- (a savepoint) only the block is lost.
+        BEGIN
+            -- R11: an overdue holder is expired at the point of use.
+            UPDATE reservations
+               SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator',
+                   end_reason = 'its deadline had passed; expired at the point of use by order ' || p_order_ref
+             WHERE machine_id = v_machine_id AND state = 'held' AND expires_at <= clock_timestamp()
+            RETURNING id INTO v_expired;
+            IF v_expired IS NOT NULL THEN
+                INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+                VALUES (v_expired, 'expired', 'held', 'expired', 'allocator',
+                        'its deadline had passed; expired at the point of use by order ' || p_order_ref);
+            END IF;
+            -- R8: why this machine, in words that stay true after it changes.
+            v_reason := format('%s (%s, %s, %s, %s) matched site %s, profile %s, %s: candidate %s of %s in pass one',
+                               v_verdict.asset_tag, v_verdict.site, v_verdict.vendor, v_verdict.profile,
+                               v_verdict.status, p_site, p_profile,
+                               CASE WHEN p_vendor IS NULL THEN 'any vendor' ELSE 'vendor ' || p_vendor END,
+                               v_position, v_total);
+            IF v_locked > 0 OR v_attempts > 1 OR v_gone > 0 THEN
+                v_reason := v_reason || format('; before it, %s locked by other orders, %s taken by a faster order, %s no longer eligible',
+                                               v_locked, v_attempts - 1, v_gone);
+            END IF;
+            IF v_expired IS NOT NULL THEN
+                v_reason := v_reason || format('; its previous reservation %s was overdue and expired at the point of use', v_expired);
+            END IF;
+            v_reason := v_reason || format('; held for %s s', p_hold);
+            -- created_at and expires_at come from one reading of the clock.
+            INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                      hold_seconds, created_at, expires_at)
+            SELECT p_org, p_order_ref, m.id,
+                   jsonb_build_object('site', p_site, 'profile', p_profile, 'vendor', p_vendor, 'hold_seconds', p_hold),
+                   jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
+                                      'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
+                   v_reason, p_hold, t.at, t.at + make_interval(secs => p_hold)
+              FROM machines m, (SELECT clock_timestamp() AS at) t
+             WHERE m.id = v_machine_id AND m.org_id = p_org
+            RETURNING * INTO v_row;
+            INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+            VALUES (v_row.id, 'created', NULL, 'held', p_actor,
+                    format('order %s on %s', p_order_ref, v_verdict.asset_tag));
+            RETURN reserve_result_of('created', v_row, v_scanned, v_locked, v_gone, v_attempts);
+        EXCEPTION WHEN unique_violation THEN
+            -- R6: the constraint's name says which of the two rules it was.
+            GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
+            IF v_constraint = 'reservations_one_holder_per_machine' THEN
+                CONTINUE;  -- this machine is taken: next candidate
+            ELSIF v_constraint = 'reservations_order_ref_unique_per_org' THEN
+                -- this order already has a reservation: here it is
+                SELECT * INTO v_row FROM reservations WHERE org_id = p_org AND order_ref = p_order_ref;
+                IF NOT FOUND THEN
+                    RAISE;
+                END IF;
+                RETURN reserve_result_of('existing', v_row, v_scanned, v_locked, v_gone, v_attempts);
+            ELSE
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
+    RETURN reserve_result_of('nothing', NULL, v_scanned, v_locked, v_gone, v_attempts);
+END
+$$;
+
+-- R7/R9: a whole reserve. R9 asks for the order's reservation first and
+-- again right before refusing; pass one picks at most 25 candidates (R4),
+-- pass two walks them; a refusal is 'contended' (something matched: retry)
+-- or 'unavailable' (nothing matches: buy hardware), with the counts of
+-- every machine of the organization by verdict, read now.
+CREATE OR REPLACE FUNCTION reserve_machine(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                                           p_vendor text, p_hold integer)
+RETURNS reserve_result
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_sort = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_row        reservations;
+    v_result     reserve_result;
+    v_candidates bigint[];
+    v_counts     jsonb;
+    v_free       bigint;
+BEGIN
+    -- R9, first ask: a replay gets its reservation back.
+    SELECT * INTO v_row FROM reservations WHERE org_id = p_org AND order_ref = p_order_ref;
+    IF FOUND THEN
+        RETURN reserve_result_of('existing', v_row, 0, 0, 0, 0);
+    END IF;
+    -- R7, pass one (the walk never looks beyond 25, R4).
+    v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, p_site, p_profile, p_vendor, 25) c);
+    v_result := reserve_walk(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold, v_candidates);
+    IF v_result.outcome <> 'nothing' THEN
+        RETURN v_result;
+    END IF;
+    -- R9, second ask, right before refusing: a neighbour with the same key
+    -- may have committed since the first (this statement's snapshot is new).
+    SELECT * INTO v_row FROM reservations WHERE org_id = p_org AND order_ref = p_order_ref;
+    IF FOUND THEN
+        RETURN reserve_result_of('existing', v_row, v_result.scanned, v_result.locked_by_others,
+                                 v_result.gone, v_result.attempts);
+    END IF;
+    -- R7: the counts are read now, so a machine a neighbour just took counts
+    -- as held, and a candidate still being fought over makes it contended.
+    SELECT jsonb_build_object(
+               'wrong_site',    count(*) FILTER (WHERE v.exclusion = 'wrong_site'),
+               'wrong_vendor',  count(*) FILTER (WHERE v.exclusion = 'wrong_vendor'),
+               'wrong_profile', count(*) FILTER (WHERE v.exclusion = 'wrong_profile'),
+               'not_ready',     count(*) FILTER (WHERE v.exclusion = 'not_ready'),
+               'in_service',    count(*) FILTER (WHERE v.exclusion = 'in_service'),
+               'held',          count(*) FILTER (WHERE v.exclusion = 'held')),
+           count(*) FILTER (WHERE v.exclusion IS NULL)
+      INTO v_counts, v_free
+      FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v;
+    v_result.outcome := CASE WHEN v_free = 0 THEN 'unavailable' ELSE 'contended' END;
+    v_result.candidates := v_free;
+    v_result.excluded := v_counts;
+    -- Lost demand (issue 15), recorded by the statement that read the
+    -- counts. When this transaction has written nothing else (no
+    -- transaction id yet: the API's autocommit call), its commit need not
+    -- wait for the disk: a crash may lose the last refusals, never a
+    -- reservation.
+    IF pg_current_xact_id_if_assigned() IS NULL THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
+    INSERT INTO reservation_refusals (org_id, reason, site, profile, vendor, excluded)
+    VALUES (p_org, v_result.outcome, p_site, p_profile, p_vendor,
+            CASE WHEN v_free = 0 THEN v_counts ELSE jsonb_build_object('candidates', v_free) END);
+    RETURN v_result;
+END
+$$;
+
+-- POST /api/v1/reservations in one statement: the caller, then reserve.
+CREATE OR REPLACE FUNCTION api_reserve(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
+                                       p_profile text, p_vendor text, p_hold integer)
+RETURNS TABLE (caller text, result reserve_result)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_caller record;
+BEGIN
+    SELECT * INTO v_caller FROM api_caller(p_token_hash, 'orders', p_module_on);
+    IF v_caller.status <> 'ok' THEN
+        RETURN QUERY SELECT v_caller.status, NULL::reserve_result;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ok'::text,
+        reserve_machine(v_caller.org_id, v_caller.actor, p_order_ref, p_site, p_profile, p_vendor, p_hold);
+END
+$$;

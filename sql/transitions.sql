@@ -1,0 +1,152 @@
+-- Reservations after creation, in the database: cancel and convert (R10,
+-- R11) each in one statement. src/reservations.rs calls these and says what
+-- they guarantee; the API calls them through api_cancel / api_convert with
+-- the token check in the same statement.
+--
+-- Lock order, as everywhere a machine and its reservation are both written:
+-- the machine row first, then the reservation row. The allocator locks the
+-- machine (pass two) before it may expire an overdue reservation at the
+-- point of use; a transition does the same, so the two never deadlock and a
+-- new order can never slip in while a conversion is half done.
+
+CREATE OR REPLACE FUNCTION transition_result_of(p_outcome text, p_row reservations,
+                                                p_link service_links DEFAULT NULL)
+RETURNS transition_result LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v transition_result;
+BEGIN
+    v.outcome := p_outcome;
+    v.id := p_row.id;
+    v.org_id := p_row.org_id;
+    v.order_ref := p_row.order_ref;
+    v.machine_id := p_row.machine_id;
+    v.state := p_row.state;
+    v.fence := p_row.fence;
+    v.reason := p_row.reason;
+    v.hold_seconds := p_row.hold_seconds;
+    v.created_at := p_row.created_at;
+    v.expires_at := p_row.expires_at;
+    v.ended_at := p_row.ended_at;
+    v.ended_by := p_row.ended_by;
+    v.end_reason := p_row.end_reason;
+    v.machine := p_row.machine_snapshot;
+    v.link_id := p_link.id;
+    v.link_service_ref := p_link.service_ref;
+    v.link_created_at := p_link.created_at;
+    RETURN v;
+END
+$$;
+
+-- Ends held reservation p_id (to 'expired', 'cancelled' or 'converted') with
+-- its event. Returns the row, or NULL if no longer held. (PL/pgSQL, as every
+-- function here that PostgreSQL cannot inline: its plans are kept.)
+CREATE OR REPLACE FUNCTION reservation_end(p_id bigint, p_to_state text, p_ended_by text, p_end_reason text)
+RETURNS reservations LANGUAGE plpgsql AS $$
+DECLARE
+    v_row reservations;
+BEGIN
+    UPDATE reservations
+       SET state = p_to_state, ended_at = clock_timestamp(), ended_by = p_ended_by, end_reason = p_end_reason
+     WHERE id = p_id AND state = 'held'
+    RETURNING * INTO v_row;
+    IF FOUND THEN
+        INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+        VALUES (p_id, p_to_state, 'held', p_to_state, p_ended_by, p_end_reason);
+    END IF;
+    RETURN v_row;
+END
+$$;
+
+-- Cancel (p_action 'cancel', with p_text the reason) or convert (p_action
+-- 'convert', with p_text the service reference) reservation p_id of org
+-- p_org, naming its fence. Fence, state and deadline are checked in that
+-- order, under the locks. R11: a held reservation past its deadline is not
+-- cancelled or converted: it is recorded as expired, ended by
+-- 'cancellation' or 'conversion' (nobody decided in time, R2), that write
+-- stays, and the answer is 'expired'.
+CREATE OR REPLACE FUNCTION reservation_transition(p_org bigint, p_id bigint, p_fence bigint, p_actor text,
+                                                  p_action text, p_text text)
+RETURNS transition_result
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_row      reservations;
+    v_link     service_links;
+    v_overdue  boolean;
+    v_found_by text := CASE p_action WHEN 'cancel' THEN 'cancellation' ELSE 'conversion' END;
+    v_deadline text;
+BEGIN
+    IF p_action NOT IN ('cancel', 'convert') THEN
+        RAISE EXCEPTION 'unknown transition %', p_action;
+    END IF;
+    -- R10: the machine row is the allocator's lock too; while we hold it no
+    -- new order can lock this machine, and an order that holds it finishes
+    -- first. The machine of a reservation never changes.
+    -- org_id + 0: not an index condition, so only the primary key can
+    -- answer these two lookups by id, whatever the statistics say.
+    PERFORM 1 FROM machines
+      WHERE id = (SELECT r.machine_id FROM reservations r WHERE r.id = p_id AND r.org_id + 0 = p_org)
+      FOR UPDATE;
+    -- R11: the deadline is judged by the database's clock, after the locks.
+    SELECT * INTO v_row FROM reservations r WHERE r.id = p_id AND r.org_id + 0 = p_org FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN transition_result_of('not_found', NULL);
+    END IF;
+    v_overdue := v_row.expires_at <= clock_timestamp();
+    IF v_row.fence <> p_fence THEN
+        RETURN transition_result_of('stale_fence', v_row);
+    END IF;
+    IF v_row.state <> 'held' THEN
+        RETURN transition_result_of('not_held', v_row);
+    END IF;
+    v_deadline := to_char(v_row.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC';
+    IF v_overdue THEN
+        PERFORM reservation_end(p_id, 'expired', v_found_by,
+            format('%s requested by %s after the deadline (%s); nobody decided in time',
+                   CASE p_action WHEN 'cancel' THEN 'cancellation' ELSE 'conversion' END, p_actor, v_deadline));
+        RETURN transition_result_of('expired', v_row);
+    END IF;
+    IF p_action = 'cancel' THEN
+        RETURN transition_result_of('ok', reservation_end(p_id, 'cancelled', p_actor, p_text));
+    END IF;
+    -- R10, promote, never release-then-write: the link is written first,
+    -- while the reservation still holds the machine, then the reservation
+    -- turns converted; at every instant another order sees one or the other.
+    -- R11: the link's creation time and the deadline check are one reading
+    -- of the clock, so no link is ever dated after the deadline.
+    INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+    SELECT p_org, v_row.machine_id, p_id, p_text, t.at
+      FROM (SELECT clock_timestamp() AS at) t
+     WHERE v_row.expires_at > t.at
+    RETURNING * INTO v_link;
+    IF NOT FOUND THEN
+        PERFORM reservation_end(p_id, 'expired', 'conversion',
+            format('conversion requested by %s reached the deadline (%s); nobody decided in time',
+                   p_actor, v_deadline));
+        RETURN transition_result_of('expired', v_row);
+    END IF;
+    RETURN transition_result_of('ok',
+        reservation_end(p_id, 'converted', p_actor, 'converted into service ' || p_text), v_link);
+END
+$$;
+
+-- POST /api/v1/reservations/{id}/cancel and .../convert in one statement:
+-- the caller (api_caller, scope orders), then the transition.
+CREATE OR REPLACE FUNCTION api_transition(p_token_hash bytea, p_module_on boolean, p_id bigint, p_fence bigint,
+                                          p_action text, p_text text)
+RETURNS TABLE (caller text, result transition_result)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_caller record;
+BEGIN
+    SELECT * INTO v_caller FROM api_caller(p_token_hash, 'orders', p_module_on);
+    IF v_caller.status <> 'ok' THEN
+        RETURN QUERY SELECT v_caller.status, NULL::transition_result;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ok'::text,
+        reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
+END
+$$;

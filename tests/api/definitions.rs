@@ -1,0 +1,344 @@
+//! The SQL definitions (sql/*.sql, issue 19): a database migrated as on
+//! 2026-12-03, when the functions lived in the migrations, ends up with the
+//! same functions, views and triggers as one built with today's layout, and
+//! upgrades cleanly; a newer definition set is never overwritten by an
+//! older binary.
+
+use std::borrow::Cow;
+use std::path::Path;
+
+use poolkeeper::definitions::{DefinitionSet, Outcome};
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{Connection, SqlSafeStr};
+
+use crate::helpers::{TestDb, binary, empty_db, migrated_db};
+
+const LEGACY: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/migrations-2026-12-03"
+);
+
+/// The migrations exactly as they were on main before issue 19, read at run
+/// time from the frozen fixture.
+fn legacy_migrator() -> Migrator {
+    let mut migrations = Vec::new();
+    for entry in std::fs::read_dir(Path::new(LEGACY)).expect("fixture directory") {
+        let path = entry.expect("fixture entry").path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("file name")
+            .to_owned();
+        let Some(stem) = name.strip_suffix(".sql.legacy") else {
+            continue;
+        };
+        let (version, description) = stem.split_once('_').expect("VERSION_description");
+        let sql = std::fs::read_to_string(&path).expect("read fixture");
+        migrations.push(Migration::new(
+            version.parse().expect("version"),
+            Cow::Owned(description.replace('_', " ")),
+            MigrationType::Simple,
+            sqlx::AssertSqlSafe(sql).into_sql_str(),
+            false,
+        ));
+    }
+    assert_eq!(migrations.len(), 7, "the seven migrations of 2026-12-03");
+    Migrator::with_migrations(migrations)
+}
+
+/// Every function (its whole definition, settings included), view and
+/// trigger of the public schema, one line each.
+async fn definitions_of(db: &TestDb) -> Vec<String> {
+    let mut conn = db.connection().await;
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT 'function ' || pg_get_functiondef(p.oid)
+           FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
+         UNION ALL
+         SELECT format('view %s %s', c.relname, pg_get_viewdef(c.oid))
+           FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace AND c.relkind IN ('v', 'm')
+         UNION ALL
+         SELECT 'trigger ' || pg_get_triggerdef(t.oid) || ' ' || t.tgenabled::text
+           FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+          WHERE c.relnamespace = 'public'::regnamespace AND NOT t.tgisinternal
+         ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("catalog");
+    let _ = conn.close().await;
+    rows
+}
+
+/// The tables, columns, constraints and indexes (as tests/api/migrations.rs).
+async fn schema_of(db: &TestDb) -> Vec<String> {
+    let mut conn = db.connection().await;
+    let rows: Vec<String> = sqlx::query_scalar(
+        "SELECT format('col %s.%s %s %s %s', table_name, column_name, data_type, column_default, ordinal_position)
+           FROM information_schema.columns WHERE table_schema = 'public'
+         UNION ALL
+         SELECT format('con %s %s', conname, pg_get_constraintdef(oid)) FROM pg_constraint
+          WHERE connamespace = 'public'::regnamespace
+         UNION ALL
+         SELECT format('idx %s', indexdef) FROM pg_indexes WHERE schemaname = 'public'
+         UNION ALL
+         SELECT format('type %s %s', t.typname, t.typtype) FROM pg_type t
+          WHERE t.typnamespace = 'public'::regnamespace
+         ORDER BY 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("schema");
+    let _ = conn.close().await;
+    rows
+}
+
+async fn migrations_table(db: &TestDb) -> Vec<(i64, String, bool, Vec<u8>)> {
+    let mut conn = db.connection().await;
+    let rows = sqlx::query_as(
+        "SELECT version, description, success, checksum FROM _sqlx_migrations ORDER BY version",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("_sqlx_migrations");
+    let _ = conn.close().await;
+    rows
+}
+
+/// Database A migrated with the migrations of 2026-12-03, database B from
+/// scratch with sql/: the same functions, views and triggers. Then A is
+/// upgraded by today's `migrate` (the legacy checksums rewritten, the
+/// definitions installed): A equals B, schema and `_sqlx_migrations`
+/// included. A checksum that is neither the legacy one nor the current one
+/// is still refused.
+#[tokio::test]
+async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cleanly() {
+    let (a, b) = (empty_db().await, empty_db().await);
+    let mut conn = a.connection().await;
+    legacy_migrator()
+        .run(&mut conn)
+        .await
+        .expect("legacy migrations");
+    let _ = conn.close().await;
+    let report = poolkeeper::db::migrate(&b.options)
+        .await
+        .expect("new layout");
+    let set = DefinitionSet::embedded().expect("embedded set");
+    assert_eq!(
+        report.definitions,
+        Some(Outcome::Applied {
+            from: 0,
+            to: set.version,
+            files: set.files.iter().map(|(n, _)| n.clone()).collect(),
+        })
+    );
+
+    let legacy = definitions_of(&a).await;
+    let fresh = definitions_of(&b).await;
+    // Not vacuous: what issue 19 moved is there, including the copy of
+    // reservation_transition that runs (20261203000007's, `org_id + 0`).
+    let functions = legacy.iter().filter(|l| l.starts_with("function ")).count();
+    assert_eq!(functions, 12, "{legacy:#?}");
+    assert_eq!(
+        legacy.iter().filter(|l| l.starts_with("trigger ")).count(),
+        1
+    );
+    assert!(
+        legacy
+            .iter()
+            .any(|l| l.contains("reservation_transition") && l.contains("r.org_id + 0 = p_org"))
+    );
+    assert_eq!(legacy, fresh, "the legacy and the new layout differ");
+
+    // The upgrade of A by today's binary.
+    let report = poolkeeper::db::migrate(&a.options).await.expect("upgrade");
+    assert_eq!(report.checksums_rewritten, 4);
+    assert_eq!(report.applied, 1, "sql_definitions' migration");
+    assert!(matches!(
+        report.definitions,
+        Some(Outcome::Applied { from: 0, .. })
+    ));
+    assert_eq!(definitions_of(&a).await, fresh);
+    assert_eq!(schema_of(&a).await, schema_of(&b).await);
+    assert_eq!(migrations_table(&a).await, migrations_table(&b).await);
+    let installed = |db: TestDb| async move {
+        let mut conn = db.connection().await;
+        let rows: Vec<(String, Vec<u8>, i64)> =
+            sqlx::query_as("SELECT file, checksum, version FROM sql_definitions ORDER BY file")
+                .fetch_all(&mut conn)
+                .await
+                .expect("sql_definitions");
+        let _ = conn.close().await;
+        rows
+    };
+    assert_eq!(installed(a.clone()).await, installed(b.clone()).await);
+
+    // Once more: nothing left to do.
+    let again = poolkeeper::db::migrate(&a.options).await.expect("again");
+    assert_eq!(
+        (again.checksums_rewritten, again.applied, again.definitions),
+        (0, 0, Some(Outcome::Current))
+    );
+
+    // Any other checksum than the legacy one still mismatches, loudly.
+    let mut conn = a.connection().await;
+    sqlx::query(
+        "UPDATE _sqlx_migrations SET checksum = sha384('edited by hand')
+          WHERE version = 20261203000006",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("tamper");
+    let _ = conn.close().await;
+    let err = poolkeeper::db::migrate(&a.options)
+        .await
+        .expect_err("a checksum edited by hand");
+    assert!(format!("{err:#}").contains("20261203000006"), "{err:#}");
+}
+
+/// The embedded set with `transitions.sql` changed in a function body, one
+/// version higher: what a newer release installs.
+fn newer_set() -> DefinitionSet {
+    let mut set = DefinitionSet::embedded().expect("embedded set");
+    set.version += 1;
+    let file = set
+        .files
+        .iter_mut()
+        .find(|(n, _)| n == "transitions.sql")
+        .expect("transitions.sql");
+    assert!(file.1.contains("'unknown transition %'"));
+    file.1 = file
+        .1
+        .replace("'unknown transition %'", "'unknown transition (newer) %'");
+    set
+}
+
+async fn functiondefs(db: &TestDb) -> Vec<String> {
+    definitions_of(db)
+        .await
+        .into_iter()
+        .filter(|l| l.starts_with("function "))
+        .collect()
+}
+
+/// Rolling deploys: a newer set is installed, then the older binary starts
+/// (in process and as the real `poolkeeper migrate`): nothing changes, and
+/// it says so, naming both versions. Its `serve` start-up check passes
+/// without a migration session. The same version with other content is
+/// refused.
+#[tokio::test]
+async fn an_older_binary_never_puts_its_older_definitions_back() {
+    let db = migrated_db().await;
+    let older = DefinitionSet::embedded().expect("embedded set");
+    let newer = newer_set();
+
+    let report = poolkeeper::db::migrate_with(&db.options, &newer)
+        .await
+        .expect("newer set");
+    assert_eq!(
+        report.definitions,
+        Some(Outcome::Applied {
+            from: older.version,
+            to: newer.version,
+            files: vec!["transitions.sql".to_owned()],
+        })
+    );
+    let installed = functiondefs(&db).await;
+    assert!(
+        installed
+            .iter()
+            .any(|f| f.contains("unknown transition (newer) %")),
+        "the newer set's function is installed"
+    );
+
+    // The older set, in process.
+    let report = poolkeeper::db::migrate_with(&db.options, &older)
+        .await
+        .expect("older set");
+    assert_eq!(
+        report.definitions,
+        Some(Outcome::Newer {
+            installed: newer.version,
+            ours: older.version
+        })
+    );
+    assert_eq!(functiondefs(&db).await, installed);
+
+    // The older binary: its log says why it applied nothing.
+    let out = tokio::process::Command::new(binary())
+        .arg("migrate")
+        .env("DATABASE_URL", db.url())
+        .env("RUST_LOG", "warn")
+        .output()
+        .await
+        .expect("run migrate");
+    let log =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains(&format!(
+            "installed (version {}) are newer than this binary's (version {})",
+            newer.version, older.version
+        )),
+        "{log}"
+    );
+    assert_eq!(functiondefs(&db).await, installed);
+
+    // A pooler-only older replica may start: nothing is pending for it.
+    let app = db.pool().await;
+    poolkeeper::db::prepare_schema_with(None, &app, &older)
+        .await
+        .expect("an older replica starts without a migration session");
+    assert_eq!(functiondefs(&db).await, installed);
+
+    // The newer version number with other content: refused, nothing applied.
+    let mut tampered = newer.clone();
+    tampered.files[0]
+        .1
+        .push_str("\n-- changed without a new version\n");
+    let err = poolkeeper::db::migrate_with(&db.options, &tampered)
+        .await
+        .expect_err("same version, other content");
+    assert!(format!("{err:#}").contains("sql/VERSIONS"), "{err:#}");
+    let err = poolkeeper::db::prepare_schema_with(None, &app, &tampered)
+        .await
+        .expect_err("same version, other content");
+    assert!(format!("{err:#}").contains("sql/VERSIONS"), "{err:#}");
+    assert_eq!(functiondefs(&db).await, installed);
+    app.close().await;
+}
+
+/// Without a migration session (a pooler-only `serve`), pending definitions
+/// stop the start-up with what to set, as pending migrations do; with one,
+/// they are applied and the replica starts.
+#[tokio::test]
+async fn pending_definitions_need_a_migration_session() {
+    let db = migrated_db().await;
+    let app = db.pool().await;
+    let newer = newer_set();
+    let err = poolkeeper::db::prepare_schema_with(None, &app, &newer)
+        .await
+        .expect_err("definitions pending, no migration session");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains("SQL definitions are pending (transitions.sql)"),
+        "{msg}"
+    );
+    assert!(msg.contains("POOLKEEPER_MIGRATION_DATABASE_URL"), "{msg}");
+    assert!(
+        !functiondefs(&db)
+            .await
+            .iter()
+            .any(|f| f.contains("(newer)"))
+    );
+    let report = poolkeeper::db::prepare_schema_with(Some(&db.options), &app, &newer)
+        .await
+        .expect("with a migration session");
+    assert!(matches!(report.definitions, Some(Outcome::Applied { .. })));
+    assert!(
+        functiondefs(&db)
+            .await
+            .iter()
+            .any(|f| f.contains("(newer)"))
+    );
+    app.close().await;
+}
