@@ -147,7 +147,26 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
             .iter()
             .any(|l| l.contains("reservation_transition") && l.contains("r.org_id + 0 = p_org"))
     );
-    assert_eq!(legacy, fresh, "the legacy and the new layout differ");
+    // Moved without a change, except the rules changed since the move
+    // (each one named here with its issue): those differ, the rest is equal.
+    const CHANGED_SINCE_THE_MOVE: &[&str] = &[
+        // Issue 20 (F3): the same transition replayed answers what it did.
+        "public.api_transition(",
+    ];
+    let changed = |l: &String| CHANGED_SINCE_THE_MOVE.iter().any(|f| l.contains(f));
+    for f in CHANGED_SINCE_THE_MOVE {
+        let before = legacy.iter().find(|l| l.contains(f));
+        let now = fresh.iter().find(|l| l.contains(f));
+        assert!(
+            before.is_some() && now.is_some() && before != now,
+            "{f} is listed as changed since the move"
+        );
+    }
+    assert_eq!(
+        legacy.iter().filter(|l| !changed(l)).collect::<Vec<_>>(),
+        fresh.iter().filter(|l| !changed(l)).collect::<Vec<_>>(),
+        "the legacy and the new layout differ"
+    );
 
     // The upgrade of A by today's binary.
     let report = poolkeeper::db::migrate(&a.options).await.expect("upgrade");

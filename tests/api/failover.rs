@@ -1045,3 +1045,104 @@ async fn a_read_only_server_is_never_handed_out_and_the_request_gets_503() {
     let resp = reserve().await.expect("an answer");
     assert_eq!(resp.status().as_u16(), 201);
 }
+
+/// F3: a convert or a cancel replayed unchanged (same fence, same
+/// service_ref, same token) answers 200 with the reservation as that action
+/// left it; any other action on the ended reservation stays 409 not_held,
+/// and nothing is written twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transition_replayed_with_its_fence_answers_what_it_did() {
+    let app = crate::helpers::spawn_app().await;
+    for tag in ["RP-1", "RP-2"] {
+        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            .await;
+    }
+    let (converted, fence_c) = app.insert_held(app.org.id, "ORD-RP-1", "RP-1", 900).await;
+    let (cancelled, fence_x) = app.insert_held(app.org.id, "ORD-RP-2", "RP-2", 900).await;
+    let post = |token: &str, path: String, body: Value| {
+        let req = app
+            .http
+            .post(app.url(&format!("/api/v1/reservations/{path}")))
+            .bearer_auth(token)
+            .json(&body);
+        async move {
+            let r = req.send().await.expect("answer");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.expect("json"))
+        }
+    };
+    let token = &app.org.token;
+    let convert = json!({"fence": fence_c, "service_ref": "SRV-RP-1"});
+    let cancel = json!({"fence": fence_x, "reason": "customer left"});
+
+    let (s1, first) = post(token, format!("{converted}/convert"), convert.clone()).await;
+    assert_eq!(s1, 200, "{first}");
+    let (s2, again) = post(token, format!("{converted}/convert"), convert.clone()).await;
+    assert_eq!(s2, 200, "a replayed convert: {again}");
+    assert_eq!(again["state"], "converted");
+    assert_eq!(again["service"], first["service"], "the same service link");
+    assert_eq!(again["ended_at"], first["ended_at"], "ended once");
+
+    let (s1, first) = post(token, format!("{cancelled}/cancel"), cancel.clone()).await;
+    assert_eq!(s1, 200, "{first}");
+    let (s2, again) = post(token, format!("{cancelled}/cancel"), cancel.clone()).await;
+    assert_eq!(s2, 200, "a replayed cancel: {again}");
+    assert_eq!(again["state"], "cancelled");
+    assert_eq!(again["ended_at"], first["ended_at"], "ended once");
+
+    // Not the same action: refused as before.
+    let refusals = [
+        (
+            token.as_str(),
+            format!("{converted}/convert"),
+            json!({"fence": fence_c, "service_ref": "SRV-OTHER"}),
+        ),
+        (
+            token.as_str(),
+            format!("{converted}/cancel"),
+            json!({"fence": fence_c, "reason": "too late"}),
+        ),
+        (
+            token.as_str(),
+            format!("{cancelled}/convert"),
+            json!({"fence": fence_x, "service_ref": "SRV-RP-2"}),
+        ),
+        // Another token (another actor) did not cancel it.
+        (
+            app.org.orders_token.as_str(),
+            format!("{cancelled}/cancel"),
+            cancel.clone(),
+        ),
+    ];
+    for (token, path, body) in refusals {
+        let (status, answer) = post(token, path.clone(), body).await;
+        assert_eq!(status, 409, "{path}: {answer}");
+        assert_eq!(answer["error"], "not_held", "{path}: {answer}");
+    }
+    // A wrong fence is still a stale fence, ended or not.
+    let (status, answer) = post(
+        token,
+        format!("{cancelled}/cancel"),
+        json!({"fence": fence_x + 1000, "reason": "customer left"}),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (409, Some("stale_fence"))
+    );
+
+    // Written once: one terminal event each, one service link.
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reservation_events WHERE reservation_id = ANY($1) AND kind <> 'created'",
+    )
+    .bind(vec![converted, cancelled])
+    .fetch_one(&app.pool)
+    .await
+    .expect("events");
+    assert_eq!(events, 2);
+    assert_eq!(
+        app.count("SELECT count(*) FROM service_links").await,
+        1,
+        "one service link"
+    );
+}
