@@ -750,9 +750,9 @@ fn render(r: &Rendered<'_>) -> String {
     );
     let _ = writeln!(
         out,
-        "| fault | detail | from the fault to the first 201 after the last failed request | answers in that window | slowest answer in it | answers slower than the acquire timeout ({ACQUIRE_SECONDS}s) |"
+        "| fault | detail | first 201 after the fault | failed answers (503 or none) per second after the fault | first 201 after the last failed answer | answers from the fault to then | slowest answer in it | answers slower than the acquire timeout ({ACQUIRE_SECONDS}s) |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     for f in r.faults {
         let first = recovered(entries, f.at, f.healed);
         let end = first.unwrap_or(f.healed);
@@ -787,14 +787,34 @@ fn render(r: &Rendered<'_>) -> String {
                 .join(", ")
         };
         let counts: Vec<String> = counts.iter().map(|(k, n)| format!("{k}: {n}")).collect();
+        let mut per_second: BTreeMap<u64, usize> = BTreeMap::new();
+        for e in window
+            .iter()
+            .filter(|e| matches!(e.status, None | Some(503)))
+        {
+            let after = (e.at + e.latency).saturating_sub(f.at).as_secs();
+            *per_second.entry(after).or_default() += 1;
+        }
+        let per_second = if per_second.is_empty() {
+            "none".to_owned()
+        } else {
+            per_second
+                .iter()
+                .map(|(t, n)| format!("{t}s: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let secs = |t: Option<Duration>| {
+            t.map(|t| format!("{:.2}s", t.saturating_sub(f.at).as_secs_f64()))
+                .unwrap_or_else(|| "none".into())
+        };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {} | {:.2}s | {} |",
+            "| {} | {} | {} | {per_second} | {} | {} | {:.2}s | {} |",
             f.kind.label(),
             f.detail,
-            first
-                .map(|t| format!("{:.2}s", (t - f.at).as_secs_f64()))
-                .unwrap_or_else(|| "none".into()),
+            secs(first_201_after(entries, f.at)),
+            secs(first),
             counts.join(", "),
             slowest.as_secs_f64(),
             slow
