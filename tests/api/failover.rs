@@ -476,9 +476,20 @@ async fn run(rounds: usize) {
     let mut generation = 1;
     for _ in 0..rounds {
         for kind in FaultKind::ALL {
-            let (leader, sync) = cluster.roles().await;
-            let leader = leader.expect("a leader before the fault");
-            let sync = sync.expect("a synchronous standby before the fault");
+            // Healthy, and both roles named by one reading of /cluster (a
+            // second reading may catch Patroni re-electing the standby).
+            let deadline = Instant::now() + Duration::from_secs(90);
+            let (leader, sync) = loop {
+                cluster.wait_healthy(Duration::from_secs(90)).await;
+                if let (Some(l), Some(s)) = cluster.roles().await {
+                    break (l, s);
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no leader and standby named in 90 s"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
             let at = since(&shared);
             let detail;
             match kind {
