@@ -197,18 +197,21 @@ pub async fn explain(
     limit: i64,
 ) -> Result<Vec<Verdict>, sqlx::Error> {
     let sql = format!(
-        "{} ORDER BY m.asset_tag LIMIT $10",
-        classified(
+        "{} ORDER BY m.asset_tag LIMIT $11",
+        classified(&format!(
             "($5::text IS NULL OR m.site = $5::text) AND ($6::text IS NULL OR m.vendor = $6::text)
              AND ($7::text IS NULL OR m.profile = $7::text) AND ($8::text IS NULL OR m.status = $8::text)
-             AND ($9::text IS NULL OR m.asset_tag > $9::text)"
-        )
+             AND ($9::text IS NULL OR {} = $9::text)
+             AND ($10::text IS NULL OR m.asset_tag > $10::text)",
+            crate::inventory::pool_state_probe_sql()
+        ))
     );
     let rows: Vec<Classified> = bind_spec(sqlx::query_as(sqlx::AssertSqlSafe(sql)), org_id, spec)
         .bind(filter.site.as_ref().map(Site::as_str))
         .bind(filter.vendor.as_ref().map(Vendor::as_str))
         .bind(filter.profile.as_ref().map(Profile::as_str))
         .bind(filter.status.map(MachineStatus::as_str))
+        .bind(filter.state.map(crate::inventory::PoolState::as_str))
         .bind(after)
         .bind(limit)
         .fetch_all(pool)

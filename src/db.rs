@@ -842,6 +842,19 @@ pub fn sqlstate(err: &(dyn StdError + 'static)) -> Option<String> {
     database_error(err)?.code().map(|c| c.into_owned())
 }
 
+/// A data exception (SQLSTATE class 22: invalid byte sequence, character
+/// not in repertoire, numeric value out of range, invalid text
+/// representation...): a value a request brought that the database cannot
+/// store or compare. The boundaries answer 400, never 500 (issue 23), as a
+/// second net behind the dashboard's `input::guard` and the API's parsers;
+/// the message is PostgreSQL's, which names the problem and not the data.
+pub fn bad_value(err: &(dyn StdError + 'static)) -> Option<String> {
+    let db = database_error(err)?;
+    db.code()
+        .filter(|c| c.starts_with("22"))
+        .map(|c| format!("{} (SQLSTATE {c})", db.message()))
+}
+
 /// Errors that mean "the database is unreachable or overloaded right now":
 /// the honest answer is 503 with Retry-After, not 500.
 pub fn is_unavailable(err: &(dyn StdError + 'static)) -> bool {

@@ -145,6 +145,9 @@ impl From<anyhow::Error> for ApiError {
         db::note_read_only(e.as_ref());
         if db::is_unavailable(e.as_ref()) {
             ApiError::Unavailable(e)
+        } else if let Some(problem) = db::bad_value(e.as_ref()) {
+            tracing::warn!(error = ?e, "a request's value was refused by the database");
+            ApiError::Invalid(format!("a value in this request cannot be used: {problem}"))
         } else {
             ApiError::Internal(e)
         }

@@ -104,6 +104,7 @@ async fn list(
         vendor: opt(&query.vendor, Vendor::parse)?,
         profile: opt(&query.profile, Profile::parse)?,
         status: opt(&query.status, MachineStatus::parse)?,
+        state: None,
     };
     let limit = match query.limit.as_deref() {
         None => 500,

@@ -8,6 +8,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde_json::Value;
 
+use super::csv;
 use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, fmt_time, page, url_with};
@@ -58,12 +59,9 @@ struct DemandPage {
     specs: Vec<RefusedSpecView>,
 }
 
-pub(crate) async fn demand(
-    req: HttpRequest,
-    staff: Staff,
-    pool: web::Data<Db>,
-) -> Result<HttpResponse, DashError> {
-    let specs = demand::most_refused(pool.get_ref(), staff.org_id, DEMAND_ROWS)
+/// What `/demand` lists (and its CSV holds).
+async fn refused_specs(pool: &Db, org_id: i64) -> Result<Vec<RefusedSpecView>, DashError> {
+    Ok(demand::most_refused(pool, org_id, DEMAND_ROWS)
         .await?
         .into_iter()
         .map(|s| {
@@ -87,11 +85,49 @@ pub(crate) async fn demand(
                 contended_7d: s.contended_7d,
             }
         })
-        .collect();
+        .collect())
+}
+
+pub(crate) async fn demand(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<Db>,
+) -> Result<HttpResponse, DashError> {
+    let specs = refused_specs(&pool, staff.org_id).await?;
     page(&DemandPage {
         chrome: Chrome::new(&req, &staff, "Lost demand", "demand"),
         specs,
     })
+}
+
+/// `/demand.csv`: the rows of `/demand`, one per refused spec.
+pub(crate) async fn export(staff: Staff, pool: web::Data<Db>) -> Result<HttpResponse, DashError> {
+    let specs = refused_specs(&pool, staff.org_id).await?;
+    let body = csv::render(
+        &[
+            "site",
+            "profile",
+            "vendor",
+            "unavailable_24h",
+            "unavailable_7d",
+            "contended_7d",
+            "last_refused",
+            "excluded_at_last_unavailable",
+        ],
+        specs.into_iter().map(|s| {
+            vec![
+                s.site,
+                s.profile,
+                s.vendor,
+                s.unavailable_24h.to_string(),
+                s.unavailable_7d.to_string(),
+                s.contended_7d.to_string(),
+                s.last_at,
+                s.last_excluded,
+            ]
+        }),
+    );
+    Ok(csv::response("demand.csv", body))
 }
 
 // ---------------------------------------------------------------------------

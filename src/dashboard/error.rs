@@ -68,6 +68,12 @@ impl From<anyhow::Error> for DashError {
         db::note_read_only(e.as_ref());
         if db::is_unavailable(e.as_ref()) {
             DashError::Unavailable(e)
+        } else if let Some(problem) = db::bad_value(e.as_ref()) {
+            // Logged: a value that got past `input::guard` is worth knowing.
+            tracing::warn!(error = ?e, "a request's value was refused by the database");
+            DashError::BadRequest(format!(
+                "A value in this request cannot be used: {problem}. Nothing was changed."
+            ))
         } else {
             DashError::Internal(e)
         }

@@ -8,13 +8,16 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
 
+use super::csv;
 use super::error::DashError;
 use super::gate;
 use super::session::Staff;
-use super::view::{Chrome, fmt_opt_time, fmt_time, non_blank, page, url_with};
+use super::view::{
+    Chrome, Select, fmt_opt_time, fmt_remaining, fmt_time, non_blank, page, url_with,
+};
 use crate::allocator::{self, OrderSpec};
 use crate::domain::{MachineStatus, Profile, Site, Vendor};
-use crate::inventory::{self, MachineFilter};
+use crate::inventory::{self, Facets, MachineFilter, PoolState, PooledMachine};
 use crate::settings::Settings;
 
 pub const PAGE_SIZE: i64 = 100;
@@ -25,6 +28,8 @@ pub struct MachinesQuery {
     pub vendor: Option<String>,
     pub profile: Option<String>,
     pub status: Option<String>,
+    /// `inventory::PoolState` key: sellable, held, sold, not_ready.
+    pub state: Option<String>,
     pub spec_site: Option<String>,
     pub spec_profile: Option<String>,
     pub spec_vendor: Option<String>,
@@ -47,6 +52,7 @@ pub fn parse_filter(q: &MachinesQuery) -> Result<MachineFilter, DashError> {
         vendor: parse_opt(&q.vendor, Vendor::parse)?,
         profile: parse_opt(&q.profile, Profile::parse)?,
         status: parse_opt(&q.status, MachineStatus::parse)?,
+        state: parse_opt(&q.state, PoolState::parse)?,
     })
 }
 
@@ -80,6 +86,42 @@ pub struct MachineView {
     pub status: String,
     /// With a spec: `Some(None)` is a candidate, `Some(Some(reason))` is not.
     pub verdict: Option<Option<VerdictView>>,
+    /// What it is doing in the pool; `None` where the page does not say
+    /// (why-not's lists).
+    pub pool: Option<PoolView>,
+}
+
+/// A machine's `PoolState` as the list shows it.
+pub struct PoolView {
+    pub key: &'static str,
+    pub label: &'static str,
+    /// Held: the reservation, its order, the time left in words.
+    pub held_by: Option<i64>,
+    pub held_for: String,
+    pub remaining: i64,
+    pub remaining_text: String,
+    pub overdue: bool,
+    /// Sold: the service and the reservation it came from.
+    pub service_ref: String,
+    pub sold_by: Option<i64>,
+}
+
+impl PoolView {
+    pub fn of(p: &PooledMachine) -> PoolView {
+        let state = PoolState::parse(&p.pool_state).unwrap_or(PoolState::NotReady);
+        let remaining = p.remaining.unwrap_or(0);
+        PoolView {
+            key: state.as_str(),
+            label: state.label(),
+            held_by: p.held_by,
+            held_for: p.held_for.clone().unwrap_or_default(),
+            remaining: remaining.max(0),
+            remaining_text: fmt_remaining(remaining),
+            overdue: p.held_by.is_some() && remaining <= 0,
+            service_ref: p.service_ref.clone().unwrap_or_default(),
+            sold_by: p.sold_by,
+        }
+    }
 }
 
 pub struct VerdictView {
@@ -108,32 +150,56 @@ impl MachineView {
             vendor: v.machine.vendor,
             profile: v.machine.profile,
             status: v.machine.status,
+            pool: None,
         }
     }
+
+    fn of_pooled(p: PooledMachine) -> MachineView {
+        MachineView {
+            pool: Some(PoolView::of(&p)),
+            asset_tag: p.machine.asset_tag,
+            site: p.machine.site,
+            vendor: p.machine.vendor,
+            profile: p.machine.profile,
+            status: p.machine.status,
+            verdict: None,
+        }
+    }
+}
+
+/// One count above the table: a state, its number, the link that filters on it.
+pub struct StateCount {
+    pub key: &'static str,
+    pub label: &'static str,
+    pub count: i64,
+    pub link: String,
+    pub current: bool,
 }
 
 #[derive(Template)]
 #[template(path = "machines.html")]
 struct MachinesPage {
     chrome: Chrome,
-    q: MachinesQuery,
-    statuses: Vec<&'static str>,
+    filters: Vec<Select>,
+    spec_filters: Vec<Select>,
+    filtered: bool,
+    states: Vec<StateCount>,
     has_spec: bool,
     machines: Vec<MachineView>,
     next: Option<String>,
     first: Option<String>,
+    csv: String,
 }
 
-pub(crate) async fn list(
-    req: HttpRequest,
-    staff: Staff,
-    settings: web::Data<Settings>,
-    pool: web::Data<Db>,
-    q: web::Query<MachinesQuery>,
-) -> Result<HttpResponse, DashError> {
-    gate::datacenter(&settings, &staff)?;
-    let q = q.into_inner();
-    let filter = parse_filter(&q)?;
+/// What a request asks of the list: the filter, the order it is checked
+/// against (if any), and the query pairs that say so in a link.
+struct Asked {
+    filter: MachineFilter,
+    spec: Option<OrderSpec>,
+}
+
+fn asked(q: &MachinesQuery) -> Result<Asked, DashError> {
+    let filter = parse_filter(q)?;
     // The order spec has its own fields, so that machines of other sites,
     // vendors and profiles can be shown with their reasons; without them, a
     // filter naming a site and a profile is taken as the order.
@@ -149,59 +215,241 @@ pub(crate) async fn list(
                 vendor: filter.vendor.clone(),
             }),
     };
+    Ok(Asked { filter, spec })
+}
+
+/// `path?filters...` with `state` and `after` as given.
+fn link(path: &str, q: &MachinesQuery, state: &str, after: &str) -> String {
+    url_with(
+        path,
+        &[
+            ("site", non_blank(&q.site).unwrap_or("")),
+            ("vendor", non_blank(&q.vendor).unwrap_or("")),
+            ("profile", non_blank(&q.profile).unwrap_or("")),
+            ("status", non_blank(&q.status).unwrap_or("")),
+            ("state", state),
+            ("spec_site", non_blank(&q.spec_site).unwrap_or("")),
+            ("spec_profile", non_blank(&q.spec_profile).unwrap_or("")),
+            ("spec_vendor", non_blank(&q.spec_vendor).unwrap_or("")),
+            ("after", after),
+        ],
+    )
+}
+
+/// At most `limit` machines after `after`, each with what it is doing and,
+/// with a spec, the allocator's verdict: one statement without a spec; with
+/// one, `explain` (the allocator's rules) and one statement for the page's
+/// states, never one per row.
+async fn rows(
+    pool: &Db,
+    org_id: i64,
+    asked: &Asked,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<MachineView>, DashError> {
+    let Some(spec) = &asked.spec else {
+        return Ok(
+            inventory::list_pooled(pool, org_id, &asked.filter, after, limit)
+                .await?
+                .into_iter()
+                .map(MachineView::of_pooled)
+                .collect(),
+        );
+    };
+    let verdicts = allocator::explain(pool, org_id, spec, &asked.filter, after, limit).await?;
+    let ids: Vec<i64> = verdicts.iter().map(|v| v.machine.id).collect();
+    let mut states: std::collections::HashMap<i64, PooledMachine> =
+        inventory::pooled_by_ids(pool, org_id, &ids)
+            .await?
+            .into_iter()
+            .map(|p| (p.machine.id, p))
+            .collect();
+    Ok(verdicts
+        .into_iter()
+        .map(|v| {
+            let pool_view = states.remove(&v.machine.id).map(|p| PoolView::of(&p));
+            let mut view = MachineView::of_verdict(v);
+            view.pool = pool_view;
+            view
+        })
+        .collect())
+}
+
+pub(crate) async fn list(
+    req: HttpRequest,
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    q: web::Query<MachinesQuery>,
+) -> Result<HttpResponse, DashError> {
+    gate::datacenter(&settings, &staff)?;
+    let q = q.into_inner();
+    let asked = asked(&q)?;
     let after = non_blank(&q.after);
     // One more than a page tells whether a "next" link is needed.
-    let mut machines: Vec<MachineView> = match &spec {
-        Some(spec) => allocator::explain(&pool, staff.org_id, spec, &filter, after, PAGE_SIZE + 1)
-            .await?
-            .into_iter()
-            .map(MachineView::of_verdict)
-            .collect(),
-        None => inventory::list(&pool, staff.org_id, &filter, after, PAGE_SIZE + 1)
-            .await?
-            .into_iter()
-            .map(|m| MachineView {
-                asset_tag: m.asset_tag,
-                site: m.site,
-                vendor: m.vendor,
-                profile: m.profile,
-                status: m.status,
-                verdict: None,
-            })
-            .collect(),
-    };
+    let mut machines = rows(&pool, staff.org_id, &asked, after, PAGE_SIZE + 1).await?;
     let more = machines.len() as i64 > PAGE_SIZE;
     machines.truncate(PAGE_SIZE as usize);
-    let pairs = |after: &str| -> String {
-        url_with(
-            "/machines",
-            &[
-                ("site", non_blank(&q.site).unwrap_or("")),
-                ("vendor", non_blank(&q.vendor).unwrap_or("")),
-                ("profile", non_blank(&q.profile).unwrap_or("")),
-                ("status", non_blank(&q.status).unwrap_or("")),
-                ("spec_site", non_blank(&q.spec_site).unwrap_or("")),
-                ("spec_profile", non_blank(&q.spec_profile).unwrap_or("")),
-                ("spec_vendor", non_blank(&q.spec_vendor).unwrap_or("")),
-                ("after", after),
-            ],
-        )
-    };
+    let state = non_blank(&q.state).unwrap_or("");
     let next = if more {
-        machines.last().map(|m| pairs(&m.asset_tag))
+        machines
+            .last()
+            .map(|m| link("/machines", &q, state, &m.asset_tag))
     } else {
         None
     };
-    let first = after.map(|_| pairs(""));
+    let first = after.map(|_| link("/machines", &q, state, ""));
+    // The counts cover the whole filter (its state aside), not the page.
+    let states = inventory::count_by_state(&pool, staff.org_id, &asked.filter)
+        .await?
+        .into_iter()
+        .map(|(st, count)| StateCount {
+            key: st.as_str(),
+            label: st.label(),
+            count,
+            link: link("/machines", &q, st.as_str(), ""),
+            current: asked.filter.state == Some(st),
+        })
+        .collect();
+    let facets = inventory::facets(&pool, staff.org_id).await?;
+    let (filters, spec_filters) = selects(&facets, &q);
+    let f = &asked.filter;
     page(&MachinesPage {
         chrome: Chrome::new(&req, &staff, "Machines", "machines"),
-        statuses: MachineStatus::ALL.iter().map(|s| s.as_str()).collect(),
-        has_spec: spec.is_some(),
-        q,
+        filters,
+        spec_filters,
+        filtered: f.site.is_some()
+            || f.vendor.is_some()
+            || f.profile.is_some()
+            || f.status.is_some(),
+        states,
+        has_spec: asked.spec.is_some(),
+        csv: link("/machines.csv", &q, state, ""),
         machines,
         next,
         first,
     })
+}
+
+/// The filters' selects, filled from the organization's inventory; then the
+/// order's.
+fn selects(facets: &Facets, q: &MachinesQuery) -> (Vec<Select>, Vec<Select>) {
+    let statuses = MachineStatus::ALL.map(|s| (s.as_str(), s.as_str()));
+    let states = PoolState::ALL.map(|s| (s.as_str(), s.label()));
+    (
+        vec![
+            Select::of("f-site", "site", "Site", &facets.sites, q.site.as_deref()),
+            Select::of(
+                "f-vendor",
+                "vendor",
+                "Vendor",
+                &facets.vendors,
+                q.vendor.as_deref(),
+            ),
+            Select::of(
+                "f-profile",
+                "profile",
+                "Profile",
+                &facets.profiles,
+                q.profile.as_deref(),
+            ),
+            Select::new(
+                "f-status",
+                "status",
+                "Status",
+                statuses,
+                q.status.as_deref(),
+            ),
+            Select::new(
+                "f-state",
+                "state",
+                "In the pool",
+                states,
+                q.state.as_deref(),
+            ),
+        ],
+        vec![
+            Select::of(
+                "s-site",
+                "spec_site",
+                "Order site",
+                &facets.sites,
+                q.spec_site.as_deref(),
+            ),
+            Select::of(
+                "s-profile",
+                "spec_profile",
+                "Order profile",
+                &facets.profiles,
+                q.spec_profile.as_deref(),
+            ),
+            Select::of(
+                "s-vendor",
+                "spec_vendor",
+                "Order vendor",
+                &facets.vendors,
+                q.spec_vendor.as_deref(),
+            ),
+        ],
+    )
+}
+
+/// `/machines.csv`: every machine the page's filters select (not only the
+/// page), with what it is doing and, with an order, its verdict.
+pub(crate) async fn export(
+    staff: Staff,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    q: web::Query<MachinesQuery>,
+) -> Result<HttpResponse, DashError> {
+    gate::datacenter(&settings, &staff)?;
+    let asked = asked(&q)?;
+    let machines = rows(&pool, staff.org_id, &asked, None, csv::MAX_ROWS).await?;
+    let mut columns = vec![
+        "asset_tag",
+        "site",
+        "vendor",
+        "profile",
+        "status",
+        "state",
+        "reservation",
+        "order_ref",
+        "seconds_left",
+        "service_ref",
+    ];
+    if asked.spec.is_some() {
+        columns.extend(["for_this_order", "why"]);
+    }
+    let body = csv::render(
+        &columns,
+        machines.into_iter().map(|m| {
+            let p = m.pool.as_ref();
+            let mut row = vec![
+                m.asset_tag.clone(),
+                m.site.clone(),
+                m.vendor.clone(),
+                m.profile.clone(),
+                m.status.clone(),
+                p.map_or("", |p| p.key).to_owned(),
+                p.and_then(|p| p.held_by.or(p.sold_by))
+                    .map(|id| id.to_string())
+                    .unwrap_or_default(),
+                p.map(|p| p.held_for.clone()).unwrap_or_default(),
+                p.filter(|p| p.held_by.is_some())
+                    .map(|p| p.remaining.to_string())
+                    .unwrap_or_default(),
+                p.map(|p| p.service_ref.clone()).unwrap_or_default(),
+            ];
+            if let Some(verdict) = &m.verdict {
+                match verdict {
+                    None => row.extend(["candidate".to_owned(), String::new()]),
+                    Some(v) => row.extend([v.key.to_owned(), v.reason.clone()]),
+                }
+            }
+            row
+        }),
+    );
+    Ok(csv::response("machines.csv", body))
 }
 
 pub struct ReservationLine {

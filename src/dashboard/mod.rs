@@ -5,9 +5,11 @@
 pub mod admin;
 pub mod assets;
 pub mod csrf;
+pub mod csv;
 pub mod demand;
 pub mod error;
 pub mod gate;
+pub mod input;
 pub mod jobs;
 pub mod layout;
 pub mod login;
@@ -31,7 +33,9 @@ pub use session::Staff;
 /// exports `ROUTES` (path, methods), which the access matrix test compares
 /// with its own rows, so a route added here without a matrix row fails.
 /// Each path is one `web::resource`, so a method it does not serve is 405
-/// (with an Allow header), never a 404.
+/// (with an Allow header), never a 404. Every resource is wrapped in
+/// `input::guard`: no handler sees a query, form or path segment that was
+/// not checked (issue 23).
 macro_rules! routes {
     ($( $path:literal => [ $( $method:ident => $handler:path ),+ ] ),+ $(,)?) => {
         pub const ROUTES: &[(&str, &[&str])] = &[
@@ -42,7 +46,8 @@ macro_rules! routes {
                 cfg.service(
                     web::resource($path)
                         $( .route(web::$method().to($handler)) )+
-                        .default_service(web::to(method_not_allowed)),
+                        .default_service(web::to(method_not_allowed))
+                        .wrap(actix_web::middleware::from_fn(input::guard)),
                 );
             )+
         }
@@ -54,8 +59,10 @@ routes! {
     "/login" => [get => login::login_form, post => login::login],
     "/logout" => [post => login::logout],
     "/machines" => [get => machines::list],
+    "/machines.csv" => [get => machines::export],
     "/machines/{asset_tag}" => [get => machines::detail],
     "/reservations" => [get => reservations::list],
+    "/reservations.csv" => [get => reservations::export],
     "/reservations/{id}" => [get => reservations::detail],
     "/reservations/{id}/cancel" => [get => reservations::confirm_cancel, post => reservations::cancel],
     "/reservations/{id}/convert" => [get => reservations::confirm_convert, post => reservations::convert],
@@ -63,6 +70,7 @@ routes! {
     "/why-not" => [get => why_not::why_not],
     "/jobs" => [get => jobs::jobs],
     "/demand" => [get => demand::demand],
+    "/demand.csv" => [get => demand::export],
     "/settings" => [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => [post => org_settings::save_webhook],
     "/audit" => [get => admin::audit_log],

@@ -17,6 +17,7 @@ use chrono::{DateTime, Duration, Timelike, Utc};
 use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, page};
+use crate::inventory;
 
 /// (site, kind, hour index, count) of the 24-hour chart's query.
 type HourCount = (String, String, i32, i64);
@@ -189,24 +190,26 @@ pub(crate) async fn overview(
     staff: Staff,
     pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
-    // The four categories are disjoint: a live service link wins, then a
-    // held reservation; what is left is sellable when ready, not ready
-    // otherwise. Held/sold are derived, never stored (schema comment).
-    let rows: Vec<ProfileCounts> = sqlx::query_as(
-        "SELECT m.site, m.profile,
-                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NULL AND m.status = 'ready') AS sellable,
-                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NOT NULL) AS held,
-                count(*) FILTER (WHERE s.machine_id IS NOT NULL) AS sold,
-                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NULL AND m.status <> 'ready') AS not_ready
-           FROM machines m
-           LEFT JOIN reservations r ON r.machine_id = m.id AND r.state = 'held'
-           LEFT JOIN service_links s ON s.machine_id = m.id AND s.ended_at IS NULL
-          WHERE m.org_id = $1
-          GROUP BY m.site, m.profile ORDER BY m.site, m.profile",
-    )
-    .bind(staff.org_id)
-    .fetch_all(pool.get_ref())
-    .await?;
+    // The four categories of `inventory::PoolState`, the same SQL as the
+    // machines list's.
+    let sql = format!(
+        "SELECT site, profile,
+                count(*) FILTER (WHERE st = 'sellable') AS sellable,
+                count(*) FILTER (WHERE st = 'held') AS held,
+                count(*) FILTER (WHERE st = 'sold') AS sold,
+                count(*) FILTER (WHERE st = 'not_ready') AS not_ready
+           FROM (SELECT m.site, m.profile, {state} AS st
+                   FROM machines m
+                   {joins}
+                  WHERE m.org_id = $1) m
+          GROUP BY site, profile ORDER BY site, profile",
+        state = inventory::pool_state_sql(),
+        joins = inventory::POOL_STATE_JOINS,
+    );
+    let rows: Vec<ProfileCounts> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(staff.org_id)
+        .fetch_all(pool.get_ref())
+        .await?;
     // The last 24 hours by the database clock, in whole hours: the 23 past
     // hours and the current one. Created rows come from
     // reservations_created_recently_idx, ended ones from

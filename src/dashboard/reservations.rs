@@ -9,14 +9,16 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::csrf;
+use super::csv;
 use super::error::DashError;
 use super::gate;
 use super::outcome;
 use super::session::{Staff, audit_on};
 use super::view::{
-    Chrome, fmt_opt_time, fmt_remaining, fmt_time, non_blank, page, see_other, url_with,
+    Chrome, Select, fmt_opt_time, fmt_remaining, fmt_time, non_blank, page, see_other, url_with,
 };
 use crate::domain::{ServiceRef, Site};
+use crate::inventory;
 use crate::reservations::{self, TransitionError};
 use crate::settings::Settings;
 
@@ -92,6 +94,8 @@ struct ReservationsPage {
     chrome: Chrome,
     can_act: bool,
     site: String,
+    site_select: Select,
+    csv: String,
     within: Option<i32>,
     within_choices: [i32; 5],
     rows: Vec<LiveView>,
@@ -106,13 +110,13 @@ fn bad_cursor() -> DashError {
     DashError::bad_request("The page link is not valid; start again from the first page.")
 }
 
-pub(crate) async fn list(
-    req: HttpRequest,
-    staff: Staff,
-    pool: web::Data<Db>,
-    q: web::Query<LiveQuery>,
-) -> Result<HttpResponse, DashError> {
-    let q = q.into_inner();
+/// The filters of `/reservations` (and its CSV), parsed.
+struct LiveFilter {
+    site: Option<Site>,
+    within: Option<i32>,
+}
+
+fn live_filter(q: &LiveQuery) -> Result<LiveFilter, DashError> {
     let site = non_blank(&q.site)
         .map(Site::parse)
         .transpose()
@@ -129,14 +133,19 @@ pub(crate) async fn list(
                 })
         })
         .transpose()?;
-    let after = non_blank(&q.after)
-        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
-        .transpose()?;
-    let before = non_blank(&q.before)
-        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
-        .transpose()?;
-    let backwards = before.is_some() && after.is_none();
-    let cursor = if backwards { before } else { after };
+    Ok(LiveFilter { site, within })
+}
+
+/// Held reservations matching `f`, in deadline order from `cursor`
+/// (backwards: before it, newest first), at most `limit`.
+async fn held_rows(
+    pool: &Db,
+    org_id: i64,
+    f: &LiveFilter,
+    cursor: Option<Cursor>,
+    backwards: bool,
+    limit: i64,
+) -> Result<Vec<LiveRow>, sqlx::Error> {
     // The remaining seconds come from the database clock (clock_timestamp),
     // the same clock that judges expiry; the browser only counts down from
     // it, never reads its own wall clock. Keyset paging on (expires_at, id)
@@ -158,15 +167,35 @@ pub(crate) async fn list(
         cmp = if backwards { "<" } else { ">" },
         dir = if backwards { "DESC" } else { "ASC" },
     );
-    let mut rows: Vec<LiveRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(staff.org_id)
-        .bind(site.as_ref().map(Site::as_str))
-        .bind(within)
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .bind(f.site.as_ref().map(Site::as_str))
+        .bind(f.within)
         .bind(cursor.map(|c| c.expires_at))
         .bind(cursor.map_or(0, |c| c.id))
-        .bind(LIVE_PAGE + 1)
-        .fetch_all(pool.get_ref())
-        .await?;
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+}
+
+pub(crate) async fn list(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<Db>,
+    q: web::Query<LiveQuery>,
+) -> Result<HttpResponse, DashError> {
+    let q = q.into_inner();
+    let f = live_filter(&q)?;
+    let (site, within) = (&f.site, f.within);
+    let after = non_blank(&q.after)
+        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
+        .transpose()?;
+    let before = non_blank(&q.before)
+        .map(|c| Cursor::parse(c).ok_or_else(bad_cursor))
+        .transpose()?;
+    let backwards = before.is_some() && after.is_none();
+    let cursor = if backwards { before } else { after };
+    let mut rows = held_rows(&pool, staff.org_id, &f, cursor, backwards, LIVE_PAGE + 1).await?;
     let more = rows.len() as i64 > LIVE_PAGE;
     rows.truncate(LIVE_PAGE as usize);
     if backwards {
@@ -193,6 +222,7 @@ pub(crate) async fn list(
         (more, after.is_some())
     };
     let within_text = within.map(|w| w.to_string()).unwrap_or_default();
+    let sites = inventory::facets(&pool, staff.org_id).await?.sites;
     let site_text = site.as_ref().map_or("", |s| s.as_str());
     let link = |key: &str, c: &LiveRow| {
         let c = Cursor {
@@ -225,6 +255,11 @@ pub(crate) async fn list(
         chrome: Chrome::new(&req, &staff, "Live reservations", "reservations"),
         can_act: staff.can_act(),
         site: site_text.to_owned(),
+        site_select: Select::of("l-site", "site", "Site", &sites, Some(site_text)),
+        csv: url_with(
+            "/reservations.csv",
+            &[("site", site_text), ("within", &within_text)],
+        ),
         within,
         within_choices: WITHIN_CHOICES,
         rows,
@@ -234,6 +269,38 @@ pub(crate) async fn list(
         next,
         prev,
     })
+}
+
+/// `/reservations.csv`: every held reservation the filters select (not only
+/// the page), soonest deadline first.
+pub(crate) async fn export(
+    staff: Staff,
+    pool: web::Data<Db>,
+    q: web::Query<LiveQuery>,
+) -> Result<HttpResponse, DashError> {
+    let f = live_filter(&q)?;
+    let rows = held_rows(&pool, staff.org_id, &f, None, false, csv::MAX_ROWS).await?;
+    let body = csv::render(
+        &[
+            "reservation",
+            "order_ref",
+            "asset_tag",
+            "site",
+            "expires_at",
+            "seconds_left",
+        ],
+        rows.into_iter().map(|r| {
+            vec![
+                r.id.to_string(),
+                r.order_ref,
+                r.asset_tag,
+                r.site,
+                fmt_time(&r.expires_at),
+                r.remaining.max(0).to_string(),
+            ]
+        }),
+    );
+    Ok(csv::response("reservations.csv", body))
 }
 
 /// What the detail and confirmation pages need beyond the reservation row.
@@ -515,7 +582,10 @@ pub(crate) async fn cancel(
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
     let fence = precheck(&staff, &settings, &form)?;
-    let reason = reservations::check_reason(&form.reason).map_err(|problem| {
+    // A browser sends a textarea's line breaks as CRLF; the rule (shared
+    // with the API) knows LF.
+    let typed = form.reason.replace("\r\n", "\n");
+    let reason = reservations::check_reason(&typed).map_err(|problem| {
         let mut sentence = problem.to_owned();
         sentence[..1].make_ascii_uppercase();
         DashError::bad_request(format!(

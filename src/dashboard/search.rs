@@ -59,27 +59,20 @@ pub(crate) async fn search(
     pool: web::Data<Db>,
     q: web::Query<SearchQuery>,
 ) -> Result<HttpResponse, DashError> {
+    // Length and control characters were checked by `input::guard`.
     let q = q.q.trim().to_owned();
-    if q.chars().count() > 200 {
-        return Err(DashError::bad_request(
-            "The search text must be at most 200 characters.",
-        ));
-    }
-    // PostgreSQL text cannot hold a NUL: refused here, not a 500 there.
-    if q.chars().any(char::is_control) {
-        return Err(DashError::bad_request(
-            "The search text must not contain control characters.",
-        ));
-    }
     let mut reservations = Vec::new();
     let mut machines = Vec::new();
     if !q.is_empty() {
         let id: Option<i64> = q.trim_start_matches('#').parse().ok();
         // Exact matches first (id, order ref), then order refs that start
         // with the text; every state, all time, this organization only.
+        // `$3` is NULL when the text is not a number: `r.id = $3` would then
+        // be NULL, not false, and so would `exact` (issue 23: a 500 on
+        // "DEMO"); `IS NOT DISTINCT FROM` is false instead.
         reservations = sqlx::query_as::<_, ResHit>(
             "SELECT r.id, r.order_ref, r.state, m.asset_tag, r.created_at,
-                    (r.id = $3 OR r.order_ref = $2) AS exact
+                    (r.id IS NOT DISTINCT FROM $3 OR r.order_ref = $2) AS exact
                FROM reservations r JOIN machines m ON m.id = r.machine_id
               WHERE r.org_id = $1
                 AND (r.id = $3 OR r.order_ref = $2 OR starts_with(lower(r.order_ref), lower($2)))

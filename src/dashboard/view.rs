@@ -92,6 +92,87 @@ pub fn url_with(path: &str, pairs: &[(&str, &str)]) -> String {
     }
 }
 
+/// A filter's <select> (templates/_select.html): the organization's own
+/// values, so that nobody types `par1` and wonders about a typo.
+pub struct Select {
+    pub id: &'static str,
+    pub name: &'static str,
+    pub label: &'static str,
+    /// The first option's words (value ""): "any", or "choose one".
+    pub blank: &'static str,
+    pub required: bool,
+    pub options: Vec<SelectOption>,
+}
+
+pub struct SelectOption {
+    pub value: String,
+    pub text: String,
+    pub selected: bool,
+}
+
+impl Select {
+    /// `values` as options, `current` selected; a current value that is not
+    /// among them (an old link, a machine since gone) stays shown, selected.
+    pub fn new<'a>(
+        id: &'static str,
+        name: &'static str,
+        label: &'static str,
+        values: impl IntoIterator<Item = (&'a str, &'a str)>,
+        current: Option<&str>,
+    ) -> Select {
+        let current = current.map(str::trim).filter(|c| !c.is_empty());
+        let mut options: Vec<SelectOption> = values
+            .into_iter()
+            .map(|(value, text)| SelectOption {
+                selected: current == Some(value),
+                value: value.to_owned(),
+                text: text.to_owned(),
+            })
+            .collect();
+        if let Some(c) = current
+            && !options.iter().any(|o| o.selected)
+        {
+            options.push(SelectOption {
+                value: c.to_owned(),
+                text: c.to_owned(),
+                selected: true,
+            });
+        }
+        Select {
+            id,
+            name,
+            label,
+            blank: "any",
+            required: false,
+            options,
+        }
+    }
+
+    /// Of plain values (their text is the value).
+    pub fn of(
+        id: &'static str,
+        name: &'static str,
+        label: &'static str,
+        values: &[String],
+        current: Option<&str>,
+    ) -> Select {
+        Select::new(
+            id,
+            name,
+            label,
+            values.iter().map(|v| (v.as_str(), v.as_str())),
+            current,
+        )
+    }
+
+    /// A select a person must choose in (why-not's order).
+    pub fn required(mut self) -> Select {
+        self.required = true;
+        self.blank = "choose one";
+        self
+    }
+}
+
 /// An optional form or query field: blank means absent.
 pub fn non_blank(s: &Option<String>) -> Option<&str> {
     s.as_deref().map(str::trim).filter(|s| !s.is_empty())

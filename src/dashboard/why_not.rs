@@ -19,7 +19,7 @@ use super::gate;
 use super::machines::{MachineView, PAGE_SIZE, parse_spec};
 use super::reasons;
 use super::session::Staff;
-use super::view::{Chrome, non_blank, page, url_with};
+use super::view::{Chrome, Select, non_blank, page, url_with};
 use crate::allocator::{self, OrderSpec, PassTwo, Verdict};
 use crate::domain::MachineStatus;
 use crate::inventory::MachineFilter;
@@ -68,6 +68,7 @@ pub struct SummaryRow {
 struct WhyNotPage {
     chrome: Chrome,
     q: WhyNotQuery,
+    filters: Vec<Select>,
     has_spec: bool,
     answer_kind: &'static str,
     answer_text: String,
@@ -149,12 +150,14 @@ fn group_filter(spec: &OrderSpec, key: &str) -> MachineFilter {
             vendor,
             profile,
             status: None,
+            state: None,
         },
         _ => MachineFilter {
             site,
             vendor,
             profile,
             status: Some(MachineStatus::Ready),
+            state: None,
         },
     }
 }
@@ -189,10 +192,31 @@ pub(crate) async fn why_not(
         ),
     };
     let chrome = Chrome::new(&req, &staff, "Why not?", "why-not");
+    // The order's fields are selects of the organization's own values.
+    let facets = crate::inventory::facets(&pool, staff.org_id).await?;
+    let filters = vec![
+        Select::of("w-site", "site", "Site", &facets.sites, q.site.as_deref()).required(),
+        Select::of(
+            "w-profile",
+            "profile",
+            "Profile",
+            &facets.profiles,
+            q.profile.as_deref(),
+        )
+        .required(),
+        Select::of(
+            "w-vendor",
+            "vendor",
+            "Vendor (optional)",
+            &facets.vendors,
+            q.vendor.as_deref(),
+        ),
+    ];
     let Some(spec) = spec else {
         return page(&WhyNotPage {
             chrome,
             q,
+            filters,
             has_spec: false,
             answer_kind: "",
             answer_text: String::new(),
@@ -316,6 +340,7 @@ pub(crate) async fn why_not(
     let first = after.map(|_| format!("{}#machines", link(reason, "")));
     page(&WhyNotPage {
         chrome,
+        filters,
         has_spec: true,
         answer_kind,
         answer_text,

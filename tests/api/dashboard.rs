@@ -875,7 +875,7 @@ async fn another_organizations_objects_are_404() {
     // A NUL reached PostgreSQL and was a 500 (found by the bad-input property).
     let (status, body) = c.page("/search?q=ORD%00X").await;
     assert_eq!(status, 400, "{body}");
-    assert!(body.contains("control characters"), "{body}");
+    assert!(body.contains("control character (NUL)"), "{body}");
     assert_eq!(
         c.get("/reservations/not-a-number").await.status().as_u16(),
         404

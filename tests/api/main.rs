@@ -15,8 +15,10 @@ mod guardrails;
 #[path = "../ha/cluster.rs"]
 mod ha_cluster;
 mod helpers;
+mod hostile_forms;
 mod inventory;
 mod lease;
+mod machines_list;
 mod migrations;
 mod openapi;
 mod orders;
