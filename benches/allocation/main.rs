@@ -1,10 +1,19 @@
 //! `cargo bench --bench allocation`: how fast poolkeeper does its job on this
 //! machine, beside its targets, in one run. Starts a private PostgreSQL
-//! (throwaway: fsync off, as the tests run it), runs `poolkeeper serve` as a
-//! separate process against it, and writes BENCHMARKS.md and
-//! target/bench/results.json. `BENCH_QUICK=1` runs small sizes in under a
-//! minute and writes under target/bench/ only. See `setup::Config` for the
-//! other knobs.
+//! (durable, as PostgreSQL ships: fsync, synchronous_commit and
+//! full_page_writes on), runs `poolkeeper serve` as a separate process
+//! against it, and writes BENCHMARKS.md and target/bench/results.json.
+//! `BENCH_QUICK=1` runs small sizes and writes under target/bench/ only;
+//! `BENCH_ONLY=throughput BENCH_CLIENTS=8` runs one item at one client count
+//! (a partial run also writes under target/bench/ only). See
+//! `setup::Config` for the other knobs.
+//!
+//! Adding an item: a module with a `run` that takes the cluster (or a
+//! database of it) and returns its figures, a field of `Results`, a
+//! `cfg.runs_item("name")` block in `run_items`, and its rows in
+//! `report::markdown`. `measure_throughput` measures the API against the
+//! ceiling at one client count on any database and server (e.g. a primary
+//! with a synchronous standby), with the per-cycle WAL counters.
 
 mod cpu;
 mod fill;
@@ -23,6 +32,7 @@ mod setup;
 mod stats;
 mod sweep;
 mod throughput;
+mod wal;
 
 use std::time::Instant;
 
@@ -67,6 +77,11 @@ pub struct Throughput {
     pub ratio: f64,
     pub http_runs: Vec<throughput::Run>,
     pub db_runs: Vec<throughput::Run>,
+    /// Per cycle: WAL, syncs, commits, lock waits (medians; waits summed).
+    pub http_wal: wal::PerCycle,
+    pub db_wal: wal::PerCycle,
+    pub http_wal_runs: Vec<wal::PerCycle>,
+    pub db_wal_runs: Vec<wal::PerCycle>,
 }
 
 impl Throughput {
@@ -74,6 +89,8 @@ impl Throughput {
         clients: usize,
         http_runs: Vec<throughput::Run>,
         db_runs: Vec<throughput::Run>,
+        http_wal_runs: Vec<wal::PerCycle>,
+        db_wal_runs: Vec<wal::PerCycle>,
     ) -> Throughput {
         let rate = |runs: &[throughput::Run]| {
             median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
@@ -99,6 +116,10 @@ impl Throughput {
             ratio: http / db,
             http_runs,
             db_runs,
+            http_wal: wal::PerCycle::median_of(&http_wal_runs),
+            db_wal: wal::PerCycle::median_of(&db_wal_runs),
+            http_wal_runs,
+            db_wal_runs,
         }
     }
 }
@@ -136,6 +157,8 @@ pub struct Results {
     pub ha: Option<ha::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
+    /// The cluster's settings that shape the figures (machine table).
+    pub pg_settings: Vec<(String, String)>,
 }
 
 async fn run() -> anyhow::Result<()> {
@@ -143,7 +166,7 @@ async fn run() -> anyhow::Result<()> {
     let started = Instant::now();
     let load_before = report::loadavg();
     eprintln!("bench: {cfg:?}");
-    let cluster = Cluster::start().await?;
+    let cluster = Cluster::start(&cfg).await?;
     let external = cluster.external();
     let outcome = run_items(&cfg, &cluster).await;
     let pg_version = outcome
@@ -172,6 +195,7 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         pg_version = sqlx::query_scalar("SELECT current_setting('server_version')")
             .fetch_one(&db.setup)
             .await?;
+        results.pg_settings = wal::settings(&db).await?;
         let org = setup::org(&db, "bench").await?;
         setup::machines(&db, org.id, "m", cfg.machines, cfg.sites, PROFILE, "ready").await?;
         throughput::create_ceiling_functions(&db).await?;
@@ -195,12 +219,16 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
             .await?;
         }
         db.exec("VACUUM ANALYZE").await?;
+        // The bulk load above wrote hundreds of megabytes of WAL: its
+        // checkpoint runs now, not during the measured runs.
+        db.exec("CHECKPOINT").await?;
         let server = server::Server::start(&db.url, &cluster.dir, &cfg.server_log).await?;
         let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&db.setup)
             .await?;
         let meter = cpu::Meter::new(server.pid(), backend);
-        let outcome = api_items(cfg, &db, &org, &server.base, &meter, &mut results).await;
+        let probe = wal::Probe::new(cluster.log.clone(), cfg.settle_seconds);
+        let outcome = api_items(cfg, &db, &org, &server.base, &meter, &probe, &mut results).await;
         server.stop().await;
         outcome?;
         db.setup.close().await;
@@ -297,6 +325,96 @@ pub async fn drop_database(cluster: &Cluster, name: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Item 1 at `clients` clients: `cfg.runs` HTTP runs against `base` and as
+/// many ceiling runs on `db`, alternating, each followed by its per-cycle
+/// counters (after the statistics settle).
+pub async fn measure_throughput(
+    cfg: &Config,
+    meter: &cpu::Meter,
+    probe: &wal::Probe,
+    db: &setup::Db,
+    org: &setup::Org,
+    base: &str,
+    clients: usize,
+) -> anyhow::Result<Throughput> {
+    let (mut http_runs, mut db_runs) = (Vec::new(), Vec::new());
+    let (mut http_wal, mut db_wal) = (Vec::new(), Vec::new());
+    // The warm-up's counters settle before the first mark.
+    tokio::time::sleep(std::time::Duration::from_secs_f64(cfg.settle_seconds)).await;
+    // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
+    for r in 0..cfg.runs {
+        let mark = probe.start(db).await?;
+        let h = throughput::http_run(
+            meter,
+            base,
+            &org.token,
+            cfg.sites,
+            clients,
+            cfg.run_seconds,
+            &format!("h{clients}-{r}"),
+        )
+        .await?;
+        let hw = probe.end(db, &mark, h.cycles).await?;
+        // BENCH_CEILING=0 (profiling only) repeats the HTTP run instead.
+        let (d, dw) = if std::env::var("BENCH_CEILING").is_ok_and(|v| v == "0") {
+            (h, hw.clone())
+        } else {
+            let mark = probe.start(db).await?;
+            let d = throughput::db_run(
+                meter,
+                db,
+                org.id,
+                cfg.sites,
+                clients,
+                cfg.run_seconds,
+                &format!("d{clients}-{r}"),
+            )
+            .await?;
+            let dw = probe.end(db, &mark, d.cycles).await?;
+            (d, dw)
+        };
+        eprintln!(
+            "  {clients} clients run {r}: http {:.0}/s p50 {:.2} p99 {:.2} max {:.1} ms (cpu/cycle ms: server {:.2} client {:.2} pg {:.2}; machine {:.0}% busy; per cycle: {:.1} WAL records, {:.0} B, {:.2} FPI, {:.2} syncs, {:.2} commits, {} lock waits); ceiling {:.0}/s p50 {:.2} p99 {:.2} max {:.1} ms (cpu/cycle: client {:.2} pg {:.2}; per cycle: {:.1} WAL records, {:.0} B, {:.2} FPI, {:.2} syncs, {:.2} commits, {} lock waits)",
+            h.cycles_per_s,
+            h.reserve.p50_ms,
+            h.reserve.p99_ms,
+            h.reserve.max_ms,
+            h.cpu.server_ms,
+            h.cpu.client_ms,
+            h.cpu.postgres_ms,
+            h.cpu.machine_busy * 100.0,
+            hw.records,
+            hw.bytes,
+            hw.fpi,
+            hw.syncs,
+            hw.commits,
+            hw.lock_waits,
+            d.cycles_per_s,
+            d.reserve.p50_ms,
+            d.reserve.p99_ms,
+            d.reserve.max_ms,
+            d.cpu.client_ms,
+            d.cpu.postgres_ms,
+            dw.records,
+            dw.bytes,
+            dw.fpi,
+            dw.syncs,
+            dw.commits,
+            dw.lock_waits,
+        );
+        for e in hw.lock_wait_examples.iter().chain(&dw.lock_wait_examples) {
+            eprintln!("    lock wait: {e}");
+        }
+        http_runs.push(h);
+        db_runs.push(d);
+        http_wal.push(hw);
+        db_wal.push(dw);
+    }
+    Ok(Throughput::of(
+        clients, http_runs, db_runs, http_wal, db_wal,
+    ))
+}
+
 /// Items 1 and 5, against one running server.
 async fn api_items(
     cfg: &Config,
@@ -304,6 +422,7 @@ async fn api_items(
     org: &setup::Org,
     base: &str,
     meter: &cpu::Meter,
+    probe: &wal::Probe,
     results: &mut Results,
 ) -> anyhow::Result<()> {
     let warm = cfg.run_seconds.min(2.0);
@@ -314,55 +433,8 @@ async fn api_items(
             throughput::db_run(meter, db, org.id, cfg.sites, 8, warm, "warm-d").await?;
         }
         for &clients in &cfg.clients {
-            let (mut http_runs, mut db_runs) = (Vec::new(), Vec::new());
-            // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
-            for r in 0..cfg.runs {
-                let h = throughput::http_run(
-                    meter,
-                    base,
-                    &org.token,
-                    cfg.sites,
-                    clients,
-                    cfg.run_seconds,
-                    &format!("h{clients}-{r}"),
-                )
-                .await?;
-                // BENCH_CEILING=0 (profiling only) repeats the HTTP run instead.
-                let d = if std::env::var("BENCH_CEILING").is_ok_and(|v| v == "0") {
-                    h
-                } else {
-                    throughput::db_run(
-                        meter,
-                        db,
-                        org.id,
-                        cfg.sites,
-                        clients,
-                        cfg.run_seconds,
-                        &format!("d{clients}-{r}"),
-                    )
-                    .await?
-                };
-                eprintln!(
-                    "  {clients} clients run {r}: http {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle ms: server {:.2} client {:.2} pg {:.2}; machine {:.0}% busy); ceiling {:.0}/s p50 {:.2} p99 {:.2} ms (cpu/cycle: client {:.2} pg {:.2})",
-                    h.cycles_per_s,
-                    h.reserve.p50_ms,
-                    h.reserve.p99_ms,
-                    h.cpu.server_ms,
-                    h.cpu.client_ms,
-                    h.cpu.postgres_ms,
-                    h.cpu.machine_busy * 100.0,
-                    d.cycles_per_s,
-                    d.reserve.p50_ms,
-                    d.reserve.p99_ms,
-                    d.cpu.client_ms,
-                    d.cpu.postgres_ms
-                );
-                http_runs.push(h);
-                db_runs.push(d);
-            }
-            results
-                .throughput
-                .push(Throughput::of(clients, http_runs, db_runs));
+            let t = measure_throughput(cfg, meter, probe, db, org, base, clients).await?;
+            results.throughput.push(t);
         }
     }
 

@@ -15,6 +15,21 @@ const HOW: &str = "## How it is measured
   worker threads), `poolkeeper serve` and PostgreSQL share the CPUs listed
   above. Nothing is pinned. The load average before and after the run says
   how quiet the machine was.
+- **A durable cluster.** The bench starts its own PostgreSQL with the
+  durability settings it ships with (`fsync`, `synchronous_commit`,
+  `full_page_writes` on; the machine table prints them), its data on the
+  machine's disk: every commit of a reservation waits for its WAL to reach
+  the disk, as in production. It sets only `pg_stat_statements` (item 7),
+  `log_lock_waits` and a `deadlock_timeout` of 1 ms (so that every lock wait
+  longer than 1 ms is written to its log and counted). `BENCH_DURABLE=0`
+  runs the same items on a throwaway cluster (all three off): what is left is
+  CPU cost only; such a run writes under target/bench/, never here.
+- **Running part of it.** `BENCH_ONLY=throughput BENCH_CLIENTS=8` runs item 1
+  (and 7) at 8 clients only; `BENCH_QUICK=1` runs every item at small
+  sizes; `BENCH_PG_SET='commit_delay=100;commit_siblings=5'` sets server
+  settings (ALTER SYSTEM) before the runs; `POOLKEEPER_DB_MAX_CONNECTIONS`
+  sizes the server's pool. Any of these writes
+  target/bench/BENCHMARKS-partial.md, not this file.
 - **1. Throughput.** The database starts with 10,000 machines and a history
   of 20,000 ended reservations (see below why). Each client has its own
   keep-alive HTTP connection and
@@ -32,9 +47,17 @@ const HOW: &str = "## How it is measured
   block, i.e. a savepoint) and `bench_cancel` (machine then reservation
   locked, fence, state and deadline checked, the update and the `cancelled`
   event). They are created by the bench in its own database, never by a
-  migration. HTTP and ceiling runs alternate. CPU per reservation is read
+  migration. HTTP and ceiling runs alternate, on the same database and
+  cluster. CPU per reservation is read
   from /proc (utime+stime) for the server process, the bench process and
-  every PostgreSQL process.
+  every PostgreSQL process. Per cycle, each run also reads the cluster's
+  `pg_stat_wal` (WAL records, bytes, full-page images, syncs) and the
+  database's `pg_stat_database.xact_commit` before and after, waiting
+  `BENCH_SETTLE` seconds (10.5) after the run so that the idle backends
+  have reported their last counters (PostgreSQL 15 flushes an idle
+  backend's statistics up to 10 s late), and counts the `still waiting
+  for` lines that `log_lock_waits` wrote to the server's log during the run.
+  These counters hardly depend on the load of the machine; the rates do.
 - **2. Lost sales.** Each round, 8 tasks on 8 connections wait on a
   `tokio::sync::Barrier`, then order on a site of 3 ready machines. The
   article's first version selects every candidate `FOR UPDATE SKIP LOCKED`
@@ -97,66 +120,151 @@ const HOW: &str = "## How it is measured
 
 const THROUGHPUT: &str = "### What limits item 1 (HTTP API against the database's ceiling)
 
-On this machine the rate is CPU divided by CPU per reservation: every side
-runs on the same few CPUs, and the machine is close to 100% busy during the
-8- and 32-client runs. The CPU columns of the table say where it goes.
+Since issue 21 the cluster is durable. Every reserve and every cancel is a
+transaction whose commit waits until its WAL is on disk (one 8 kB write and
+its fdatasync take about 0.15 ms on this machine's disk, by
+`pg_test_fsync`); transactions that commit at the same moment share one
+sync (group commit), which the syncs per cycle of the table show. The
+ceiling runs on the same cluster, the same database and the same tables
+as the API, so both write the same rows: their WAL records per cycle are
+within a record of each other in the table. The issue's first figures (27
+records against 10) compared the API with a ceiling that wrote lighter
+rows; here the ratio is what the HTTP path costs beyond the same database
+work, and the section below says what that work was cut to.
+
+What the HTTP path adds is CPU: the server (its CPU per request is in the
+table), the clients' HTTP, and more PostgreSQL CPU per cycle than the
+ceiling's for the same two statements (the CPU columns). The functions
+themselves are a small part of it: pgbench calling `api_reserve` +
+`api_transition` as the server's prepared statements ran at 0.8 to 0.9
+times the rate of the ceiling's pair on the same database (2026-12-03, 8
+connections; what they do beyond the ceiling: the token check in the same
+statement, the frozen reason's words, the walk's counters returned as a
+row, nested PL/pgSQL calls each with its `SET` clauses, the outbox
+trigger). The rest comes with the pool: a request goes to whichever pooled connection is
+free, so successive statements wake different backends (sqlx hands idle
+connections out in turn), and each backend sleeps and wakes between
+requests while the HTTP exchange happens. At 1 client on a quiet machine
+(2026-12-03 20:49, load average 0.4) PostgreSQL's CPU per cycle was 1.03 to
+1.06 ms over HTTP with the default pool against 0.52 to 0.59 ms in the
+ceiling, and 0.92 to 0.99 ms with a pool of 2: the rotation through idle
+connections is a small part; the rest is per request (waking the backend
+for each statement, the wider result row the API returns, the functions'
+extra work above). On the loaded machine of the afternoon the same
+figure was 1.75 ms: a backend woken after a wait for a CPU costs more.
+
+The pool, measured at 8 clients on the durable cluster
+(`POOLKEEPER_DB_MAX_CONNECTIONS`, quick runs of 2026-12-03 with a load
+average of 6 to 14 from other work): with 8 connections PostgreSQL's CPU
+per cycle fell from 1.2-1.3 ms to 0.9-1.05 ms, but the rate moved within
+the noise; with 4 connections the syncs per cycle rose from 0.65 to 1.1
+and the rate fell by half or more: with fewer connections than requests in
+flight, commits stop sharing syncs and requests queue for a connection
+while a commit waits for the disk. Under durable commits the pool should
+hold at least as many connections as requests in flight; the default (20)
+stays, and the README says why.
+
+`commit_delay` (a committing backend waits that long for others to join
+its sync when at least `commit_siblings` other transactions are active):
+with `BENCH_PG_SET='commit_delay=200'` the ceiling's syncs per cycle fell
+from 0.55 to 0.44, the API's stayed at 0.64. The API's transactions are
+seldom five at once inside the database (the rest of each request is HTTP
+and the server), so the condition rarely holds and the delay buys nothing
+for it. Not recommended from these figures; the README says so.
 
 The first version of the bench (2026-12-02) found the HTTP path at 16% of
-the ceiling at 8 clients, and the cause: round trips, not slow SQL. A
-reserve+cancel cycle was 2 HTTP exchanges and 24 round trips to PostgreSQL
-(4 pool pings; per request the token lookup; for the reserve BEGIN, the R9
-lookup, the candidates, the lock, the re-check under the lock, SAVEPOINT,
-the expiry at the point of use, the INSERT, its event, RELEASE, COMMIT; for
-the cancel BEGIN, the reservation's machine, the machine lock, the
-reservation lock, the UPDATE, its event, COMMIT). Each round trip cost a
-protocol exchange, a snapshot and executor start-up, and a process wake-up
-on each side; perf put 55% of the server's CPU in the kernel.
+the ceiling at 8 clients, from round trips: a reserve+cancel cycle was 24
+round trips to PostgreSQL. Each decision is now one statement (item 7
+counts them): the reserve is `api_reserve`, the cancel and the convert
+`api_transition`, with the token check in the same statement; the rules
+are in `sql/allocator.sql` and `sql/transitions.sql`, tied to their
+numbers, and
+`src/allocator.rs` says where each one lives. The ceiling is still the
+bench's own pair of functions, never the shipped path.";
 
-The shape of the hot path changed, not its details. Each decision is now one
-statement (item 7 counts them): the reserve is `api_reserve` (the token, its
-scope and the module switches, R9 asked twice, pass one, pass two with one
-candidate locked at a time and a `BEGIN ... EXCEPTION` block per insert
-attempt, R7's counts on a refusal), the cancel and the convert
-`api_transition`; the pool no longer pings a connection before handing it
-out. The rules did not move out of sight: `src/allocator.rs` says where
-each one lives, and the SQL is in `sql/allocator.sql` and
-`sql/transitions.sql`, tied to the rule numbers.
-The ceiling is still the bench's own pair of functions, never the shipped
-path, so the ratio still compares the HTTP API with the database alone;
-because the shipped path is now PL/pgSQL as well, the table also gives the
-server's CPU per request and the round trips per call, so that the gain is
-visible and not just moved into PostgreSQL.
+const LATENCY8: &str = "The p99 at 8 clients. In the runs of 2026-12-03 (quick runs and
+one item-1 run, load average 6 to 14 from other work on 2 CPUs) the API's
+reserve p99 ranged from 17 to 100 ms and the ceiling's from 11 to 56 ms,
+moving together with the load; single calls of 150 to 230 ms appeared on
+both sides. The tail is mostly time spent waiting for a CPU: 8 clients,
+the server's threads and 8 or more backends share 2 CPUs with whatever else
+runs. The API's tail is longer than the ceiling's because a request is
+three processes in turn (client, server, backend), each of which can wait
+for a CPU, against two. One stall the bench itself caused is gone: it
+loaded its data (10,000 machines, 20,000 ended reservations, VACUUM
+ANALYZE) and measured at once, so the checkpoint owed for the load (4,319
+buffers, 1.1 s of fsync over 456 files, in the server's log) landed in
+the first runs; the bench now runs CHECKPOINT before the server starts. A
+timed checkpoint (`checkpoint_timeout`, 5 minutes) still falls in some runs
+of a full bench, as it would in production; the full-page images per cycle
+show it. At 32 clients the 3 or 4 clients of each site walk past each
+other's locked first candidates (the lock waits of that row are a cancel
+waiting for an order that locked the same machine in its walk); over HTTP
+the server's pool of 20 connections queues the requests.";
 
-What is left between the two, measured while writing this (pgbench on one
-connection, the same prepared statements the server sends, the backend's
-CPU read from /proc): at the database alone, `api_reserve` + `api_transition`
-cost 0.74 ms of PostgreSQL CPU per cycle against 0.51 ms for the ceiling's
-pair (x1.45). That part is what the shipped functions do beyond the
-ceiling: the token check in the same statement, the frozen reason's words,
-the walk's counters returned as a row, nested PL/pgSQL calls each with its
-`SET` clauses, and, on every insert, the webhook outbox trigger and one more
-index on `reservations` (the overview's 24-hour chart). Through HTTP the
-PostgreSQL CPU per cycle roughly doubles again (the CPU columns above): the
-same two statements arrive one at a time on a pool of 20 connections that
-sqlx hands out in turn, so each request wakes a different, cold backend
-rather than one hot one. Quick runs with `POOLKEEPER_DB_MAX_CONNECTIONS=4`
-measured 1.06 to 1.36 ms of PostgreSQL CPU per cycle against 1.5 to 1.7 ms
-with the default 20 (and 983 against 878 cycles/s at 8 clients), so the
-pool accounts for part of it. What would close the rest: fewer, hotter
-backends (a smaller pool, or a pool that hands out the most recently used
-connection first, which sqlx's pool cannot be told to do), one PL/pgSQL frame
-per call instead of four nested ones with their `SET` clauses, and a server
-that sends less per request (its CPU per request was 0.15 to 0.3 ms when
-this was written, against about 0.4 ms before; the table gives this run's).";
+const WRITES: &str = "### What each cycle writes (issue 21)
 
-const LATENCY8: &str = "The p99 at 8 clients is time spent waiting for a CPU: 8 clients, the
-server's threads and 8 backends share the CPUs, and any other load on the
-machine (see the load average) lands in the tail. At 32 clients the ceiling
-itself falls below its 8-connection rate: 32 backends time-share the CPUs,
-and the 3 or 4 clients of each site walk past each other's locked first
-candidates; over HTTP the server's pool of 20 connections queues the
-requests, which keeps PostgreSQL's concurrency at 20 and its ratio to the
-ceiling higher.";
+Measured with `pg_walinspect` (`pg_get_wal_stats` between two LSNs) on a
+durable cluster of this machine, 8 connections calling the shipped
+`api_reserve` + `api_transition` through pgbench, per reserve+cancel cycle
+(the bench's ceiling writes the same rows and measured the same counts):
+
+| | before (2026-12-03, migrations up to 20261203000007) | after (20261203200001_hot_path_locks.sql) |
+| --- | --- | --- |
+| WAL records | 33.1 | 22.9 |
+| WAL bytes | 3.4 kB | 2.7 kB |
+| btree insertions (Btree/INSERT_LEAF) | 15.0 | 12.0 |
+| row locks (Heap/LOCK) | 8.1 | 4.1 |
+| MultiXacts created (MultiXact/CREATE_ID) | 3.2 | 0 |
+| heap inserts, updates, commits | 3, 1, 2 | 3, 1, 2 |
+
+Where the difference came from:
+
+- **Foreign key checks on rows every order shares.** A foreign key check
+  locks the row it finds (`FOR KEY SHARE`): a WAL record and a write to that
+  row's page. Half the row locks of a cycle were such checks on rows that
+  every order touches whatever its machine: the organization's row (each
+  reserve) and the rows `held` and `cancelled` of `reservation_states`
+  (each reserve, each cancel, each event). With several orders at once
+  each new locker of such a row creates a MultiXact (3.2 per cycle): orders
+  for different machines met on one page. Now a reservation names \"the
+  machine of the organization\" with one key, `(machine_id, org_id)` to
+  `machines (id, org_id)`, whose check finds the machine row already locked
+  `FOR UPDATE` by the allocator or the transition and writes nothing (it is
+  stricter too: a reservation's organization is its machine's), and the
+  state columns check their values with a CHECK that
+  `tests/api/schema.rs` compares with `reservation_states` (R2's table stays
+  the one list of states and of which hold capacity).
+- **Indexes.** Every index entry is a WAL record, and the end of a
+  reservation is a non-HOT update (its `state` is in the arbiter's
+  predicate, R1), so each index that is not partial on `held` gets a second
+  entry on every cancel, convert or expiry. Each index, what needs it, and
+  its entries per reserve + end:
+
+| index | needed by | entries per cycle |
+| --- | --- | --- |
+| `reservations_pkey` (id) | every lookup by id: cancel, convert, GET, the reservation's page | 2 |
+| `reservations_order_ref_unique_per_org` | R9 (the order's key) | 2 |
+| `reservations_one_holder_per_machine` (partial: held) | R1's arbiter, the allocator's held probe | 1 |
+| `reservations_held_by_deadline_idx` (partial: held) | the sweep (R11) | 1 |
+| `reservations_by_machine_idx` (machine_id, created_at) | the machine's page: its reservations, newest first | 2 |
+| `reservations_recent_activity_idx` (org_id, later of created_at and ended_at) | the overview's 24-hour chart; it replaces `reservations_created_recently_idx` and `reservations_ended_recently_idx` (3 entries per cycle) | 2 |
+| `reservation_events_pkey` (reservation_id, id) | the reservation's page (its events in order); it replaces the primary key on id and `reservation_events_by_reservation_idx` (4 entries per cycle): nothing reads an event by its id alone, and the outbox names an event by the pair | 2 |
+
+  The two chart indexes became one because a reservation created or ended
+  since an instant is exactly one whose later time is since that instant:
+  one range of one index holds both series (`src/dashboard/overview.rs`;
+  EXPLAIN with 1,000,000 ended reservations and 50,000 machines: a bitmap
+  scan of that index, generic plan included).
+
+What is left: 4 row locks (the machine on reserve and on cancel, the
+reservation on cancel, the new reservation by its `created` event's key,
+all of the order's own rows), 12 index entries, and the end of a
+reservation rewriting its whole row (about 530 bytes of its 2.7 kB: the
+frozen reason and machine snapshot are copied into the new row version).
+What would shrink that last part: the frozen account in a table of its own,
+written once at creation, so that the row that changes state is narrow;
+that changes every reader of a reservation and was not done here.";
 
 const FILL: &str = "### Item 6 (a fresh deployment filling up)
 
@@ -215,12 +323,14 @@ A batch of 500 is one statement: find 500 overdue rows in deadline order on
 the partial index of held reservations, update them, write 500 `expired`
 events, and return the count. EXPLAIN (ANALYZE, BUFFERS) of one batch:
 the scan and locking take under 1 ms; the rest is per row. Each expired
-reservation is a non-HOT update (its state and `ended_at` are in index
-predicates and keys) so 4 index insertions (primary key, order, machine,
-recently ended), plus an event row with 2 index insertions, plus 4 foreign
-key checks run as triggers (the new state against `reservation_states`; the
-event's reservation, from-state and to-state), about 40% of the statement.
-That is 30 to 45 µs per reservation on one CPU of this machine, hence about
+reservation is a non-HOT update (its state is in the arbiter's predicate,
+`ended_at` in the recent-activity key) so 4 index insertions (primary key,
+order, machine, recent activity), plus an event row with 1 index insertion
+and 1 foreign key check (its reservation, already locked by the update, so
+it writes nothing). Before issue 21 it was 5 index insertions, 2 for the
+event, and 4 foreign key checks (the states against `reservation_states`
+are CHECK constraints now; see item 1's section). On a durable cluster each
+batch's commit also waits for its WAL to reach the disk. That is 30 to 45 µs per reservation on one CPU of this machine, hence about
 3 to 4.5 s for 100,000 one batch at a time, depending on what else runs.
 The batch itself stays short (the longest batch is in the table).
 
@@ -243,13 +353,10 @@ for 100,000 two at a time, against 3.6 to 3.9 s before. The margin under the
 Since 2026-12-03 every expired reservation also costs the webhook outbox
 trigger (one call per batch statement: it reads the statement's new events
 and, when no organization has a webhook, probes the empty `webhooks` table
-once) and one more index entry (`reservations_created_recently_idx`, for the
-overview's 24-hour chart). Measured alone in psql (100,000 expiries in
-batches of 500), the trigger costs about 5% and the index about 3%. The two
-full runs of that day measured 3.51 s (09:37 UTC, a miss) and the figure in
-the table: the margin under 3 s is thinner than before. What would widen
-it: the chart reading its counts from `reservation_events` instead of an
-index of its own, or a third batch statement at a time.";
+once). Measured alone in psql (100,000 expiries in batches of 500), the
+trigger costs about 5%. The overview's chart index that came with it
+(about 3%) is gone again: the chart's two indexes are one since issue 21.
+What would widen the margin further: a third batch statement at a time.";
 
 const PAGES: &str = "### What limits item 5 (pages)
 
@@ -270,6 +377,85 @@ smaller first page (e.g. 100 rows with a \"next\" link, as `/machines`
 does) and the reason shown on the reservation's own page rather than in
 every row.";
 
+/// For each target of item 1 this run missed: by how much, why, and what
+/// would close it (from the figures of the run and the notes above).
+fn missed(results: &Results) -> String {
+    let mut out = String::new();
+    let w = &mut out;
+    let mut any = false;
+    for t in &results.throughput {
+        let target = match t.clients {
+            1 => 0.35,
+            8 | 32 => 0.5,
+            _ => continue,
+        };
+        if t.ratio >= target {
+            continue;
+        }
+        any = true;
+        let http_cpu = t.http_cpu.server_ms + t.http_cpu.postgres_ms + t.http_cpu.client_ms;
+        let _ = writeln!(
+            w,
+            "- **{} client{}: HTTP at {:.0}% of the ceiling, {:.0} points short of {:.0}%.** CPU per cycle over HTTP {:.2} ms (server {:.2}, clients {:.2}, PostgreSQL {:.2}) against {:.2} ms in the ceiling; WAL syncs per cycle {:.2} against {:.2}. {}",
+            t.clients,
+            if t.clients == 1 { "" } else { "s" },
+            t.ratio * 100.0,
+            (target - t.ratio) * 100.0,
+            target * 100.0,
+            http_cpu,
+            t.http_cpu.server_ms,
+            t.http_cpu.client_ms,
+            t.http_cpu.postgres_ms,
+            t.db_cpu.total_ms,
+            t.http_wal.syncs,
+            t.db_wal.syncs,
+            if t.clients == 1 {
+                "One client waits for every commit alone (no group commit on either side), so the rate is one over the time of a cycle: the HTTP exchange and the server's work add to each of the two commits' waits. What would close it: less time per request in the server and the client (the CPU columns), not less WAL."
+            } else {
+                "The machine is busy during both runs, so the ratio is about CPU per cycle. What would close it: fewer backend wake-ups per request (a pool that hands out the most recently used connection first, which sqlx's pool cannot be told to do), and less server CPU per request."
+            }
+        );
+    }
+    if let Some(t8) = results.throughput.iter().find(|t| t.clients == 8) {
+        if t8.http_reserve.p99_ms >= 25.0 {
+            any = true;
+            let _ = writeln!(
+                w,
+                "- **Reserve p99 at 8 clients: {:.1} ms against < 25 ms ({:.1} ms over).** The ceiling's reserve p99 in the same runs: {:.1} ms; the load average is in the machine table. When the ceiling's tail is as long, the time is spent waiting for a CPU (see above); what would close it is a machine not shared with other work, or fewer processes per CPU (clients, server and PostgreSQL here share 2).",
+                t8.http_reserve.p99_ms,
+                t8.http_reserve.p99_ms - 25.0,
+                t8.db_reserve.p99_ms
+            );
+        }
+        let cpu_http = t8.http_cpu.server_ms + t8.http_cpu.postgres_ms;
+        if cpu_http > 2.0 * t8.db_cpu.postgres_ms {
+            any = true;
+            let _ = writeln!(
+                w,
+                "- **CPU per reservation at 8 clients (issue 11's target): ×{:.2} the ceiling's, against ≤ ×2.** Server {:.2} ms and PostgreSQL {:.2} ms per cycle against PostgreSQL {:.2} ms in the ceiling: the PostgreSQL part is most of it (the backends woken per request, see above). What would close it: the pool handing out its most recently used connection first, and one PL/pgSQL frame per call instead of four (a change of the functions, not made here).",
+                cpu_http / t8.db_cpu.postgres_ms.max(1e-9),
+                t8.http_cpu.server_ms,
+                t8.http_cpu.postgres_ms,
+                t8.db_cpu.postgres_ms
+            );
+        }
+        let (h, d) = (&t8.http_wal, &t8.db_wal);
+        if h.lock_waits + d.lock_waits > 0 {
+            any = true;
+            let _ = writeln!(
+                w,
+                "- **Lock waits at 8 clients: {} over HTTP, {} in the ceiling, of which {} and {} on a table's extension** (the others waited on a row or a transaction; the examples in the table say which). An extension wait is PostgreSQL adding a page to a table (`reservations`, `reservation_events`): one backend at a time holds that lock while it adds the page, and a backend that loses its CPU while holding it makes the others wait longer than `deadlock_timeout` (1 ms). What would close it: fewer new pages per cycle (narrower rows: the end of a reservation copies its frozen reason and snapshot into the new row version), a quieter machine; PostgreSQL 16 extends tables by many pages at once under contention.",
+                h.lock_waits, d.lock_waits, h.extension_waits, d.extension_waits
+            );
+        }
+    }
+    if any {
+        format!("### Targets of item 1 missed in this run\n\n{out}")
+    } else {
+        String::new()
+    }
+}
+
 pub fn notes(results: &Results) -> String {
     let mut out = String::new();
     let w = &mut out;
@@ -287,8 +473,25 @@ pub fn notes(results: &Results) -> String {
             t8.db_cpu.postgres_ms,
             t8.http_cpu.machine_busy * 100.0
         );
+        let (h, d) = (&t8.http_wal, &t8.db_wal);
+        let _ = writeln!(
+            w,
+            "Per cycle at 8 clients: {:.1} WAL records, {:.0} bytes, {:.2} full-page images, {:.2} WAL syncs and {:.2} commits over HTTP, against {:.1}, {:.0}, {:.2}, {:.2} and {:.2} in the ceiling.\n",
+            h.records,
+            h.bytes,
+            h.fpi,
+            h.syncs,
+            h.commits,
+            d.records,
+            d.bytes,
+            d.fpi,
+            d.syncs,
+            d.commits
+        );
         let _ = writeln!(w, "{THROUGHPUT}\n");
         let _ = writeln!(w, "{LATENCY8}\n");
+        let _ = writeln!(w, "{WRITES}\n");
+        let _ = writeln!(w, "{}", missed(results));
     }
     if let (Some(first), Some(last)) = (results.growth.first(), results.growth.last()) {
         let _ = writeln!(w, "{GROWTH}\n");

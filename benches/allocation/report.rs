@@ -99,6 +99,10 @@ fn command(cfg: &Config) -> String {
         "BENCH_PAGE_HELD",
         "BENCH_PAGE_READERS",
         "BENCH_SERVER_LOG",
+        "BENCH_DURABLE",
+        "BENCH_PG_SET",
+        "BENCH_SETTLE",
+        "POOLKEEPER_DB_MAX_CONNECTIONS",
     ] {
         if let Ok(v) = std::env::var(name) {
             vars.push(format!("{name}={v}"));
@@ -111,6 +115,9 @@ fn command(cfg: &Config) -> String {
 
 fn is_full(cfg: &Config) -> bool {
     !cfg.quick
+        && cfg.durable
+        && cfg.pg_set.is_empty()
+        && std::env::var("POOLKEEPER_DB_MAX_CONNECTIONS").is_err()
         && ["throughput", "race", "growth", "sweep", "pages"]
             .iter()
             .all(|i| cfg.runs_item(i))
@@ -180,10 +187,24 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
         machine.postgres,
         if machine.external_postgres {
             "the server of BENCH_DATABASE_URL"
+        } else if cfg.durable {
+            "private cluster started by the bench, durable as PostgreSQL ships, on the machine's disk, Unix socket"
         } else {
-            "private throwaway cluster started by the bench: fsync, synchronous_commit and full_page_writes off, shared_buffers 128MB, Unix socket"
+            "private throwaway cluster started by the bench (BENCH_DURABLE=0): CPU cost only, not a deployment's figures, Unix socket"
         }
     );
+    if !results.pg_settings.is_empty() {
+        let _ = writeln!(
+            w,
+            "| PostgreSQL settings | {} |",
+            results
+                .pg_settings
+                .iter()
+                .map(|(k, v)| format!("{k} = {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let _ = writeln!(
         w,
         "| load average (1, 5, 15 min) | before: {}; after: {} |",
@@ -191,7 +212,8 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
     );
     let _ = writeln!(
         w,
-        "| server | `poolkeeper serve` as a separate process (release build, pool of 20 connections, RUST_LOG={}), on the same machine as the clients and PostgreSQL |\n",
+        "| server | `poolkeeper serve` as a separate process (release build, pool of {} connections, RUST_LOG={}), on the same machine as the clients and PostgreSQL |\n",
+        std::env::var("POOLKEEPER_DB_MAX_CONNECTIONS").unwrap_or_else(|_| "20".to_owned()),
         cfg.server_log
     );
 
@@ -385,11 +407,11 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
     md
 }
 
-fn throughput_rows(w: &mut String, t: &Throughput, _cfg: &Config) {
+fn throughput_rows(w: &mut String, t: &Throughput, cfg: &Config) {
     let is8 = t.clients == 8;
-    // Issue 11's targets: the ratio per client count, reserve p99 at 8
-    // clients, and CPU per reservation (server + PostgreSQL) at most twice
-    // the ceiling's.
+    // Issue 21's targets, on a durable cluster: the ratio per client count
+    // and reserve p99 at 8 clients; issue 11's CPU per reservation (server +
+    // PostgreSQL) at most twice the ceiling's.
     let ratio_target = match t.clients {
         1 => Some(0.35),
         8 | 32 => Some(0.5),
@@ -415,9 +437,9 @@ fn throughput_rows(w: &mut String, t: &Throughput, _cfg: &Config) {
         t.http_cpu.server_ms,
         t.http_cpu.client_ms,
         t.http_cpu.postgres_ms,
-        if is8 { "reserve p99 < 10 ms" } else { "" },
+        if is8 { "reserve p99 < 25 ms" } else { "" },
         if is8 {
-            met(t.http_reserve.p99_ms < 10.0)
+            met(t.http_reserve.p99_ms < 25.0)
         } else {
             ""
         }
@@ -461,6 +483,80 @@ fn throughput_rows(w: &mut String, t: &Throughput, _cfg: &Config) {
         if is8 { "≤ ×2" } else { "" },
         if is8 {
             met(cpu_http <= 2.0 * cpu_db)
+        } else {
+            ""
+        }
+    );
+    let (h, d) = (&t.http_wal, &t.db_wal);
+    let _ = writeln!(
+        w,
+        "| 1 | {} client{}: per cycle, HTTP API / ceiling: WAL records; WAL bytes; full-page images; WAL syncs; commits | {:.1} / {:.1}; {:.0} B / {:.0} B; {:.2} / {:.2}; {:.2} / {:.2}; {:.2} / {:.2} | | |",
+        t.clients,
+        if t.clients == 1 { "" } else { "s" },
+        h.records,
+        d.records,
+        h.bytes,
+        d.bytes,
+        h.fpi,
+        d.fpi,
+        h.syncs,
+        d.syncs,
+        h.commits,
+        d.commits,
+    );
+    // Clients order on sites of their own up to the number of sites: their
+    // orders never want the same machine, so any lock wait between them is
+    // one this design must not have.
+    let own_sites = t.clients as i64 <= cfg.sites;
+    let examples: Vec<&String> = h
+        .lock_wait_examples
+        .iter()
+        .chain(&d.lock_wait_examples)
+        .take(3)
+        .collect();
+    let waits = |c: &crate::wal::PerCycle| {
+        if c.lock_waits == 0 {
+            "0".to_owned()
+        } else {
+            format!(
+                "{} ({} on a table's extension, {} on rows or transactions)",
+                c.lock_waits,
+                c.extension_waits,
+                c.lock_waits - c.extension_waits
+            )
+        }
+    };
+    let _ = writeln!(
+        w,
+        "| 1 | {} client{}: lock waits longer than deadlock_timeout (log_lock_waits), all runs, HTTP API / ceiling{} | {} / {}{} | {} | {} |",
+        t.clients,
+        if t.clients == 1 { "" } else { "s" },
+        if own_sites {
+            ", each client on a site of its own (no two orders want the same machine)"
+        } else {
+            ", several clients per site (orders may want the same machine)"
+        },
+        waits(h),
+        waits(d),
+        if examples.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {}",
+                examples
+                    .iter()
+                    .map(|e| format!("`{}`", e.replace('|', "\\|")))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        },
+        if own_sites {
+            "none between orders for different machines"
+        } else {
+            ""
+        },
+        if own_sites {
+            met(h.lock_waits == 0 && d.lock_waits == 0)
         } else {
             ""
         }

@@ -44,8 +44,20 @@ pub struct Config {
     pub page_readers: usize,
     /// Log filter of the server process.
     pub server_log: String,
-    /// Which items to run: throughput, race, growth, sweep, pages.
+    /// Which items to run: throughput, race, growth, sweep, pages, fill, pooler.
     pub only: Vec<String>,
+    /// The cluster commits durably (fsync, synchronous_commit and
+    /// full_page_writes on, as PostgreSQL ships): the headline. `BENCH_DURABLE=0`
+    /// starts it throwaway instead (all three off), which measures CPU cost
+    /// only and writes under target/bench/.
+    pub durable: bool,
+    /// Seconds to wait after a throughput run before reading the cumulative
+    /// statistics: an idle backend reports its last second of counters up to
+    /// 10 s later (PostgreSQL 15's PGSTAT_IDLE_INTERVAL).
+    pub settle_seconds: f64,
+    /// Extra server settings, `name=value;name=value` (BENCH_PG_SET), applied
+    /// with ALTER SYSTEM before the cluster starts, e.g. `commit_delay=100`.
+    pub pg_set: Vec<(String, String)>,
 }
 
 fn pick<T>(quick: bool, full: T, quick_value: T) -> T {
@@ -107,6 +119,15 @@ impl Config {
                 .map(String::from)
                 .to_vec(),
             ),
+            durable: std::env::var("BENCH_DURABLE").map_or(true, |v| v != "0" && v != "off"),
+            settle_seconds: env_or("BENCH_SETTLE", 10.5),
+            pg_set: std::env::var("BENCH_PG_SET")
+                .unwrap_or_default()
+                .split(';')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .filter(|(k, _)| !k.is_empty())
+                .collect(),
         }
     }
 
@@ -115,8 +136,8 @@ impl Config {
     }
 }
 
-/// The private cluster: throwaway (fsync off), in a temporary directory
-/// removed at the end. With `BENCH_DATABASE_URL` (a superuser URL of an
+/// The private cluster: durable as PostgreSQL ships (or throwaway with
+/// `BENCH_DURABLE=0`), in a temporary directory removed at the end. With `BENCH_DATABASE_URL` (a superuser URL of an
 /// existing server, e.g. one started with
 /// `-c shared_preload_libraries=pg_stat_statements` for profiling), the
 /// bench creates its databases there instead.
@@ -127,10 +148,12 @@ pub struct Cluster {
     /// The URL with `DBNAME` where the database name goes.
     url_template: String,
     pub dir: PathBuf,
+    /// The server's log (lock waits are read from it); none on an external server.
+    pub log: Option<PathBuf>,
 }
 
 impl Cluster {
-    pub async fn start() -> anyhow::Result<Cluster> {
+    pub async fn start(cfg: &Config) -> anyhow::Result<Cluster> {
         let dir = std::env::temp_dir().join(format!("poolkeeper-bench-{}", std::process::id()));
         if let Some(url) = std::env::var("BENCH_DATABASE_URL")
             .ok()
@@ -148,20 +171,22 @@ impl Cluster {
                 admin,
                 url_template: format!("{base}/DBNAME{query}"),
                 dir,
+                log: None,
             });
         }
         poolkeeper::embedded_pg::prepare_private_dir(&dir)?;
         let opts = ClusterOptions {
             data_dir: dir.join("pg"),
             log_file: dir.join("postgres.log"),
-            throwaway: true,
+            throwaway: !cfg.durable,
         };
-        let pg = start_counting(opts).await?;
+        let pg = start_counting(opts.clone(), &cfg.pg_set).await?;
         Ok(Cluster {
             admin: pg.connect_options("postgres"),
             url_template: pg.url("DBNAME"),
             pg: Some(pg),
             dir,
+            log: Some(opts.log_file),
         })
     }
 
@@ -302,9 +327,42 @@ pub async fn machines(
     Ok(())
 }
 
-/// Starts the private cluster with `pg_stat_statements` preloaded (item 7
-/// counts round trips with it): started once to set it, then restarted.
-async fn start_counting(opts: ClusterOptions) -> anyhow::Result<EmbeddedPostgres> {
+/// What the bench sets on its cluster beyond PostgreSQL's defaults, and
+/// why. Durability settings are left as shipped (or turned off by
+/// `EmbeddedPostgres` for a throwaway cluster).
+const BENCH_SETTINGS: [(&str, &str); 3] = [
+    // Item 7 counts round trips with it.
+    ("shared_preload_libraries", "pg_stat_statements"),
+    // Item 1 counts lock waits from the log: every wait longer than
+    // deadlock_timeout is logged, with what it waited for.
+    ("log_lock_waits", "on"),
+    ("deadlock_timeout", "1ms"),
+];
+
+/// The settings the machine table prints, read from the running server.
+pub const PRINTED_SETTINGS: [&str; 14] = [
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "wal_sync_method",
+    "wal_level",
+    "shared_buffers",
+    "checkpoint_timeout",
+    "max_wal_size",
+    "commit_delay",
+    "commit_siblings",
+    "autovacuum",
+    "max_connections",
+    "log_lock_waits",
+    "deadlock_timeout",
+];
+
+/// Starts the private cluster with the bench's settings (`BENCH_SETTINGS`,
+/// then `BENCH_PG_SET`): started once to set them, then restarted.
+async fn start_counting(
+    opts: ClusterOptions,
+    extra: &[(String, String)],
+) -> anyhow::Result<EmbeddedPostgres> {
     let start = |opts: ClusterOptions| async move {
         tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&opts))
             .await
@@ -313,9 +371,25 @@ async fn start_counting(opts: ClusterOptions) -> anyhow::Result<EmbeddedPostgres
     };
     let pg = start(opts.clone()).await?;
     let mut admin = PgConnection::connect_with(&pg.connect_options("postgres")).await?;
-    sqlx::query("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+    let settings = BENCH_SETTINGS
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .chain(extra.iter().cloned());
+    for (name, value) in settings {
+        if !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        {
+            anyhow::bail!("BENCH_PG_SET: not a setting name: {name}");
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER SYSTEM SET {name} = '{}'",
+            value.replace('\'', "''")
+        )))
         .execute(&mut admin)
-        .await?;
+        .await
+        .with_context(|| format!("ALTER SYSTEM SET {name}"))?;
+    }
     admin.close().await?;
     pg.stop();
     drop(pg);

@@ -211,10 +211,13 @@ pub(crate) async fn overview(
         .fetch_all(pool.get_ref())
         .await?;
     // The last 24 hours by the database clock, in whole hours: the 23 past
-    // hours and the current one. Created rows come from
-    // reservations_created_recently_idx, ended ones from
-    // reservations_ended_recently_idx; each row's site by its machine's
-    // primary key (a join let the planner hash every machine of the pool).
+    // hours and the current one. One range of
+    // reservations_recent_activity_idx holds every reservation created or
+    // ended since then (its key, the later of the two times, is at or after
+    // the start of the window exactly when one of them is); each such row
+    // counts once for its creation and once for its end when they fall in
+    // the window. Each row's site by its machine's primary key (a join let
+    // the planner hash every machine of the pool).
     let (first_hour, events): (DateTime<Utc>, Vec<HourCount>) = {
         let first: DateTime<Utc> = sqlx::query_scalar(
             "SELECT date_trunc('hour', clock_timestamp()) - interval '23 hours'",
@@ -222,16 +225,12 @@ pub(crate) async fn overview(
         .fetch_one(pool.get_ref())
         .await?;
         let events = sqlx::query_as(
-            "SELECT (SELECT m.site FROM machines m WHERE m.id = e.machine_id) AS site, e.kind,
+            "SELECT (SELECT m.site FROM machines m WHERE m.id = r.machine_id) AS site, e.kind,
                     floor(extract(epoch FROM e.at - $2::timestamptz) / 3600)::int AS hour,
                     count(*)
-               FROM (SELECT r.machine_id, 'created' AS kind, r.created_at AS at
-                       FROM reservations r
-                      WHERE r.org_id = $1 AND r.created_at >= $2
-                     UNION ALL
-                     SELECT r.machine_id, r.state, r.ended_at
-                       FROM reservations r
-                      WHERE r.org_id = $1 AND r.ended_at IS NOT NULL AND r.ended_at >= $2) e
+               FROM reservations r
+              CROSS JOIN LATERAL (VALUES ('created', r.created_at), (r.state, r.ended_at)) e (kind, at)
+              WHERE r.org_id = $1 AND coalesce(r.ended_at, r.created_at) >= $2 AND e.at >= $2
               GROUP BY 1, 2, 3",
         )
         .bind(staff.org_id)

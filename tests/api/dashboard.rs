@@ -10,7 +10,7 @@ use poolkeeper::inventory::MachineFilter;
 use scraper::{Html, Selector};
 
 use crate::helpers::{
-    STAFF_PASSWORD, StaffClient, TestApp, hidden_field, spawn_app, spawn_app_with,
+    STAFF_PASSWORD, StaffClient, TestApp, create_org, hidden_field, spawn_app, spawn_app_with,
 };
 
 fn sel(s: &str) -> Selector {
@@ -1778,4 +1778,87 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
             .await,
         2 * poolkeeper::demo::HOLDS as i64
     );
+}
+
+/// The overview's 24-hour chart counts each reservation created in the
+/// window and each one ended in it, by its end state, from one range of
+/// `reservations_recent_activity_idx` (issue 21): a reservation created
+/// before the window and ended in it counts once (its end), one created and
+/// ended in it twice, one wholly before it not at all, and another
+/// organization's never.
+#[tokio::test]
+async fn the_overview_chart_counts_what_was_created_and_what_ended_in_the_last_24_hours() {
+    let app = spawn_app().await;
+    let org = app.org.id;
+    let other = create_org(&app.pool, "chart-other", true).await.id;
+    // (order, created this long ago, state, ended this long ago)
+    let rows: [(&str, &str, &str, Option<&str>); 6] = [
+        ("held-now", "2 hours", "held", None),
+        ("cancelled-now", "3 hours", "cancelled", Some("1 hour")),
+        ("converted-now", "2 hours", "converted", Some("90 minutes")),
+        ("expired-late", "30 hours", "expired", Some("5 hours")),
+        ("converted-old", "40 hours", "converted", Some("30 hours")),
+        ("cancelled-old", "50 hours", "cancelled", Some("49 hours")),
+    ];
+    for (i, (order, created, state, ended)) in rows.iter().enumerate() {
+        let tag = format!("CH-{i}");
+        app.insert_machine(org, &tag, "par1", "dell", "epyc", "ready")
+            .await;
+        insert_reservation_at(&app.pool, org, &tag, order, created, state, *ended).await;
+    }
+    app.insert_machine(other, "CH-O", "par1", "dell", "epyc", "ready")
+        .await;
+    insert_reservation_at(
+        &app.pool,
+        other,
+        "CH-O",
+        "theirs",
+        "1 hour",
+        "cancelled",
+        Some("10 minutes"),
+    )
+    .await;
+
+    app.create_staff(org, "chart@example.com", "viewer").await;
+    let c = app.logged_in("chart@example.com").await;
+    let (status, html) = c.page("/").await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains(
+            "par1, last 24 hours, per hour: 3 created, 1 converted, 1 expired, 1 cancelled in all"
+        ),
+        "{html}"
+    );
+}
+
+/// A reservation of `tag` created `created` ago (database clock), in
+/// `state`, ended `ended` ago unless held.
+async fn insert_reservation_at(
+    pool: &poolkeeper::db::Db,
+    org: i64,
+    tag: &str,
+    order: &str,
+    created: &str,
+    state: &str,
+    ended: Option<&str>,
+) {
+    sqlx::query(
+        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                   hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason)
+         SELECT $1, $3, m.id, $5, '{}', '{}', 'test', 900,
+                clock_timestamp() - $4::interval,
+                clock_timestamp() - $4::interval + interval '900 seconds',
+                clock_timestamp() - $6::interval,
+                CASE WHEN $6 IS NULL THEN NULL ELSE 'test' END, NULL
+           FROM machines m WHERE m.org_id = $1 AND m.asset_tag = $2",
+    )
+    .bind(org)
+    .bind(tag)
+    .bind(order)
+    .bind(created)
+    .bind(state)
+    .bind(ended)
+    .execute(pool)
+    .await
+    .expect("insert a reservation");
 }

@@ -171,7 +171,14 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
     // The upgrade of A by today's binary.
     let report = poolkeeper::db::migrate(&a.options).await.expect("upgrade");
     assert_eq!(report.checksums_rewritten, 4);
-    assert_eq!(report.applied, 1, "sql_definitions' migration");
+    // sql_definitions' migration, and every migration added after it
+    // (tables and indexes still come as migrations).
+    let newer = poolkeeper::db::MIGRATOR.iter().count() - legacy_migrator().iter().count();
+    assert!(newer >= 1);
+    assert_eq!(
+        report.applied, newer,
+        "sql_definitions' migration and the later ones"
+    );
     assert!(matches!(
         report.definitions,
         Some(Outcome::Applied { from: 0, .. })

@@ -119,3 +119,115 @@ async fn time_defaults_use_the_real_clock() {
         assert_eq!(default, "clock_timestamp()", "{table}.{column}");
     }
 }
+
+/// R2: the states a reservation and an event may name are the rows of
+/// reservation_states. Each column checks them with a CHECK (no lock on the
+/// table's rows per write, issue 21); the CHECKs are read from the catalog
+/// and compared with the table, so a state added to one and not the other
+/// fails here.
+#[tokio::test]
+async fn state_checks_list_exactly_the_states_of_the_table() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let states = || async {
+        sqlx::query_scalar::<_, String>("SELECT state FROM reservation_states ORDER BY state")
+            .fetch_all(&pool)
+            .await
+            .expect("states")
+    };
+    let table = states().await;
+    assert_eq!(table, ["cancelled", "converted", "expired", "held"]);
+    let check = |name: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = $1",
+            )
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+        }
+    };
+    let reservations = check("reservations_state_known").await;
+    assert!(reservations.contains("state"), "{reservations}");
+    assert_eq!(states_listed(&reservations), table, "{reservations}");
+    let events = check("reservation_events_states_known").await;
+    // Two lists, one per column, each the whole table.
+    let (from, to) = events
+        .split_once("to_state")
+        .unwrap_or_else(|| panic!("both columns checked: {events}"));
+    assert!(from.contains("from_state"), "{events}");
+    assert_eq!(states_listed(from), table, "{events}");
+    assert_eq!(states_listed(to), table, "{events}");
+
+    // And the comparison itself can fail: one more state in the table.
+    sqlx::query(
+        "INSERT INTO reservation_states (state, holds_capacity, description) VALUES ('parked', false, 'test')",
+    )
+    .execute(&pool)
+    .await
+    .expect("insert");
+    assert_ne!(states_listed(&reservations), states().await);
+}
+
+/// The quoted literals of a constraint's text, sorted and deduplicated.
+fn states_listed(text: &str) -> Vec<String> {
+    let mut out: Vec<String> = text
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A reservation's organization is its machine's (issue 21 replaced the
+/// two separate keys by one on the machine of the organization): a row
+/// naming another organization's machine is refused by the database.
+#[tokio::test]
+async fn a_reservation_names_a_machine_of_its_own_organization() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let orgs: Vec<i64> = sqlx::query_scalar(
+        "INSERT INTO organizations (slug, name) VALUES ('fk-a', 'A'), ('fk-b', 'B') RETURNING id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("orgs");
+    let machine: i64 = sqlx::query_scalar(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         VALUES ($1, 'fk-1', 's1', 'dell', 'p', 'ready') RETURNING id",
+    )
+    .bind(orgs[0])
+    .fetch_one(&pool)
+    .await
+    .expect("machine");
+    let insert = |org: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                           hold_seconds, expires_at)
+                 VALUES ($1, 'fk-order', $2, '{}', '{}', 'test', 60, clock_timestamp() + interval '1 minute')",
+            )
+            .bind(org)
+            .bind(machine)
+            .execute(&pool)
+            .await
+        }
+    };
+    let err = insert(orgs[1])
+        .await
+        .expect_err("another organization's machine");
+    assert_eq!(
+        poolkeeper::db::sqlstate(&err).as_deref(),
+        Some("23503"),
+        "{err}"
+    );
+    insert(orgs[0])
+        .await
+        .expect("its own organization's machine");
+}
