@@ -143,20 +143,48 @@ $$;
 
 -- POST /api/v1/reservations/{id}/cancel and .../convert in one statement:
 -- the caller (api_caller, scope orders), then the transition.
+--
+-- F3: the same request again answers what it did. A caller whose answer was
+-- lost (503 outcome_unknown, or no answer) retries unchanged; when the
+-- first attempt had committed, the reservation has already ended by this
+-- very action, and the retry answers 'ok' with the reservation as that
+-- action left it instead of 'not_held': a cancel of a reservation this
+-- token cancelled (ended_by is the token's name), a convert of one
+-- converted into the same service_ref (with its link). The fence was
+-- checked first (reservation_transition answers 'stale_fence' before
+-- 'not_held'). Anything else that ended it (an expiry, another action,
+-- another actor, another service) stays 'not_held'. The dashboard calls
+-- reservation_transition directly: a second submit there is still refused.
 CREATE OR REPLACE FUNCTION api_transition(p_token_hash bytea, p_module_on boolean, p_id bigint, p_fence bigint,
                                           p_action text, p_text text)
 RETURNS TABLE (caller text, result transition_result)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_caller record;
+    v_result transition_result;
+    v_link   service_links;
 BEGIN
     SELECT * INTO v_caller FROM api_caller(p_token_hash, 'orders', p_module_on);
     IF v_caller.status <> 'ok' THEN
         RETURN QUERY SELECT v_caller.status, NULL::transition_result;
         RETURN;
     END IF;
-    RETURN QUERY SELECT 'ok'::text,
-        reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
+    v_result := reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
+    IF v_result.outcome = 'not_held' THEN
+        IF p_action = 'cancel' AND v_result.state = 'cancelled' AND v_result.ended_by = v_caller.actor THEN
+            v_result.outcome := 'ok';
+        ELSIF p_action = 'convert' AND v_result.state = 'converted' THEN
+            SELECT * INTO v_link FROM service_links s
+             WHERE s.reservation_id = p_id AND s.org_id = v_caller.org_id AND s.service_ref = p_text;
+            IF FOUND THEN
+                v_result.outcome := 'ok';
+                v_result.link_id := v_link.id;
+                v_result.link_service_ref := v_link.service_ref;
+                v_result.link_created_at := v_link.created_at;
+            END IF;
+        END IF;
+    END IF;
+    RETURN QUERY SELECT 'ok'::text, v_result;
 END
 $$;
 

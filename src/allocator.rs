@@ -511,7 +511,7 @@ pub async fn reserve_on(
 /// very next request with no round trip of its own. `req.actor` is ignored:
 /// the actor is the token's name.
 pub async fn reserve_for_token(
-    pool: &Db,
+    db: impl sqlx::PgExecutor<'_>,
     token_hash: &[u8],
     module_on: bool,
     req: &ReserveRequest,
@@ -527,7 +527,7 @@ pub async fn reserve_for_token(
     .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
     .bind(req.hold.get() as i32)
     .bind(i32::from(req.quantity.get()))
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     let caller = rows
         .first()

@@ -2,12 +2,14 @@
 
 use std::error::Error as StdError;
 use std::str::FromStr;
-use std::time::Duration;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, TryFutureExt};
 use futures_util::stream::{BoxStream, TryStreamExt};
 use sqlx::migrate::Migrator;
-use sqlx::pool::PoolConnection;
+use sqlx::pool::{PoolConnection, PoolConnectionMetadata};
 use sqlx::postgres::{
     PgConnectOptions, PgPool, PgPoolOptions, PgQueryResult, PgRow, PgStatement, PgTypeInfo,
 };
@@ -65,7 +67,7 @@ pub async fn connect_app(
     }
     // Unlike `connect_pool`, this pool keeps sqlx's ping before acquire
     // (one round trip per request; what BENCHMARKS.md item 8 measured).
-    let pool = PgPoolOptions::new()
+    let pool = primary_only(PgPoolOptions::new(), None)
         .max_connections(max_connections)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)
@@ -218,6 +220,15 @@ pub async fn connect_with_acquire_timeout(
     ))
 }
 
+/// `connect_with_acquire_timeout`, opening no connection until one is
+/// needed (the F2 test starts it against a server that refuses writes).
+pub fn connect_lazy(opts: PgConnectOptions, max_connections: u32, acquire_timeout: Duration) -> Db {
+    Db::direct(
+        direct_pool_options(max_connections, acquire_timeout)
+            .connect_lazy_with(with_session_limits(opts)),
+    )
+}
+
 /// A direct pool. Every connection carries the session limits; the
 /// workers' own pools clone these options.
 async fn connect_pool(
@@ -225,7 +236,13 @@ async fn connect_pool(
     max_connections: u32,
     acquire_timeout: Duration,
 ) -> Result<PgPool, sqlx::Error> {
-    PgPoolOptions::new()
+    direct_pool_options(max_connections, acquire_timeout)
+        .connect_with(with_session_limits(opts))
+        .await
+}
+
+fn direct_pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoolOptions {
+    primary_only(PgPoolOptions::new(), None)
         // No ping before handing out a pooled connection: it was a round
         // trip on every request. A connection that broke while idle fails
         // its first statement instead, with an I/O error or SQLSTATE 57P01,
@@ -235,8 +252,97 @@ async fn connect_pool(
         .max_connections(max_connections)
         .min_connections(0)
         .acquire_timeout(acquire_timeout)
-        .connect_with(with_session_limits(opts))
-        .await
+}
+
+/// F2: the statement every new connection runs first (a simple query: one
+/// round trip, no prepared statement, so it is safe through any pooler).
+/// A standby, a primary restarting read-only, or a server whose sessions
+/// default to read-only answers true, and the connection is refused.
+const PRIMARY_CHECK: &str =
+    "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool";
+
+/// F2: pool options that never hand out a connection to a server that
+/// cannot write. sqlx's ping before acquire passes on a standby, so:
+///
+/// - `after_connect` runs `PRIMARY_CHECK` (with the worker's shorter
+///   `statement_timeout` in the same simple query when one is given); a
+///   connection that reached a read-only server is closed, and sqlx retries
+///   the connect with backoff until the acquire timeout, past which the
+///   request gets 503 with Retry-After (the endpoint usually follows the new
+///   leader well within it);
+/// - `before_acquire` closes every idle connection opened before the last
+///   time a statement met a read-only server (`note_read_only`): the
+///   endpoint moved, and they may all lead to the demoted node. No round
+///   trip: it compares two instants.
+pub fn primary_only(options: PgPoolOptions, statement_timeout: Option<Duration>) -> PgPoolOptions {
+    let check = match statement_timeout {
+        // The value is a number of milliseconds, written by us.
+        Some(t) => format!(
+            "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, \
+                    set_config('statement_timeout', '{}ms', false)",
+            t.as_millis()
+        ),
+        None => PRIMARY_CHECK.to_owned(),
+    };
+    options
+        .after_connect(move |conn, _| {
+            let check = check.clone();
+            Box::pin(async move {
+                let row = sqlx::raw_sql(sqlx::AssertSqlSafe(check))
+                    .fetch_one(&mut *conn)
+                    .await?;
+                let read_only: bool = sqlx::Row::try_get(&row, 0)?;
+                if read_only {
+                    note_read_only_now();
+                    return Err(sqlx::Error::Protocol(
+                        "the server is read-only or in recovery: not the primary (F2)".to_owned(),
+                    ));
+                }
+                Ok(())
+            })
+        })
+        .before_acquire(|_, meta| Box::pin(async move { Ok(!opened_before_read_only(&meta)) }))
+}
+
+/// When a statement last met a read-only server, in nanoseconds since
+/// `clock_base()` (0: never). Process-wide: every pool of a process points
+/// at the same endpoint; a pool of another database (tests) only reconnects.
+static READ_ONLY_SEEN: AtomicU64 = AtomicU64::new(0);
+
+fn clock_base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+fn note_read_only_now() {
+    let base = clock_base();
+    let now = u64::try_from(base.elapsed().as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    READ_ONLY_SEEN.fetch_max(now, Ordering::Relaxed);
+}
+
+/// F2: records that `err` came from a read-only server (SQLSTATE 25006):
+/// every connection opened before now is closed at its next acquire.
+/// True when it did.
+pub fn note_read_only(err: &(dyn StdError + 'static)) -> bool {
+    if sqlstate(err).as_deref() == Some("25006") {
+        note_read_only_now();
+        return true;
+    }
+    false
+}
+
+fn opened_before_read_only(meta: &PoolConnectionMetadata) -> bool {
+    let seen = READ_ONLY_SEEN.load(Ordering::Relaxed);
+    if seen == 0 {
+        return false;
+    }
+    let seen_at = clock_base() + Duration::from_nanos(seen);
+    match Instant::now().checked_sub(meta.age) {
+        Some(opened_at) => opened_at <= seen_at,
+        None => true,
+    }
 }
 
 /// The migrations whose files lost their functions to `sql/` (issue 19),
@@ -426,6 +532,7 @@ impl Db {
         } else {
             self.pool.begin().await
         }
+        .map_err(connection_trouble)
     }
 
     /// A connection for several statements in a row. Pinned, it is a
@@ -435,7 +542,9 @@ impl Db {
         if self.pinned {
             Ok(Conn::Pinned(self.begin().await?))
         } else {
-            Ok(Conn::Direct(self.pool.acquire().await?))
+            Ok(Conn::Direct(
+                self.pool.acquire().await.map_err(connection_trouble)?,
+            ))
         }
     }
 
@@ -459,27 +568,16 @@ impl Db {
         let options = (*self.pool.connect_options())
             .clone()
             .application_name(application_name);
-        let builder = PgPoolOptions::new()
-            .max_connections(max_connections)
-            .min_connections(0)
-            .acquire_timeout(call_timeout);
+        let builder = |statement_timeout| {
+            primary_only(PgPoolOptions::new(), statement_timeout)
+                .max_connections(max_connections)
+                .min_connections(0)
+                .acquire_timeout(call_timeout)
+        };
         if transaction_pooler {
-            return Db::new(builder.connect_lazy_with(options), self.pinned);
+            return Db::new(builder(None).connect_lazy_with(options), self.pinned);
         }
-        let statement_timeout = format!("{}ms", statement_timeout.as_millis());
-        let pool = builder
-            .after_connect(move |conn, _| {
-                let statement_timeout = statement_timeout.clone();
-                Box::pin(async move {
-                    conn.execute(
-                        sqlx::query("SELECT set_config('statement_timeout', $1, false)")
-                            .bind(statement_timeout),
-                    )
-                    .await?;
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(options);
+        let pool = builder(Some(statement_timeout)).connect_lazy_with(options);
         Db::new(pool, self.pinned)
     }
 
@@ -500,6 +598,17 @@ pub enum Conn {
 }
 
 impl Conn {
+    /// After `err` on this connection: when the server turned out read-only
+    /// (F2), the connection is closed instead of going back to the pool,
+    /// and so are the pool's older ones (`note_read_only`).
+    pub fn failed(&mut self, err: &sqlx::Error) {
+        if note_read_only(err)
+            && let Conn::Direct(c) = self
+        {
+            c.close_on_drop();
+        }
+    }
+
     /// Keeps what was written: pinned, commits; direct, each statement
     /// already committed on its own.
     pub async fn finish(self) -> Result<(), sqlx::Error> {
@@ -541,7 +650,14 @@ impl<'c> Executor<'c> for &'c Db {
         E: 'q + Execute<'q, Postgres>,
     {
         if !self.pinned {
-            return self.pool.fetch_many(query);
+            return Box::pin(
+                self.pool
+                    .fetch_many(query)
+                    .map_err(connection_trouble)
+                    .inspect_err(|e| {
+                        note_read_only(e);
+                    }),
+            );
         }
         // Pinned: the whole answer is read inside the transaction, which
         // commits before the first row is handed out.
@@ -565,7 +681,14 @@ impl<'c> Executor<'c> for &'c Db {
         E: 'q + Execute<'q, Postgres>,
     {
         if !self.pinned {
-            return self.pool.fetch_optional(query);
+            return Box::pin(
+                self.pool
+                    .fetch_optional(query)
+                    .map_err(connection_trouble)
+                    .inspect_err(|e| {
+                        note_read_only(e);
+                    }),
+            );
         }
         Box::pin(async move {
             let mut tx = self.begin().await?;
@@ -742,10 +865,55 @@ pub fn is_unavailable(err: &(dyn StdError + 'static)) -> bool {
                 sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
                 sqlx::Error::Database(db) => matches!(
                     db.code().as_deref(),
-                    // admin shutdown, cannot connect now, too many connections,
-                    // query cancelled (statement_timeout), lock_timeout
-                    Some("57P01" | "57P02" | "57P03" | "53300" | "57014" | "55P03")
+                    // admin shutdown, crash shutdown, cannot connect now, too
+                    // many connections, query cancelled (statement_timeout),
+                    // lock_timeout, read-only transaction (a standby, F2)
+                    Some("57P01" | "57P02" | "57P03" | "53300" | "57014" | "55P03" | "25006")
                 ),
+                _ => false,
+            };
+        }
+        current = e.source();
+    }
+    false
+}
+
+/// A connection that does not speak PostgreSQL's protocol is a connection
+/// in trouble, not a bug: HAProxy with no live server behind it accepts the
+/// TCP connection and closes it, which sqlx reports as a protocol error
+/// ("unexpected response from SSLRequest"). Reported as the I/O error it
+/// is, so that the answer is 503 with Retry-After (measured: 33,638 answers
+/// `500` in one freeze of the leader before this).
+pub fn connection_trouble(e: sqlx::Error) -> sqlx::Error {
+    match e {
+        sqlx::Error::Protocol(message) => sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            format!("the database connection broke: {message}"),
+        )),
+        other => other,
+    }
+}
+
+/// F3: errors after which a write may or may not have committed: the
+/// connection was lost (I/O error, the server terminated the session, a
+/// connection exception) once the statement may have been sent. A commit
+/// waiting for the synchronous standby when its session is terminated is
+/// already committed locally; one on a leader that then loses its lock may
+/// be gone after the failover. Only the retry can tell (R9, and the replay
+/// of a transition with the same fence), so the answer says neither.
+/// Errors from acquiring a connection are not this: nothing was sent.
+pub fn is_outcome_unknown(err: &(dyn StdError + 'static)) -> bool {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(e) = current {
+        if let Some(sqlx_err) = e.downcast_ref::<sqlx::Error>() {
+            return match sqlx_err {
+                sqlx::Error::Io(_) => true,
+                sqlx::Error::Database(db) => {
+                    let code = db.code();
+                    let code = code.as_deref().unwrap_or_default();
+                    // admin shutdown, crash shutdown, connection exceptions
+                    matches!(code, "57P01" | "57P02") || code.starts_with("08")
+                }
                 _ => false,
             };
         }

@@ -481,6 +481,13 @@ fn path_hash(path: &Path) -> u64 {
 
 /// Makes `dir` usable as a cluster's parent when the cluster runs as another
 /// user (root running tests in a fresh temporary directory).
+/// A command that runs as the cluster's user (`postgres` when we are root,
+/// as `initdb` and `postgres` are run here): for the tools that manage a
+/// cluster and refuse root too (Patroni, in the failover test).
+pub fn cluster_user_command(program: impl Into<PathBuf>) -> Result<Command, EmbeddedError> {
+    Ok(run_as()?.command(program.into()))
+}
+
 pub fn prepare_private_dir(dir: &Path) -> Result<(), EmbeddedError> {
     let who = run_as()?;
     fs::create_dir_all(dir)?;

@@ -41,6 +41,14 @@ pub enum ApiError {
     /// 503 `unavailable`: the database cannot answer right now; retry.
     #[error("the database is not available right now; retry shortly")]
     Unavailable(#[source] anyhow::Error),
+    /// 503 `outcome_unknown` (F3): the connection was lost after a write
+    /// was sent; it may or may not have committed. Retrying it with the same
+    /// `order_ref` (reserve) or fence (convert, cancel) says which.
+    #[error(
+        "the connection to the database was lost while this request was being written; it may \
+         or may not have taken effect: retry it unchanged (same order_ref, or same fence) to learn which"
+    )]
+    OutcomeUnknown(#[source] anyhow::Error),
     /// 500 `internal`: a bug or an unexpected database state.
     #[error("internal error")]
     Internal(#[source] anyhow::Error),
@@ -74,6 +82,7 @@ impl ApiError {
             ApiError::Conflict { code, .. } => code,
             ApiError::Unprocessable { code, .. } => code,
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::OutcomeUnknown(_) => "outcome_unknown",
             ApiError::Internal(_) => "internal",
         }
     }
@@ -117,8 +126,23 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+impl ApiError {
+    /// A write that failed (reserve, convert, cancel) once its connection
+    /// was acquired: a lost connection is `OutcomeUnknown` (F3), anything
+    /// else as `From`.
+    pub fn from_write(e: sqlx::Error) -> ApiError {
+        if db::is_outcome_unknown(&e) {
+            ApiError::OutcomeUnknown(e.into())
+        } else {
+            e.into()
+        }
+    }
+}
+
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
+        // F2: a read-only server closes the pool's older connections.
+        db::note_read_only(e.as_ref());
         if db::is_unavailable(e.as_ref()) {
             ApiError::Unavailable(e)
         } else if let Some(problem) = db::bad_value(e.as_ref()) {
@@ -139,7 +163,9 @@ impl ResponseError for ApiError {
             ApiError::Forbidden(_) | ApiError::ModuleDisabled(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -148,6 +174,9 @@ impl ResponseError for ApiError {
         match self {
             ApiError::Internal(_) => tracing::error!(error = ?self, "request failed"),
             ApiError::Unavailable(_) => tracing::warn!(error = ?self, "database unavailable"),
+            ApiError::OutcomeUnknown(_) => {
+                tracing::warn!(error = ?self, "database connection lost during a write")
+            }
             _ => {}
         }
         let mut body = Map::new();
@@ -161,7 +190,7 @@ impl ResponseError for ApiError {
                 body.extend(extra.clone());
                 retry = *retry_after;
             }
-            ApiError::Unavailable(_) => retry = Some(1),
+            ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => retry = Some(1),
             _ => {}
         }
         let mut resp = HttpResponse::build(self.status_code());

@@ -337,7 +337,7 @@ async fn transition_on(
 /// checked in the same statement as the transition. Autocommit: an expiry
 /// found at the point of use (R11) is committed with the refusal.
 pub async fn transition_for_token(
-    pool: &Db,
+    db: impl sqlx::PgExecutor<'_>,
     token_hash: &[u8],
     module_on: bool,
     id: i64,
@@ -359,7 +359,7 @@ pub async fn transition_for_token(
     .bind(fence)
     .bind(what.action())
     .bind(what.text())
-    .fetch_one(pool)
+    .fetch_one(db)
     .await?;
     match crate::tokens::CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),

@@ -18,6 +18,9 @@
 mod cpu;
 mod fill;
 mod growth;
+mod ha;
+#[path = "../../tests/ha/cluster.rs"]
+mod ha_cluster;
 mod notes;
 mod pages;
 mod pooler;
@@ -151,6 +154,9 @@ pub struct Results {
     pub pooler: Option<pooler::Result>,
     /// Item 9: reserve+cancel cycles of orders of 3 machines (R13), 8 clients.
     pub orders_of_three: Vec<throughput::Run>,
+    /// Item 10: the hot path through HAProxy to a Patroni leader with a
+    /// synchronous standby, beside the ceiling on that cluster.
+    pub ha: Option<ha::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -279,6 +285,18 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
             results.pooler = Some(pooler::run(cfg, &db, &cluster.dir, &org).await?);
             db.setup.close().await;
             drop_database(cluster, &db.name).await?;
+        }
+    }
+
+    if cfg.runs_item("ha") {
+        if let Some(why) = ha::unavailable() {
+            results.skipped.push(why);
+        } else {
+            eprintln!(
+                "ha: {} clients through HAProxy to a Patroni leader with a synchronous standby",
+                ha::CLIENTS
+            );
+            results.ha = Some(ha::run(cfg).await?);
         }
     }
 

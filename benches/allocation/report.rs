@@ -422,6 +422,9 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             );
         }
     }
+    if let Some(ha) = &results.ha {
+        let _ = writeln!(w, "{}", crate::ha::row(ha));
+    }
     for s in &results.skipped {
         let _ = writeln!(w, "\nLeft out: {s}.");
     }

@@ -114,6 +114,7 @@ impl Config {
                     "pages",
                     "fill",
                     "pooler",
+                    "ha",
                 ]
                 .map(String::from)
                 .to_vec(),

@@ -2,7 +2,7 @@
 //! several, R13), read, convert, cancel, extend (R14); and the same actions
 //! on a whole order under `/orders/{order_ref}`.
 
-use crate::db::Db;
+use crate::db::{Conn, Db};
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -172,10 +172,14 @@ async fn reserve(
     let bytes = read_body(payload).await;
     let req = bytes.and_then(|b| reserve_request(&b, &settings));
     let req = parsed(req, &token, &pool, &settings).await?;
+    // F3: the connection first (failing here, nothing was sent: 503
+    // unavailable), then the one statement (failing there, the order may
+    // exist: 503 outcome_unknown, and the replay with this order_ref says).
+    let mut conn = pool.acquire().await?;
     let outcome =
-        allocator::reserve_for_token(&pool, token.digest(), settings.datacenter_module, &req)
-            .await?
-            .map_err(caller_refused)?;
+        allocator::reserve_for_token(&mut *conn, token.digest(), settings.datacenter_module, &req)
+            .await;
+    let outcome = written(conn, outcome).await?.map_err(caller_refused)?;
     metrics
         .reservations
         .with_label_values(&[outcome.label()])
@@ -333,6 +337,23 @@ async fn events(
     Ok(HttpResponse::Ok().json(json!({ "events": events })))
 }
 
+/// Ends a write's connection: on success keeps what was written (pinned,
+/// commits); on failure closes a connection that reached a read-only
+/// server (F2) and says whether the outcome is unknown (F3).
+async fn written<T>(mut conn: Conn, outcome: Result<T, sqlx::Error>) -> Result<T, ApiError> {
+    match outcome {
+        Ok(value) => conn
+            .finish()
+            .await
+            .map(|()| value)
+            .map_err(ApiError::from_write),
+        Err(e) => {
+            conn.failed(&e);
+            Err(ApiError::from_write(e))
+        }
+    }
+}
+
 /// A refused transition, in API.md's codes.
 fn refusal(e: TransitionError) -> ApiError {
     match e {
@@ -383,17 +404,22 @@ async fn transition(
     fence: i64,
     what: Transition<'_>,
 ) -> Result<HttpResponse, ApiError> {
-    let (r, link) = reservations::transition_for_token(
-        pool,
+    // F3, as for reserve: a lost connection after the statement was sent
+    // is `outcome_unknown`, and the replay with the same fence says.
+    let mut conn = pool.acquire().await?;
+    let outcome = reservations::transition_for_token(
+        &mut *conn,
         token.digest(),
         settings.datacenter_module,
         id,
         fence,
         what,
     )
-    .await?
-    .map_err(caller_refused)?
-    .map_err(refusal)?;
+    .await;
+    let (r, link) = written(conn, outcome)
+        .await?
+        .map_err(caller_refused)?
+        .map_err(refusal)?;
     Ok(HttpResponse::Ok().json(body_with(&r, link)?))
 }
 

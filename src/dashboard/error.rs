@@ -64,6 +64,8 @@ impl From<sqlx::Error> for DashError {
 
 impl From<anyhow::Error> for DashError {
     fn from(e: anyhow::Error) -> Self {
+        // F2: a read-only server closes the pool's older connections.
+        db::note_read_only(e.as_ref());
         if db::is_unavailable(e.as_ref()) {
             DashError::Unavailable(e)
         } else if let Some(problem) = db::bad_value(e.as_ref()) {

@@ -121,7 +121,8 @@ fn v1_set() -> DefinitionSet {
         files: poolkeeper::definitions::FILES
             .iter()
             .filter_map(|(name, _)| {
-                let path = Path::new(V1).join(name);
+                // Named `*.sql.v1`, so that nothing reads the frozen copy as running code.
+                let path = Path::new(V1).join(format!("{name}.v1"));
                 // A file added after version 1 was not part of it.
                 let sql = std::fs::read_to_string(path).ok()?;
                 Some(((*name).to_owned(), sql))

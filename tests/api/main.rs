@@ -11,7 +11,10 @@ mod demand;
 mod deploy_unit;
 mod embedded;
 mod extensions;
+mod failover;
 mod guardrails;
+#[path = "../ha/cluster.rs"]
+mod ha_cluster;
 mod helpers;
 mod hostile_forms;
 mod inventory;

@@ -226,7 +226,7 @@ async fn soak_long() {
 
 /// Everything the run counted.
 #[derive(Default)]
-struct SoakReport {
+pub(crate) struct SoakReport {
     load: Duration,
     requests: u64,
     by_op: BTreeMap<&'static str, u64>,
@@ -239,13 +239,13 @@ struct SoakReport {
     holder_kills: u64,
     replica_stops: u64,
     replica_restarts: u64,
-    ended: BTreeMap<String, i64>,
+    pub(crate) ended: BTreeMap<String, i64>,
     /// Answered requests' latencies, in milliseconds.
     latencies_ms: Vec<u32>,
     by_code: BTreeMap<String, u64>,
     /// (distinct lease fences that swept, distinct replicas that swept, sweep runs)
     sweep: (i64, i64, i64),
-    violations: Vec<String>,
+    pub(crate) violations: Vec<String>,
 }
 
 impl std::fmt::Display for SoakReport {
@@ -704,11 +704,11 @@ async fn run_soak(load: Duration) -> SoakReport {
 }
 
 /// A 201 a client received.
-struct Created {
-    id: i64,
-    order_ref: String,
-    asset_tag: String,
-    fence: i64,
+pub(crate) struct Created {
+    pub(crate) id: i64,
+    pub(crate) order_ref: String,
+    pub(crate) asset_tag: String,
+    pub(crate) fence: i64,
 }
 
 #[derive(Default)]
@@ -784,7 +784,11 @@ impl ClientReport {
             self.violations
                 .push(format!("{op}: undocumented status {status}: {body}"));
         }
-        if status == 503 && (!retry_after || body["error"] != "unavailable") {
+        // F3: a write whose connection was lost is `outcome_unknown`.
+        let writes = matches!(op, "reserve" | "replay" | "convert" | "cancel");
+        let code_ok =
+            body["error"] == "unavailable" || (writes && body["error"] == "outcome_unknown");
+        if status == 503 && (!retry_after || !code_ok) {
             self.violations
                 .push(format!("{op}: 503 without Retry-After or code: {body}"));
         }
@@ -1079,7 +1083,7 @@ fn check_409_transition(me: &mut ClientReport, op: &str, b: &Value) {
 }
 
 /// Every convert or cancel a client was told succeeded is in the database.
-async fn check_told(pool: &Db, told: &[(i64, &'static str)], report: &mut SoakReport) {
+pub(crate) async fn check_told(pool: &Db, told: &[(i64, &'static str)], report: &mut SoakReport) {
     let ids: Vec<i64> = told.iter().map(|(id, _)| *id).collect();
     let rows: Vec<(i64, String)> =
         sqlx::query_as("SELECT id, state FROM reservations WHERE id = ANY($1)")
@@ -1099,7 +1103,7 @@ async fn check_told(pool: &Db, told: &[(i64, &'static str)], report: &mut SoakRe
 }
 
 /// The invariants, in SQL and against the clients' 201s.
-async fn check_invariants(pool: &Db, created: &[Created], report: &mut SoakReport) {
+pub(crate) async fn check_invariants(pool: &Db, created: &[Created], report: &mut SoakReport) {
     let checks: [(&str, &str); 12] = [
         (
             "one lease fence used by two replicas",

@@ -39,7 +39,7 @@ impl Received {
 }
 
 #[derive(Clone, Default)]
-struct Receiver {
+pub(crate) struct Receiver {
     log: Arc<Mutex<Vec<Received>>>,
     /// Answer 500 to this many requests, then 200.
     fail_next: Arc<AtomicUsize>,
@@ -49,7 +49,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    async fn start() -> Receiver {
+    pub(crate) async fn start() -> Receiver {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
         let r = Receiver {
             port: listener.local_addr().expect("address").port(),
@@ -71,7 +71,7 @@ impl Receiver {
         r
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/hooks/poolkeeper", self.port)
     }
 
@@ -80,7 +80,7 @@ impl Receiver {
     }
 
     /// Event ids answered 200.
-    fn delivered(&self) -> BTreeSet<i64> {
+    pub(crate) fn delivered(&self) -> BTreeSet<i64> {
         self.requests()
             .iter()
             .filter(|r| r.answered == 200)
