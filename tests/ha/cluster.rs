@@ -1,7 +1,7 @@
 //! A highly available PostgreSQL for the failover test and its bench item
 //! (issue 20), from Debian 12's packages: Patroni 3.0.2 managing three
 //! PostgreSQL 15 nodes in strict synchronous mode, one etcd 3.4 member as
-//! its DCS, and HAProxy 2.6 in front routing to the node whose Patroni
+//! its DCS (the v2 API: see `patroni_yml`), and HAProxy 2.6 in front routing to the node whose Patroni
 //! answers `GET /primary` with 200. Every part listens on 127.0.0.1 on its
 //! own free port and keeps its files under one temporary directory; the
 //! PostgreSQL nodes and Patroni run as `postgres` when we are root.
@@ -28,7 +28,7 @@ pub const LOOP_WAIT_SECONDS: u64 = 1;
 pub const RETRY_TIMEOUT_SECONDS: u64 = 4;
 
 /// What `apt-get` installs when a part is missing (`scripts/test` does it).
-pub const APT_PACKAGES: &str = "patroni etcd-server haproxy postgresql";
+pub const APT_PACKAGES: &str = "patroni python3-etcd etcd-server haproxy postgresql";
 
 /// The programs the cluster needs.
 pub struct Binaries {
@@ -200,7 +200,8 @@ impl HaCluster {
                 "--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"
             ))
             .arg(format!("--initial-cluster=e0=http://127.0.0.1:{peer_port}"))
-            .env_remove("ETCD_ENABLE_V2");
+            // Patroni's `etcd:` DCS speaks the v2 API, off by default in 3.4.
+            .arg("--enable-v2=true");
         let etcd = spawn(etcd, &dir.join("etcd.log"));
 
         let mut node_list = Vec::new();
@@ -509,8 +510,13 @@ name: {name}
 restapi:
   listen: 127.0.0.1:{rest}
   connect_address: 127.0.0.1:{rest}
-etcd3:
-  hosts: 127.0.0.1:{etcd_port}
+# F1: the v2 DCS, not etcd3: Patroni 3.0.2's etcd3 `_update_leader`
+# rewrites the leader key with a plain put when its lease changed, so a
+# leader woken from a freeze takes the key back from its successor (which
+# is then rewound, acknowledged writes and all). The v2 one renews the key
+# by compare-and-swap on its own name (RELIABILITY.md).
+etcd:
+  host: 127.0.0.1:{etcd_port}
 bootstrap:
   dcs:
     ttl: {ttl}
