@@ -1057,6 +1057,47 @@ async fn the_configured_idle_timeout_ends_a_session() {
 }
 
 #[tokio::test]
+async fn a_page_view_touches_its_session_only_when_the_last_touch_is_stale() {
+    // Idle 120 s: touched when last seen more than 12 s ago.
+    let app = spawn_app_with(|s| s.session_idle = Duration::from_secs(120)).await;
+    assert_eq!(
+        poolkeeper::dashboard::session::touch_every(Duration::from_secs(120)),
+        Duration::from_secs(12)
+    );
+    let c = app.staff("ana@acme.example", "support").await;
+    let row = |app: &TestApp| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, f64)>(
+                "SELECT xmin::text, extract(epoch FROM clock_timestamp() - last_seen_at)::float8 FROM sessions",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("session")
+        }
+    };
+    // Seen 5 s ago: a page view reads the session and writes nothing.
+    sqlx::query("UPDATE sessions SET last_seen_at = clock_timestamp() - interval '5 seconds'")
+        .execute(&app.pool)
+        .await
+        .expect("seen");
+    let (xmin, _) = row(&app).await;
+    assert_eq!(c.get("/").await.status(), 200);
+    assert_eq!(c.get("/reservations").await.status(), 200);
+    let (after, age) = row(&app).await;
+    assert_eq!(after, xmin, "a fresh session is not written by a page view");
+    assert!(age >= 5.0, "last_seen_at unchanged: {age} s");
+    // Seen 60 s ago: the view moves it forward.
+    sqlx::query("UPDATE sessions SET last_seen_at = clock_timestamp() - interval '60 seconds'")
+        .execute(&app.pool)
+        .await
+        .expect("seen");
+    assert_eq!(c.get("/").await.status(), 200);
+    let (_, age) = row(&app).await;
+    assert!(age < 5.0, "a stale session is touched: {age} s");
+}
+
+#[tokio::test]
 async fn session_cookies_are_httponly_strict_and_secure_only_behind_tls() {
     let app = spawn_app().await;
     app.create_staff(app.org.id, "ana@acme.example", "admin")
