@@ -195,14 +195,42 @@ fn pooled_columns() -> String {
     )
 }
 
-/// The filter's WHERE over machine `m`, parameters `$2`-`$6`.
+/// The filter's WHERE over machine `m`, parameters `$2`-`$5`, every
+/// filter optional in the statement (`list`, and the plain counts the plan
+/// test compares with).
 const FILTER_SQL: &str = "m.org_id = $1
             AND ($2::text IS NULL OR m.site = $2)
             AND ($3::text IS NULL OR m.vendor = $3)
             AND ($4::text IS NULL OR m.profile = $4)
             AND ($5::text IS NULL OR m.status = $5)";
 
-/// `list_pooled`'s statement for a state filter: `$1` org, `$2`-`$5` site,
+/// The filter's WHERE over machine `m` for the filters `filter` sets, with
+/// the same parameters as `FILTER_SQL` (`$2`-`$5`: site, vendor, profile,
+/// status). A filter that is set is a plain comparison and one that is not
+/// is `$n::text IS NULL`, so each combination is its own prepared
+/// statement whose generic plan is as good as a custom one: with
+/// `($2 IS NULL OR m.site = $2)` PostgreSQL planned the page's statements
+/// again at every view (0.8 ms each at 50,000 machines, BENCHMARKS.md
+/// item 5), since no generic plan can use an index for such a condition.
+pub fn filter_sql(filter: &MachineFilter) -> String {
+    let part = |n: u8, col: &str, set: bool| {
+        if set {
+            format!("m.{col} = ${n}")
+        } else {
+            format!("${n}::text IS NULL")
+        }
+    };
+    format!(
+        "m.org_id = $1 AND {} AND {} AND {} AND {}",
+        part(2, "site", filter.site.is_some()),
+        part(3, "vendor", filter.vendor.is_some()),
+        part(4, "profile", filter.profile.is_some()),
+        part(5, "status", filter.status.is_some()),
+    )
+}
+
+/// `list_pooled`'s statement for `filter` (its state, and its columns as
+/// `filter_sql`): `$1` org, `$2`-`$5` site,
 /// vendor, profile, status, `$6` after, `$7` limit (public for the plan
 /// test). The state is spelled out (what `pool_state_sql` = state means),
 /// so that the planner estimates it: sellable and not ready walk the pool
@@ -210,7 +238,9 @@ const FILTER_SQL: &str = "m.org_id = $1
 /// few among many, so the plan starts from the holds or the live services
 /// (a `CASE ... = $n` made the planner scan and sort the whole pool: 55-60
 /// ms against about 1 ms at 50,000 machines).
-pub fn list_pooled_sql(state: Option<PoolState>) -> String {
+pub fn list_pooled_sql(filter: &MachineFilter) -> String {
+    let state = filter.state;
+    let where_filter = filter_sql(filter);
     // Held and sold: from the organization's holds (or live services), each
     // machine probed by primary key (`OFFSET 0` keeps it a probe: joined,
     // the planner hashed the whole pool), then sorted; a page of a few
@@ -246,7 +276,7 @@ pub fn list_pooled_sql(state: Option<PoolState>) -> String {
     format!(
         "SELECT {cols}
            FROM {from}
-          WHERE {FILTER_SQL}
+          WHERE {where_filter}
             AND {condition}
             AND ($6::text IS NULL OR m.asset_tag > $6)
           ORDER BY m.asset_tag
@@ -266,17 +296,18 @@ pub fn list_pooled_sql(state: Option<PoolState>) -> String {
 /// rest likewise. Joining every machine to both tables cost 13-20 ms at
 /// 50,000 machines; this costs what the filtered machines and the holds
 /// and services do (the plan test compares both forms).
-pub fn count_by_state_sql() -> String {
+pub fn count_by_state_sql(filter: &MachineFilter) -> String {
+    let filter = filter_sql(filter);
     format!(
         "SELECT t.ready, t.other, h.ready, h.other, s.ready, s.other
            FROM (SELECT count(*) FILTER (WHERE m.status = 'ready') AS ready,
                         count(*) FILTER (WHERE m.status <> 'ready') AS other
-                   FROM machines m WHERE {FILTER_SQL}) t,
+                   FROM machines m WHERE {filter}) t,
                 (SELECT count(*) FILTER (WHERE m.status = 'ready') AS ready,
                         count(*) FILTER (WHERE m.status <> 'ready') AS other
                    FROM reservations hold,
                         LATERAL (SELECT m.status FROM machines m
-                                  WHERE m.id = hold.machine_id AND {FILTER_SQL}
+                                  WHERE m.id = hold.machine_id AND {filter}
                                     AND NOT EXISTS (SELECT 1 FROM service_links live
                                                      WHERE live.machine_id = m.id AND live.ended_at IS NULL)
                                  OFFSET 0) m
@@ -285,7 +316,7 @@ pub fn count_by_state_sql() -> String {
                         count(*) FILTER (WHERE m.status <> 'ready') AS other
                    FROM service_links live,
                         LATERAL (SELECT m.status FROM machines m
-                                  WHERE m.id = live.machine_id AND {FILTER_SQL} OFFSET 0) m
+                                  WHERE m.id = live.machine_id AND {filter} OFFSET 0) m
                   WHERE live.ended_at IS NULL AND live.org_id = $1) s"
     )
 }
@@ -314,7 +345,7 @@ pub async fn list_pooled(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<PooledMachine>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(list_pooled_sql(filter.state)))
+    sqlx::query_as(sqlx::AssertSqlSafe(list_pooled_sql(filter)))
         .bind(org_id)
         .bind(filter.site.as_ref().map(Site::as_str))
         .bind(filter.vendor.as_ref().map(Vendor::as_str))
@@ -355,7 +386,7 @@ pub async fn count_by_state(
 ) -> Result<Vec<(PoolState, i64)>, sqlx::Error> {
     type Six = (i64, i64, i64, i64, i64, i64);
     let (ready, other, held_ready, held_other, sold_ready, sold_other): Six =
-        sqlx::query_as(sqlx::AssertSqlSafe(count_by_state_sql()))
+        sqlx::query_as(sqlx::AssertSqlSafe(count_by_state_sql(filter)))
             .bind(org_id)
             .bind(filter.site.as_ref().map(Site::as_str))
             .bind(filter.vendor.as_ref().map(Vendor::as_str))
