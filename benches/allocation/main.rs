@@ -167,6 +167,7 @@ async fn run() -> anyhow::Result<()> {
     let cfg = Config::from_env();
     let started = Instant::now();
     let load_before = report::loadavg();
+    let cpu_before = report::cpu_check();
     eprintln!("bench: {cfg:?}");
     let cluster = Cluster::start(&cfg).await?;
     let external = cluster.external();
@@ -178,7 +179,13 @@ async fn run() -> anyhow::Result<()> {
         .unwrap_or_default();
     cluster.stop();
     let (results, _) = outcome?;
-    let machine = report::Machine::read(pg_version, external, load_before, report::loadavg());
+    let machine = report::Machine::read(
+        pg_version,
+        external,
+        load_before,
+        report::loadavg(),
+        cpu_before,
+    );
     let paths = report::write(&cfg, &machine, &results, started.elapsed())?;
     eprintln!(
         "bench: done in {:.0} s; wrote {}",

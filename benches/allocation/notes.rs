@@ -360,22 +360,32 @@ What would widen the margin further: a third batch statement at a time.";
 
 const PAGES: &str = "### What limits item 5 (pages)
 
-The queries behind the pages are small: pg_stat_statements puts the live
-reservations query at about 2 to 3 ms (1,000 held, the first 500 shown, each
-joined to its machine), the machine list at about 0.3 ms, the list with a
-verdict per machine at about 0.6 ms, and the session check (an UPDATE of
-`last_seen_at` on every page view) at about 0.13 ms. The column \"one reader,
-no load\" is the page's own time. Under load, the rest is waiting for a
-CPU: 8 readers, 8 ordering clients, the server and PostgreSQL share them,
-and the readers take CPU from the orders as much as the reverse (the
-allocation rate during the page runs is in the table). The live page is the
-heaviest: 500 rows with their frozen reasons, hundreds of kilobytes of HTML
-to render and send (a browser asking for gzip adds the compression). On
-this machine the p99 follows the load, not the page; what would lower it in
-the page itself (`src/dashboard/reservations.rs`, not changed here): a
-smaller first page (e.g. 100 rows with a \"next\" link, as `/machines`
-does) and the reason shown on the reservation's own page rather than in
-every row.";
+Measured with pg_stat_statements (2026-12-04, 50,000 machines, site
+filter): a `/machines` view ran the counts per pool state (2.5 to 3 ms
+alone, index-only on `machines_pool_counts_idx` and
+`machines_pool_probe_idx`; 7.8 ms before those indexes), the page of
+machines (0.8 to 1 ms), the filters' selects (0.3 ms) and the session check
+(0.06 ms). Until issue 23's follow-up the session check was an UPDATE of
+`last_seen_at` on every view: a durable commit per page, and the 8 readers,
+who share one session, queued on its row (5.2 ms mean under load); it now
+writes at most once per tenth of the idle timeout. Each statement is
+written for the filters the page sets, so PostgreSQL plans it once; with
+`($2 IS NULL OR m.site = $2)` it planned the counts and the list again at
+every view (0.8 ms each). The column \"one reader, no load\" is the page's
+own time. Under load, the rest is waiting for a CPU: 8 readers in a closed
+loop, 8 ordering clients, the server and PostgreSQL share 2 CPUs, so a
+page's latency is about the work of every request in flight over 2, and
+the readers take CPU from the orders as much as the reverse (the
+allocation rate during the page runs is in the table). The CPU speed check
+in the machine table says how fast the machine was: the same loop took
+1.6 times as long within one hour on this shared machine, and the page
+times follow it. What would lower the p99 further in the pages: the counts
+are the largest part left (they read every machine of the filter, index
+only); a count kept per site and state would make them constant, at the
+price of a write on every reserve and cancel, which the hot path does not
+pay today. The live page (`src/dashboard/reservations.rs`, 100 rows a
+page) counts every hold of the organization for its header (0.65 ms at
+1,000 holds).";
 
 /// For each target of item 1 this run missed: by how much, why, and what
 /// would close it (from the figures of the run and the notes above).

@@ -20,6 +20,34 @@ pub struct Machine {
     pub date: String,
     pub load_before: String,
     pub load_after: String,
+    /// `cpu_check` before and after the run, ms.
+    pub cpu_before: f64,
+    pub cpu_after: f64,
+}
+
+/// A fixed single-threaded loop, timed: the median of 5, in ms. The same
+/// work on every run and every commit, so that two BENCHMARKS.md can be
+/// compared for the speed of the machine they ran on (a shared virtual
+/// machine here was measured 1.6 times slower within the hour).
+pub fn cpu_check() -> f64 {
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = std::time::Instant::now();
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            let mut acc: u64 = 0;
+            for _ in 0..50_000_000u32 {
+                // xorshift64: a dependency chain the compiler cannot fold.
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                acc = acc.wrapping_add(x);
+            }
+            std::hint::black_box(acc);
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[2]
 }
 
 pub fn loadavg() -> String {
@@ -34,6 +62,7 @@ impl Machine {
         external_postgres: bool,
         load_before: String,
         load_after: String,
+        cpu_before: f64,
     ) -> Machine {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
@@ -72,6 +101,8 @@ impl Machine {
             date: chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string(),
             load_before,
             load_after,
+            cpu_before,
+            cpu_after: cpu_check(),
         }
     }
 }
@@ -209,6 +240,11 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
         w,
         "| load average (1, 5, 15 min) | before: {}; after: {} |",
         machine.load_before, machine.load_after
+    );
+    let _ = writeln!(
+        w,
+        "| CPU speed check (a fixed single-threaded loop, median of 5; lower is faster) | before: {:.0} ms; after: {:.0} ms |",
+        machine.cpu_before, machine.cpu_after
     );
     let _ = writeln!(
         w,
