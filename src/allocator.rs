@@ -203,15 +203,21 @@ pub async fn explain(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<Verdict>, sqlx::Error> {
+    // Each combination of filters is a statement of its own, planned once
+    // (`inventory::optional_sql`, `inventory::limit_sql`).
     let sql = format!(
-        "{} ORDER BY m.asset_tag LIMIT $11",
+        "{} ORDER BY m.asset_tag {}",
         classified(&format!(
-            "($5::text IS NULL OR m.site = $5::text) AND ($6::text IS NULL OR m.vendor = $6::text)
-             AND ($7::text IS NULL OR m.profile = $7::text) AND ($8::text IS NULL OR m.status = $8::text)
-             AND ($9::text IS NULL OR {} = $9::text)
-             AND ($10::text IS NULL OR m.asset_tag > $10::text)",
-            crate::inventory::pool_state_probe_sql()
-        ))
+            "{} AND {} AND {}",
+            crate::inventory::filter_columns_sql(filter, 5),
+            crate::inventory::optional_sql(
+                9,
+                &format!("{} =", crate::inventory::pool_state_probe_sql()),
+                filter.state.is_some()
+            ),
+            crate::inventory::optional_sql(10, "m.asset_tag >", after.is_some()),
+        )),
+        crate::inventory::limit_sql(limit),
     );
     let rows: Vec<Classified> = bind_spec(sqlx::query_as(sqlx::AssertSqlSafe(sql)), org_id, spec)
         .bind(filter.site.as_ref().map(Site::as_str))
@@ -220,7 +226,6 @@ pub async fn explain(
         .bind(filter.status.map(MachineStatus::as_str))
         .bind(filter.state.map(crate::inventory::PoolState::as_str))
         .bind(after)
-        .bind(limit)
         .fetch_all(pool)
         .await?;
     Ok(rows

@@ -213,32 +213,54 @@ const FILTER_SQL: &str = "m.org_id = $1
 /// again at every view (0.8 ms each at 50,000 machines, BENCHMARKS.md
 /// item 5), since no generic plan can use an index for such a condition.
 pub fn filter_sql(filter: &MachineFilter) -> String {
-    let part = |n: u8, col: &str, set: bool| {
-        if set {
-            format!("m.{col} = ${n}")
-        } else {
-            format!("${n}::text IS NULL")
-        }
-    };
+    format!("m.org_id = $1 AND {}", filter_columns_sql(filter, 2))
+}
+
+/// The filter's columns alone (site, vendor, profile, status) as
+/// `filter_sql` writes them, with parameters from `$first`: for statements
+/// whose organization is bound elsewhere (the allocator's `explain`).
+pub fn filter_columns_sql(filter: &MachineFilter, first: u8) -> String {
     format!(
-        "m.org_id = $1 AND {} AND {} AND {} AND {}",
-        part(2, "site", filter.site.is_some()),
-        part(3, "vendor", filter.vendor.is_some()),
-        part(4, "profile", filter.profile.is_some()),
-        part(5, "status", filter.status.is_some()),
+        "{} AND {} AND {} AND {}",
+        optional_sql(first, "m.site =", filter.site.is_some()),
+        optional_sql(first + 1, "m.vendor =", filter.vendor.is_some()),
+        optional_sql(first + 2, "m.profile =", filter.profile.is_some()),
+        optional_sql(first + 3, "m.status =", filter.status.is_some()),
     )
+}
+
+/// `{lhs} $n` when the value is bound, `$n::text IS NULL` when it is not:
+/// the parameters stay positional (every one is bound) while each
+/// combination is a statement of its own, planned once. `($n IS NULL OR
+/// {lhs} $n)` is re-planned at every execution: its custom plans, which fold
+/// the OR away, are always cheaper than a generic plan that cannot.
+pub fn optional_sql(n: u8, lhs: &str, set: bool) -> String {
+    if set {
+        format!("{lhs} ${n}::text")
+    } else {
+        format!("${n}::text IS NULL")
+    }
+}
+
+/// `LIMIT n` written into a dashboard statement, for a limit the code
+/// chooses (a page and one more, the CSV's maximum), never a user's: a
+/// generic plan takes a `LIMIT $n` for a tenth of the rows, so PostgreSQL
+/// kept planning such a statement again at every view (0.7 ms at 50,000
+/// machines, BENCHMARKS.md item 5). An integer cannot carry SQL.
+pub fn limit_sql(limit: i64) -> String {
+    format!("LIMIT {}", limit.max(0))
 }
 
 /// `list_pooled`'s statement for `filter` (its state, and its columns as
 /// `filter_sql`): `$1` org, `$2`-`$5` site,
-/// vendor, profile, status, `$6` after, `$7` limit (public for the plan
-/// test). The state is spelled out (what `pool_state_sql` = state means),
+/// vendor, profile, status, `$6` after (public for the plan test); the
+/// limit is written in (`limit_sql`). The state is spelled out (what `pool_state_sql` = state means),
 /// so that the planner estimates it: sellable and not ready walk the pool
 /// in asset tag order and stop after a page; held and sold machines are
 /// few among many, so the plan starts from the holds or the live services
 /// (a `CASE ... = $n` made the planner scan and sort the whole pool: 55-60
 /// ms against about 1 ms at 50,000 machines).
-pub fn list_pooled_sql(filter: &MachineFilter) -> String {
+pub fn list_pooled_sql(filter: &MachineFilter, after: bool, limit: i64) -> String {
     let state = filter.state;
     let where_filter = filter_sql(filter);
     // Held and sold: from the organization's holds (or live services), each
@@ -278,10 +300,12 @@ pub fn list_pooled_sql(filter: &MachineFilter) -> String {
            FROM {from}
           WHERE {where_filter}
             AND {condition}
-            AND ($6::text IS NULL OR m.asset_tag > $6)
+            AND {after}
           ORDER BY m.asset_tag
-          LIMIT $7",
+          {limit}",
         cols = pooled_columns(),
+        after = optional_sql(6, "m.asset_tag >", after),
+        limit = limit_sql(limit),
     )
 }
 
@@ -345,14 +369,14 @@ pub async fn list_pooled(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<PooledMachine>, sqlx::Error> {
-    sqlx::query_as(sqlx::AssertSqlSafe(list_pooled_sql(filter)))
+    let sql = list_pooled_sql(filter, after.is_some(), limit);
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(org_id)
         .bind(filter.site.as_ref().map(Site::as_str))
         .bind(filter.vendor.as_ref().map(Vendor::as_str))
         .bind(filter.profile.as_ref().map(Profile::as_str))
         .bind(filter.status.map(MachineStatus::as_str))
         .bind(after)
-        .bind(limit)
         .fetch_all(pool)
         .await
 }
@@ -464,12 +488,18 @@ pub async fn list(
 ) -> Result<Vec<Machine>, sqlx::Error> {
     let sql = format!(
         "SELECT {MACHINE_COLUMNS} FROM machines m
-          WHERE {FILTER_SQL}
-            AND ($6::text IS NULL OR {state} = $6::text)
-            AND ($7::text IS NULL OR m.asset_tag > $7)
+          WHERE {filter}
+            AND {state}
+            AND {after}
           ORDER BY m.asset_tag
           LIMIT $8",
-        state = pool_state_probe_sql(),
+        filter = filter_sql(filter),
+        state = optional_sql(
+            6,
+            &format!("{} =", pool_state_probe_sql()),
+            filter.state.is_some()
+        ),
+        after = optional_sql(7, "m.asset_tag >", after.is_some()),
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(org_id)

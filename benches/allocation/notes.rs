@@ -134,14 +134,36 @@ work, and the section below says what that work was cut to.
 
 What the HTTP path adds is CPU: the server (its CPU per request is in the
 table), the clients' HTTP, and more PostgreSQL CPU per cycle than the
-ceiling's for the same two statements (the CPU columns). The functions
-themselves are a small part of it: pgbench calling `api_reserve` +
-`api_transition` as the server's prepared statements ran at 0.8 to 0.9
-times the rate of the ceiling's pair on the same database (2026-12-03, 8
-connections; what they do beyond the ceiling: the token check in the same
-statement, the frozen reason's words, the walk's counters returned as a
-row, nested PL/pgSQL calls each with its `SET` clauses, the outbox
-trigger). The rest comes with the pool: a request goes to whichever pooled connection is
+ceiling's for the same two statements (the CPU columns). Most of that
+PostgreSQL part is the functions. Measured on 2026-12-04 (item 1's
+database on a private cluster, pgbench, 8 connections, prepared
+statements, the two pairs alternating), `api_reserve_order` +
+`api_transition` ran at 0.53 to 0.65 times the rate of the ceiling's pair
+(1,028 against 1,925 cycles/s, 1,125 against 1,774, 986 against 1,506), not
+the 0.8 to 0.9 of 2026-12-03: orders of several machines (R13) added frames
+to the path of an order of one. pg_stat_statements (`track = all`) during
+the 8-client HTTP load says where: inside PostgreSQL `api_reserve_order`
+took 1.62 ms a call against 0.70 ms for `bench_reserve`, `api_transition`
+0.77 ms against 0.42 ms for `bench_cancel`. The statements that do the work
+cost about the same on both sides (the insert of the reservation 0.23
+against 0.21 ms, pass one 0.16 against 0.11, the `created` event 0.13
+against 0.11, the lock of a candidate 0.02 on both); what the API adds is
+its frames, `api_reserve_order`, `reserve_order`, `reserve_order_walk` and
+`reserve_walk_slots`, each a PL/pgSQL call whose rows are materialized and
+copied into the next, two with `SET` clauses restored at each exit, and the
+result built by `reserve_result_of`: about 0.9 ms of the 1.62. A perf
+profile of the backends (the API pair against the ceiling's, per cycle)
+spreads the difference over that machinery: simple-expression plan checks
+(`CachedPlanIsSimplyValid`, `OverrideSearchPathMatchesCurrent`), executor
+start-up of small statements (`ExprEvalPushStep`, `ExecInitFunctionScan`,
+`TupleDescInitEntry`), copies of composite values, `AtEOXact_GUC`; no one
+hot spot. Calling `reserve_walk_slots` directly for an order of one and
+dropping its `SET` clauses moved the pgbench ratio within its noise (0.57
+to 0.72 with and without, alternating), so it was not shipped. What would
+close the gap: one PL/pgSQL frame for an order of one (the R9 lookup, pass
+one, the walk and its result in a single function; orders of several kept
+as they are), with every concurrency test unchanged in what it asserts.
+The rest comes with the pool: a request goes to whichever pooled connection is
 free, so successive statements wake different backends (sqlx hands idle
 connections out in turn), and each backend sleeps and wakes between
 requests while the HTTP exchange happens. At 1 client on a quiet machine
@@ -362,16 +384,24 @@ const PAGES: &str = "### What limits item 5 (pages)
 
 Measured with pg_stat_statements (2026-12-04, 50,000 machines, site
 filter): a `/machines` view ran the counts per pool state (2.5 to 3 ms
-alone, index-only on `machines_pool_counts_idx` and
+alone in psql, 4 to 4.7 ms a view from the server, one reader; index-only on `machines_pool_counts_idx` and
 `machines_pool_probe_idx`; 7.8 ms before those indexes), the page of
 machines (0.8 to 1 ms), the filters' selects (0.3 ms) and the session check
 (0.06 ms). Until issue 23's follow-up the session check was an UPDATE of
 `last_seen_at` on every view: a durable commit per page, and the 8 readers,
 who share one session, queued on its row (5.2 ms mean under load); it now
 writes at most once per tenth of the idle timeout. Each statement is
-written for the filters the page sets, so PostgreSQL plans it once; with
-`($2 IS NULL OR m.site = $2)` it planned the counts and the list again at
-every view (0.8 ms each). The column \"one reader, no load\" is the page's
+written for the filters the page sets, with its limit written in (the
+page's size, a constant of the code), so that PostgreSQL can keep one
+plan: with `($2 IS NULL OR m.site = $2)` it planned the counts and the
+list again at every view (0.8 ms each), and a `LIMIT $n`, which a generic
+plan takes for a tenth of the rows, kept the order spec's list of
+verdicts (`allocator::explain`) planned at every view (0.77 ms of planning
+for 0.87 ms of execution; now 0.78 ms and no planning). Some statements
+are still planned at every view because their custom plans, which see the
+values, always cost less than a generic one: the list with a site and a
+status (0.7 ms of planning), and the counts with a site and a profile
+(0.6 ms) on this skewed inventory (4 machines in 5 of one profile). The column \"one reader, no load\" is the page's
 own time. Under load, the rest is waiting for a CPU: 8 readers in a closed
 loop, 8 ordering clients, the server and PostgreSQL share 2 CPUs, so a
 page's latency is about the work of every request in flight over 2, and
@@ -422,7 +452,7 @@ fn missed(results: &Results) -> String {
             if t.clients == 1 {
                 "One client waits for every commit alone (no group commit on either side), so the rate is one over the time of a cycle: the HTTP exchange and the server's work add to each of the two commits' waits. What would close it: less time per request in the server and the client (the CPU columns), not less WAL."
             } else {
-                "The machine is busy during both runs, so the ratio is about CPU per cycle. What would close it: fewer backend wake-ups per request (a pool that hands out the most recently used connection first, which sqlx's pool cannot be told to do), and less server CPU per request."
+                "The machine is busy during both runs, so the ratio is about CPU per cycle. What would close it: less PostgreSQL CPU per call, first from the functions (pgbench puts the API's pair at 0.53 to 0.65 times the ceiling's rate inside the database: one PL/pgSQL frame for an order of one instead of four, see above), then fewer backend wake-ups per request (a pool that hands out the most recently used connection first, which sqlx's pool cannot be told to do) and less server CPU per request."
             }
         );
     }
@@ -442,7 +472,7 @@ fn missed(results: &Results) -> String {
             any = true;
             let _ = writeln!(
                 w,
-                "- **CPU per reservation at 8 clients (issue 11's target): ×{:.2} the ceiling's, against ≤ ×2.** Server {:.2} ms and PostgreSQL {:.2} ms per cycle against PostgreSQL {:.2} ms in the ceiling: the PostgreSQL part is most of it (the backends woken per request, see above). What would close it: the pool handing out its most recently used connection first, and one PL/pgSQL frame per call instead of four (a change of the functions, not made here).",
+                "- **CPU per reservation at 8 clients (issue 11's target): ×{:.2} the ceiling's, against ≤ ×2.** Server {:.2} ms and PostgreSQL {:.2} ms per cycle against PostgreSQL {:.2} ms in the ceiling: the PostgreSQL part is most of it (the functions' frames first, then the backends woken per request, see above). What would close it: one PL/pgSQL frame for an order of one instead of four (a change of the allocator's functions, not made here), and the pool handing out its most recently used connection first.",
                 cpu_http / t8.db_cpu.postgres_ms.max(1e-9),
                 t8.http_cpu.server_ms,
                 t8.http_cpu.postgres_ms,
