@@ -141,28 +141,27 @@ statements, the two pairs alternating), `api_reserve_order` +
 `api_transition` ran at 0.53 to 0.65 times the rate of the ceiling's pair
 (1,028 against 1,925 cycles/s, 1,125 against 1,774, 986 against 1,506), not
 the 0.8 to 0.9 of 2026-12-03: orders of several machines (R13) added frames
-to the path of an order of one. pg_stat_statements (`track = all`) during
-the 8-client HTTP load says where: inside PostgreSQL `api_reserve_order`
-took 1.62 ms a call against 0.70 ms for `bench_reserve`, `api_transition`
-0.77 ms against 0.42 ms for `bench_cancel`. The statements that do the work
-cost about the same on both sides (the insert of the reservation 0.23
-against 0.21 ms, pass one 0.16 against 0.11, the `created` event 0.13
-against 0.11, the lock of a candidate 0.02 on both); what the API adds is
-its frames, `api_reserve_order`, `reserve_order`, `reserve_order_walk` and
-`reserve_walk_slots`, each a PL/pgSQL call whose rows are materialized and
-copied into the next, two with `SET` clauses restored at each exit, and the
-result built by `reserve_result_of`: about 0.9 ms of the 1.62. A perf
-profile of the backends (the API pair against the ceiling's, per cycle)
-spreads the difference over that machinery: simple-expression plan checks
-(`CachedPlanIsSimplyValid`, `OverrideSearchPathMatchesCurrent`), executor
-start-up of small statements (`ExprEvalPushStep`, `ExecInitFunctionScan`,
-`TupleDescInitEntry`), copies of composite values, `AtEOXact_GUC`; no one
-hot spot. Calling `reserve_walk_slots` directly for an order of one and
-dropping its `SET` clauses moved the pgbench ratio within its noise (0.57
-to 0.72 with and without, alternating), so it was not shipped. What would
-close the gap: one PL/pgSQL frame for an order of one (the R9 lookup, pass
-one, the walk and its result in a single function; orders of several kept
-as they are), with every concurrency test unchanged in what it asserts.
+to the path of an order of one. Where the time goes, at one connection
+with asynchronous commit (CPU only; pg_stat_statements with `track = all`
+over 4,726 cycles): inside PostgreSQL `api_reserve_order` took 0.58 ms a
+call against 0.30 ms for `bench_reserve`, `api_transition` 0.29 ms against
+0.19 ms for `bench_cancel`. Of the reserve's 0.29 ms more: pass one through
+`machine_verdicts` (R7's one definition of a verdict, its probes as
+lateral joins) 0.07 ms against the ceiling's plain query 0.03; the bodies
+of `reserve_order` and the walk 0.20 ms against 0.10 (the R9 ask, the
+verdict checked again under the lock, the reason's words, the counters);
+the result row built by `reserve_result_of` 0.03; the token check 0.03; the
+frames of `api_reserve_order` and `reserve_order_walk` 0.05; the wider
+insert and event 0.02. No one part dominates. A function's `SET` clauses
+cost 1.3 to 2 µs a call (100,000 calls of an empty function with and
+without three of them), not what matters, and calling the walk directly
+for an order of one without its `SET` clauses left the ratio within the
+noise (API over ceiling per cycle, 1 connection, 6 alternations each:
+median ×1.58 against ×1.62), so it was not shipped. What would close the
+gap: less work per call in the functions, a few hundredths of a
+millisecond at a time (a pass one that asks only for candidates instead of
+every verdict, the result row built in place, one frame for an order of
+one), with every concurrency test unchanged in what it asserts.
 The rest comes with the pool: a request goes to whichever pooled connection is
 free, so successive statements wake different backends (sqlx hands idle
 connections out in turn), and each backend sleeps and wakes between
@@ -436,11 +435,16 @@ fn missed(results: &Results) -> String {
         let http_cpu = t.http_cpu.server_ms + t.http_cpu.postgres_ms + t.http_cpu.client_ms;
         let _ = writeln!(
             w,
-            "- **{} client{}: HTTP at {:.0}% of the ceiling, {:.0} points short of {:.0}%.** CPU per cycle over HTTP {:.2} ms (server {:.2}, clients {:.2}, PostgreSQL {:.2}) against {:.2} ms in the ceiling; WAL syncs per cycle {:.2} against {:.2}. {}",
+            "- **{} client{}: HTTP at {:.0}% of the ceiling, {:.0} point{} short of {:.0}%.** CPU per cycle over HTTP {:.2} ms (server {:.2}, clients {:.2}, PostgreSQL {:.2}) against {:.2} ms in the ceiling; WAL syncs per cycle {:.2} against {:.2}. {}",
             t.clients,
             if t.clients == 1 { "" } else { "s" },
             t.ratio * 100.0,
             (target - t.ratio) * 100.0,
+            if ((target - t.ratio) * 100.0).round() == 1.0 {
+                ""
+            } else {
+                "s"
+            },
             target * 100.0,
             http_cpu,
             t.http_cpu.server_ms,
@@ -450,9 +454,9 @@ fn missed(results: &Results) -> String {
             t.http_wal.syncs,
             t.db_wal.syncs,
             if t.clients == 1 {
-                "One client waits for every commit alone (no group commit on either side), so the rate is one over the time of a cycle: the HTTP exchange and the server's work add to each of the two commits' waits. What would close it: less time per request in the server and the client (the CPU columns), not less WAL."
+                "One client waits for every commit alone (no group commit on either side), so the rate is one over the time of a cycle: the HTTP exchange and the server's work add to each of the two commits' waits. What would close it: less CPU per request in the server, the client and above all PostgreSQL (the CPU columns: inside the database the API's functions cost about twice the ceiling's, see above for where), not less WAL."
             } else {
-                "The machine is busy during both runs, so the ratio is about CPU per cycle. What would close it: less PostgreSQL CPU per call, first from the functions (pgbench puts the API's pair at 0.53 to 0.65 times the ceiling's rate inside the database: one PL/pgSQL frame for an order of one instead of four, see above), then fewer backend wake-ups per request (a pool that hands out the most recently used connection first, which sqlx's pool cannot be told to do) and less server CPU per request."
+                "The machine is busy during both runs, so the ratio is about CPU per cycle. What would close it: less PostgreSQL CPU per call, first from the functions (pgbench puts the API's pair at 0.53 to 0.65 times the ceiling's rate inside the database, see above for where), then fewer backend wake-ups per request (a pool that hands out the most recently used connection first, which sqlx's pool cannot be told to do) and less server CPU per request."
             }
         );
     }
@@ -472,7 +476,7 @@ fn missed(results: &Results) -> String {
             any = true;
             let _ = writeln!(
                 w,
-                "- **CPU per reservation at 8 clients (issue 11's target): ×{:.2} the ceiling's, against ≤ ×2.** Server {:.2} ms and PostgreSQL {:.2} ms per cycle against PostgreSQL {:.2} ms in the ceiling: the PostgreSQL part is most of it (the functions' frames first, then the backends woken per request, see above). What would close it: one PL/pgSQL frame for an order of one instead of four (a change of the allocator's functions, not made here), and the pool handing out its most recently used connection first.",
+                "- **CPU per reservation at 8 clients (issue 11's target): ×{:.2} the ceiling's, against ≤ ×2.** Server {:.2} ms and PostgreSQL {:.2} ms per cycle against PostgreSQL {:.2} ms in the ceiling: the PostgreSQL part is most of it (the functions' work per call first, then the backends woken per request, see above). What would close it: less work per call in the allocator's functions (see above for where; not done here), and the pool handing out its most recently used connection first.",
                 cpu_http / t8.db_cpu.postgres_ms.max(1e-9),
                 t8.http_cpu.server_ms,
                 t8.http_cpu.postgres_ms,
