@@ -252,10 +252,10 @@ pub fn limit_sql(limit: i64) -> String {
 }
 
 /// `list_pooled`'s statement for `filter` (its state, and its columns as
-/// `filter_sql`): `$1` org, `$2`-`$5` site,
-/// vendor, profile, status, `$6` after (public for the plan test); the
-/// limit is written in (`limit_sql`). The state is spelled out (what `pool_state_sql` = state means),
-/// so that the planner estimates it: sellable and not ready walk the pool
+/// `filter_sql`): `$1` org, `$2`-`$5` site, vendor, profile, status, `$6`
+/// after (public for the plan test); the limit is written in
+/// (`limit_sql`). The state is spelled out (what `pool_state_sql` = state
+/// means), so that the planner estimates it: sellable and not ready walk the pool
 /// in asset tag order and stop after a page; held and sold machines are
 /// few among many, so the plan starts from the holds or the live services
 /// (a `CASE ... = $n` made the planner scan and sort the whole pool: 55-60
@@ -493,6 +493,8 @@ pub async fn list(
             AND {after}
           ORDER BY m.asset_tag
           LIMIT $8",
+        // The API's limit is the caller's: bound, never written in (each
+        // value would be a statement of its own in the connection's cache).
         filter = filter_sql(filter),
         state = optional_sql(
             6,
