@@ -185,6 +185,7 @@ async fn run() -> anyhow::Result<()> {
         load_before,
         report::loadavg(),
         cpu_before,
+        report::cpu_check(),
     );
     let paths = report::write(&cfg, &machine, &results, started.elapsed())?;
     eprintln!(

@@ -63,6 +63,7 @@ impl Machine {
         load_before: String,
         load_after: String,
         cpu_before: f64,
+        cpu_after: f64,
     ) -> Machine {
         let cpu = std::fs::read_to_string("/proc/cpuinfo")
             .ok()
@@ -102,7 +103,7 @@ impl Machine {
             load_before,
             load_after,
             cpu_before,
-            cpu_after: cpu_check(),
+            cpu_after,
         }
     }
 }

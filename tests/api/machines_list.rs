@@ -394,9 +394,10 @@ async fn the_list_stays_on_indexes_at_50000_machines() {
     .await
     .expect("holds and services");
     // VACUUM as autovacuum would after the load: the visibility map is what
-    // lets the counts stay index-only. The test cluster commits
-    // asynchronously, and VACUUM marks a page all-visible only once the
-    // commits of its rows are on disk: one synchronous commit flushes them.
+    // lets the counts stay index-only. VACUUM marks a page all-visible only
+    // once the commits of its rows are on disk (the test cluster commits
+    // asynchronously: one synchronous commit flushes them) and no
+    // transaction that may not see them is still open in this database.
     let mut conn = app.pool.acquire().await.expect("connection");
     sqlx::query("SET synchronous_commit = on")
         .execute(&mut *conn)
@@ -406,12 +407,10 @@ async fn the_list_stays_on_indexes_at_50000_machines() {
         .execute(&mut *conn)
         .await
         .expect("a synchronous commit");
-    // VACUUM marks a page all-visible only if no transaction that may not
-    // see its rows is still open in this database: a worker of the app (or
-    // any other session) that took its snapshot before the load committed
-    // holds it back. Run it again until every page is all-visible; each run
-    // lasts as long as a pass over the table, so the short transactions
-    // that hold it back end meanwhile.
+    // A worker of the app that took its snapshot before the load committed
+    // holds that back: VACUUM again until every page is all-visible (each
+    // pass lasts as long as a read of the table; the workers' transactions
+    // are shorter).
     let mut tries = 0;
     loop {
         sqlx::query("VACUUM ANALYZE machines")
