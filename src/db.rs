@@ -863,13 +863,20 @@ pub fn is_unavailable(err: &(dyn StdError + 'static)) -> bool {
         if let Some(sqlx_err) = e.downcast_ref::<sqlx::Error>() {
             return match sqlx_err {
                 sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => true,
-                sqlx::Error::Database(db) => matches!(
-                    db.code().as_deref(),
+                sqlx::Error::Database(db) => {
+                    let code = db.code();
+                    let code = code.as_deref().unwrap_or_default();
                     // admin shutdown, crash shutdown, cannot connect now, too
                     // many connections, query cancelled (statement_timeout),
                     // lock_timeout, read-only transaction (a standby, F2)
-                    Some("57P01" | "57P02" | "57P03" | "53300" | "57014" | "55P03" | "25006")
-                ),
+                    matches!(
+                        code,
+                        "57P01" | "57P02" | "57P03" | "53300" | "57014" | "55P03" | "25006"
+                    )
+                    // F3: class 40 (deadlock, serialization failure) rolled
+                    // the transaction back; the same request again is safe.
+                    || code.starts_with("40")
+                }
                 _ => false,
             };
         }
@@ -911,8 +918,9 @@ pub fn is_outcome_unknown(err: &(dyn StdError + 'static)) -> bool {
                 sqlx::Error::Database(db) => {
                     let code = db.code();
                     let code = code.as_deref().unwrap_or_default();
-                    // admin shutdown, crash shutdown, connection exceptions
-                    matches!(code, "57P01" | "57P02") || code.starts_with("08")
+                    // admin shutdown, crash shutdown, connection exceptions,
+                    // statement completion unknown
+                    matches!(code, "57P01" | "57P02" | "40003") || code.starts_with("08")
                 }
                 _ => false,
             };

@@ -39,7 +39,7 @@ const MACHINE_COLUMNS: &str =
 
 /// Creates or updates the machine `tag` of `org_id`.
 pub async fn upsert(
-    pool: &Db,
+    db: impl sqlx::PgExecutor<'_>,
     org_id: i64,
     tag: &AssetTag,
     spec: &MachineSpec,
@@ -61,7 +61,7 @@ pub async fn upsert(
         .bind(spec.vendor.as_str())
         .bind(spec.profile.as_str())
         .bind(spec.status.as_str())
-        .fetch_one(pool)
+        .fetch_one(db)
         .await?;
     let how = if row.inserted {
         Upserted::Created

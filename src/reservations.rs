@@ -685,7 +685,7 @@ pub async fn order_transition_on(
 /// (`api_order_transition`): the token, its scope and both module switches
 /// checked in the same statement as the transition.
 pub async fn order_transition_for_token(
-    pool: &Db,
+    conn: &mut PgConnection,
     token_hash: &[u8],
     module_on: bool,
     order_ref: Option<&str>,
@@ -707,7 +707,7 @@ pub async fn order_transition_for_token(
     .bind(what.reason())
     .bind(seconds)
     .bind(cap)
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?;
     let caller = rows
         .first()
@@ -743,6 +743,19 @@ pub async fn end_service(
     actor: &str,
 ) -> Result<ServiceLink, EndServiceError> {
     let mut tx = pool.begin().await?;
+    let link = end_service_on(&mut tx, org_id, id, actor).await??;
+    tx.commit().await?;
+    Ok(link)
+}
+
+/// `end_service` in the caller's transaction: the database's errors
+/// outside, the refusals inside (`NotFound`, `NotLive`: nothing written).
+pub async fn end_service_on(
+    tx: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    actor: &str,
+) -> Result<Result<ServiceLink, EndServiceError>, sqlx::Error> {
     let machine_id: Option<i64> =
         sqlx::query_scalar("SELECT machine_id FROM service_links WHERE id = $1 AND org_id = $2")
             .bind(id)
@@ -750,7 +763,7 @@ pub async fn end_service(
             .fetch_optional(&mut *tx)
             .await?;
     let Some(machine_id) = machine_id else {
-        return Err(EndServiceError::NotFound);
+        return Ok(Err(EndServiceError::NotFound));
     };
     // Machine row first, as everywhere else.
     sqlx::query("SELECT id FROM machines WHERE id = $1 FOR UPDATE")
@@ -769,7 +782,7 @@ pub async fn end_service(
         .fetch_optional(&mut *tx)
         .await?;
     let Some(link) = link else {
-        return Err(EndServiceError::NotLive);
+        return Ok(Err(EndServiceError::NotLive));
     };
     sqlx::query(
         "UPDATE machines SET status = 'provisioning', updated_at = clock_timestamp() WHERE id = $1",
@@ -777,6 +790,5 @@ pub async fn end_service(
     .bind(machine_id)
     .execute(&mut *tx)
     .await?;
-    tx.commit().await?;
-    Ok(link)
+    Ok(Ok(link))
 }

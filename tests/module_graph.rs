@@ -57,6 +57,7 @@ const RUNGS: &[(&str, &[&str])] = &[
             "api::reservations",
             "api::services",
             "api::webhook",
+            "api::write",
             "dashboard",
             "dashboard::admin",
             "dashboard::assets",

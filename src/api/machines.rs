@@ -1,5 +1,6 @@
 //! Inventory endpoints (scope `inventory`).
 
+use crate::api::write::{Shape, write};
 use crate::db::Db;
 use actix_web::{HttpResponse, web};
 use serde::Deserialize;
@@ -46,7 +47,10 @@ async fn put(
         profile: body.profile,
         status: body.status,
     };
-    let (machine, how) = inventory::upsert(&pool, client.org_id, &tag, &spec).await?;
+    let (machine, how) = write(&pool, Shape::Statement, async |conn| {
+        inventory::upsert(conn, client.org_id, &tag, &spec).await
+    })
+    .await?;
     Ok(match how {
         Upserted::Created => HttpResponse::Created().json(machine),
         Upserted::Updated => HttpResponse::Ok().json(machine),

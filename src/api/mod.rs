@@ -5,6 +5,7 @@ pub mod machines;
 pub mod reservations;
 pub mod services;
 pub mod webhook;
+pub mod write;
 
 use actix_web::web;
 

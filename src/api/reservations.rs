@@ -2,7 +2,8 @@
 //! several, R13), read, convert, cancel, extend (R14); and the same actions
 //! on a whole order under `/orders/{order_ref}`.
 
-use crate::db::{Conn, Db};
+use crate::api::write::{Shape, write};
+use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -172,14 +173,13 @@ async fn reserve(
     let bytes = read_body(payload).await;
     let req = bytes.and_then(|b| reserve_request(&b, &settings));
     let req = parsed(req, &token, &pool, &settings).await?;
-    // F3: the connection first (failing here, nothing was sent: 503
-    // unavailable), then the one statement (failing there, the order may
-    // exist: 503 outcome_unknown, and the replay with this order_ref says).
-    let mut conn = pool.acquire().await?;
-    let outcome =
-        allocator::reserve_for_token(&mut *conn, token.digest(), settings.datacenter_module, &req)
-            .await;
-    let outcome = written(conn, outcome).await?.map_err(caller_refused)?;
+    // F3: a lost connection once sent is `outcome_unknown`, and the replay
+    // with this order_ref says what happened.
+    let outcome = write(&pool, Shape::Statement, async |conn| {
+        allocator::reserve_for_token(conn, token.digest(), settings.datacenter_module, &req).await
+    })
+    .await?
+    .map_err(caller_refused)?;
     metrics
         .reservations
         .with_label_values(&[outcome.label()])
@@ -337,23 +337,6 @@ async fn events(
     Ok(HttpResponse::Ok().json(json!({ "events": events })))
 }
 
-/// Ends a write's connection: on success keeps what was written (pinned,
-/// commits); on failure closes a connection that reached a read-only
-/// server (F2) and says whether the outcome is unknown (F3).
-async fn written<T>(mut conn: Conn, outcome: Result<T, sqlx::Error>) -> Result<T, ApiError> {
-    match outcome {
-        Ok(value) => conn
-            .finish()
-            .await
-            .map(|()| value)
-            .map_err(ApiError::from_write),
-        Err(e) => {
-            conn.failed(&e);
-            Err(ApiError::from_write(e))
-        }
-    }
-}
-
 /// A refused transition, in API.md's codes.
 fn refusal(e: TransitionError) -> ApiError {
     match e {
@@ -404,22 +387,21 @@ async fn transition(
     fence: i64,
     what: Transition<'_>,
 ) -> Result<HttpResponse, ApiError> {
-    // F3, as for reserve: a lost connection after the statement was sent
-    // is `outcome_unknown`, and the replay with the same fence says.
-    let mut conn = pool.acquire().await?;
-    let outcome = reservations::transition_for_token(
-        &mut *conn,
-        token.digest(),
-        settings.datacenter_module,
-        id,
-        fence,
-        what,
-    )
-    .await;
-    let (r, link) = written(conn, outcome)
-        .await?
-        .map_err(caller_refused)?
-        .map_err(refusal)?;
+    // F3, as for reserve: the replay with the same fence says.
+    let (r, link) = write(pool, Shape::Statement, async |conn| {
+        reservations::transition_for_token(
+            conn,
+            token.digest(),
+            settings.datacenter_module,
+            id,
+            fence,
+            what,
+        )
+        .await
+    })
+    .await?
+    .map_err(caller_refused)?
+    .map_err(refusal)?;
     Ok(HttpResponse::Ok().json(body_with(&r, link)?))
 }
 
@@ -519,14 +501,17 @@ async fn order_transition(
     named: &[Named],
     what: OrderAction<'_>,
 ) -> Result<OrderAfter, ApiError> {
-    reservations::order_transition_for_token(
-        pool,
-        token.digest(),
-        settings.datacenter_module,
-        order_ref,
-        named,
-        what,
-    )
+    write(pool, Shape::Statement, async |conn| {
+        reservations::order_transition_for_token(
+            conn,
+            token.digest(),
+            settings.datacenter_module,
+            order_ref,
+            named,
+            what,
+        )
+        .await
+    })
     .await?
     .map_err(caller_refused)?
     .map_err(refusal)

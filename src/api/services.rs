@@ -5,6 +5,7 @@ use crate::db::Db;
 use actix_web::{HttpResponse, web};
 
 use crate::api::reservations::path_id;
+use crate::api::write::{Shape, write};
 use crate::domain::Scope;
 use crate::error::{ApiError, conflict, not_found};
 use crate::reservations::{self, EndServiceError};
@@ -22,9 +23,12 @@ async fn end(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
-    let link = reservations::end_service(&pool, client.org_id, path_id(&path)?, &client.token_name)
-        .await
-        .map_err(|e| match e {
+    let id = path_id(&path)?;
+    let link = write(&pool, Shape::Transaction, async |tx| {
+        reservations::end_service_on(tx, client.org_id, id, &client.token_name).await
+    })
+    .await?
+    .map_err(|e| match e {
             EndServiceError::NotFound => not_found("service"),
             EndServiceError::NotLive => conflict("not_live", "the service link has already ended"),
             EndServiceError::Database(db) => db.into(),

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::reservations::{json_body, read_body};
+use crate::api::write::{Shape, write};
 use crate::domain::Scope;
 use crate::error::{ApiError, not_found};
 use crate::settings::Settings;
@@ -65,28 +66,30 @@ async fn put(
     webhooks::check_destination(&url, settings.webhook_allow_private)
         .await
         .map_err(refused)?;
-    let mut tx = pool.begin().await?;
-    let (hook, saved) = webhooks::set_on(
-        &mut tx,
-        client.org_id,
-        url.as_str(),
-        b.rotate_secret,
-        &client.token_name,
-    )
+    let (hook, saved) = write(&pool, Shape::Transaction, async |tx| {
+        let saved = webhooks::set_on(
+            tx,
+            client.org_id,
+            url.as_str(),
+            b.rotate_secret,
+            &client.token_name,
+        )
+        .await?;
+        record(
+            tx,
+            &req,
+            &client,
+            "org.webhook_set",
+            &if b.rotate_secret {
+                format!("{url} (secret rotated)")
+            } else {
+                url.to_string()
+            },
+        )
+        .await?;
+        Ok(saved)
+    })
     .await?;
-    record(
-        &mut tx,
-        &req,
-        &client,
-        "org.webhook_set",
-        &if b.rotate_secret {
-            format!("{url} (secret rotated)")
-        } else {
-            url.to_string()
-        },
-    )
-    .await?;
-    tx.commit().await?;
     Ok(match saved {
         Saved::Created => HttpResponse::Created().json(hook),
         Saved::Updated => HttpResponse::Ok().json(hook),
@@ -100,19 +103,22 @@ async fn delete(
     pool: web::Data<Db>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
-    let mut tx = pool.begin().await?;
-    let dropped = webhooks::remove_on(&mut tx, client.org_id)
-        .await?
-        .ok_or(not_found("webhook"))?;
-    record(
-        &mut tx,
-        &req,
-        &client,
-        "org.webhook_removed",
-        &format!("{dropped} pending deliveries dropped"),
-    )
-    .await?;
-    tx.commit().await?;
+    let dropped = write(&pool, Shape::Transaction, async |tx| {
+        let Some(dropped) = webhooks::remove_on(tx, client.org_id).await? else {
+            return Ok(None);
+        };
+        record(
+            tx,
+            &req,
+            &client,
+            "org.webhook_removed",
+            &format!("{dropped} pending deliveries dropped"),
+        )
+        .await?;
+        Ok(Some(dropped))
+    })
+    .await?
+    .ok_or(not_found("webhook"))?;
     Ok(HttpResponse::Ok().json(json!({"removed": true, "dropped_deliveries": dropped})))
 }
 

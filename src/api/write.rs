@@ -1,0 +1,84 @@
+//! F3: the one path every write of the API takes, so that its answer under
+//! a failure is the truth:
+//!
+//! - nothing was sent (no connection, or the transaction could not begin):
+//!   `503 unavailable` with `Retry-After`;
+//! - the connection broke once the statement (or the commit) was sent:
+//!   `503 outcome_unknown` with `Retry-After`, and the same request again
+//!   answers what happened (RELIABILITY.md's table, one row per write);
+//! - SQLSTATE class 40 (a deadlock, a serialization failure: rolled back,
+//!   nothing written): `503 unavailable` with `Retry-After`, never `500`.
+//!
+//! A handler that writes gets its connection only here: the test
+//! `writes::every_write_route_answers_outcome_unknown_when_its_backend_dies`
+//! walks every write route of the OpenAPI document and kills its backend
+//! while the statement waits, so a route that writes another way fails it.
+
+use sqlx::PgConnection;
+
+use crate::db::{Conn, Db};
+use crate::error::ApiError;
+
+/// How a write runs on its connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// One statement, committed on its own (one round trip: reserve and
+    /// the transitions, whose functions do all of their work in it).
+    Statement,
+    /// Several statements in one transaction, committed at the end.
+    Transaction,
+}
+
+/// Runs `work` on a connection of `db` and answers as the module says.
+/// `work` returns the domain's own refusals inside `T`; only the
+/// database's errors go in the `Err`.
+pub async fn write<T>(
+    db: &Db,
+    shape: Shape,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, ApiError> {
+    match shape {
+        Shape::Statement => {
+            let mut conn = db.acquire().await.map_err(unsent)?;
+            let outcome = work(&mut conn).await;
+            finish(conn, outcome).await
+        }
+        Shape::Transaction => {
+            let mut tx = db.begin().await.map_err(unsent)?;
+            match work(&mut tx).await {
+                Ok(value) => tx
+                    .commit()
+                    .await
+                    .map(|()| value)
+                    .map_err(ApiError::from_write),
+                Err(e) => {
+                    crate::db::note_read_only(&e);
+                    Err(ApiError::from_write(e))
+                }
+            }
+        }
+    }
+}
+
+/// Nothing of the write reached the server: a lost or refused connection
+/// is `503 unavailable` (`ApiError`'s `From`), never `outcome_unknown`.
+fn unsent(e: sqlx::Error) -> ApiError {
+    ApiError::from(e)
+}
+
+/// Ends a one-statement write's connection: on success keeps what was
+/// written (pinned, commits); on failure closes a connection that reached a
+/// read-only server (F2) and says whether the outcome is unknown (F3).
+async fn finish<T>(mut conn: Conn, outcome: Result<T, sqlx::Error>) -> Result<T, ApiError> {
+    match outcome {
+        Ok(value) => conn
+            .finish()
+            .await
+            .map(|()| value)
+            .map_err(ApiError::from_write),
+        Err(e) => {
+            conn.failed(&e);
+            Err(ApiError::from_write(e))
+        }
+    }
+}
