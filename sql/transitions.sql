@@ -36,6 +36,8 @@ BEGIN
     v.link_id := p_link.id;
     v.link_service_ref := p_link.service_ref;
     v.link_created_at := p_link.created_at;
+    v.link_ended_at := p_link.ended_at;
+    v.link_ended_by := p_link.ended_by;
     RETURN v;
 END
 $$;
@@ -181,6 +183,8 @@ BEGIN
                 v_result.link_id := v_link.id;
                 v_result.link_service_ref := v_link.service_ref;
                 v_result.link_created_at := v_link.created_at;
+                v_result.link_ended_at := v_link.ended_at;
+                v_result.link_ended_by := v_link.ended_by;
             END IF;
         END IF;
     END IF;
@@ -212,14 +216,18 @@ $$;
 -- of them deadlock; holding the machines, no new order can take one of
 -- them while the order is converted (R10) or extended.
 --
--- Extension (R14): the deadline becomes p_seconds from now by the
--- database's clock; asking for less than is left changes and writes
--- nothing (an extension never shortens a hold); the fence does not change
--- (the holder does not); every slot gets the same deadline and an
--- 'extended' event with the actor, the old and new deadline and the reason.
+-- Extension (R14): the deadline becomes p_until, or without it p_seconds
+-- from now by the database's clock; asking for no later than the deadline
+-- changes and writes nothing (an extension never shortens a hold), so an
+-- extension to p_until retried after it took effect answers 'ok' with that
+-- same deadline (F3); the fence does not change (the holder does not);
+-- every slot gets the same deadline and an 'extended' event with the
+-- actor, the old and new deadline and the reason.
+DROP FUNCTION IF EXISTS order_transition(bigint, text, bigint[], bigint[], text[], text, text, text,
+                                         integer, integer);
 CREATE OR REPLACE FUNCTION order_transition(p_org bigint, p_order_ref text, p_ids bigint[], p_fences bigint[],
                                  p_texts text[], p_actor text, p_action text, p_reason text,
-                                 p_seconds integer, p_cap integer)
+                                 p_seconds integer, p_cap integer, p_until timestamptz DEFAULT NULL)
 RETURNS SETOF transition_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -296,7 +304,7 @@ BEGIN
         RETURN;
     END IF;
     IF p_action = 'extend' THEN
-        v_new := v_at + make_interval(secs => p_seconds);
+        v_new := coalesce(p_until, v_at + make_interval(secs => p_seconds));
         -- An extension never shortens a hold: asking for less than is left
         -- changes nothing and writes nothing (the answer is the order as it is).
         IF v_new <= v_rows[1].expires_at THEN
@@ -319,7 +327,8 @@ BEGIN
                    format('deadline moved from %s to %s (%s s from now, %s s from creation)%s',
                           v_deadline,
                           to_char(v_new AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') || ' UTC',
-                          p_seconds, floor(extract(epoch FROM v_new - moved.created_at))::bigint,
+                          floor(extract(epoch FROM v_new - v_at))::bigint,
+                          floor(extract(epoch FROM v_new - moved.created_at))::bigint,
                           CASE WHEN p_reason IS NULL THEN '' ELSE ': ' || p_reason END)
               FROM moved
         )
@@ -352,21 +361,56 @@ $$;
 
 -- The API's order actions and the extension of one reservation, in one
 -- statement: the caller (api_caller, scope orders), then order_transition.
+--
+-- F3, as api_transition for one reservation: an order cancel or convert
+-- retried unchanged after it committed answers 'ok' with the order as that
+-- action left it instead of 'not_held': every reservation cancelled by this
+-- token, or every one converted into the service_ref named for it (with its
+-- link as it is now). The ids and fences were checked first ('mismatch',
+-- 'stale_fence' come before 'not_held'). Anything else stays 'not_held'.
+DROP FUNCTION IF EXISTS api_order_transition(bytea, boolean, text, bigint[], bigint[], text[], text, text,
+                                             integer, integer);
 CREATE OR REPLACE FUNCTION api_order_transition(p_token_hash bytea, p_module_on boolean, p_order_ref text,
                                      p_ids bigint[], p_fences bigint[], p_texts text[], p_action text,
-                                     p_reason text, p_seconds integer, p_cap integer)
+                                     p_reason text, p_seconds integer, p_cap integer,
+                                     p_until timestamptz DEFAULT NULL)
 RETURNS TABLE (caller text, result transition_result)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_caller record;
+    v_rows   transition_result[];
 BEGIN
     SELECT * INTO v_caller FROM api_caller(p_token_hash, 'orders', p_module_on);
     IF v_caller.status <> 'ok' THEN
         RETURN QUERY SELECT v_caller.status, NULL::transition_result;
         RETURN;
     END IF;
-    RETURN QUERY SELECT 'ok'::text, t
-        FROM order_transition(v_caller.org_id, p_order_ref, p_ids, p_fences, p_texts, v_caller.actor,
-                              p_action, p_reason, p_seconds, p_cap) t;
+    v_rows := ARRAY(SELECT t FROM order_transition(v_caller.org_id, p_order_ref, p_ids, p_fences, p_texts,
+                                                   v_caller.actor, p_action, p_reason, p_seconds, p_cap,
+                                                   p_until) t);
+    IF v_rows[1].outcome = 'not_held' AND p_action = 'cancel'
+       AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
+                        WHERE r.state <> 'cancelled' OR r.ended_by IS DISTINCT FROM v_caller.actor) THEN
+        RETURN QUERY SELECT 'ok'::text, x
+            FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
+                 LATERAL transition_result_of('ok', res) x
+           ORDER BY res.slot;
+        RETURN;
+    END IF;
+    IF v_rows[1].outcome = 'not_held' AND p_action = 'convert'
+       AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
+                        WHERE r.state <> 'converted'
+                           OR NOT EXISTS (SELECT 1 FROM service_links s JOIN unnest(p_ids, p_texts) g(id, service_ref)
+                                                     ON g.id = s.reservation_id
+                                           WHERE s.reservation_id = r.id AND s.org_id = v_caller.org_id
+                                             AND s.service_ref = g.service_ref)) THEN
+        RETURN QUERY SELECT 'ok'::text, x
+            FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id
+                 JOIN service_links s ON s.reservation_id = r.id AND s.org_id = v_caller.org_id,
+                 LATERAL transition_result_of('ok', res, s) x
+           ORDER BY res.slot;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ok'::text, r FROM unnest(v_rows) r;
 END
 $$;

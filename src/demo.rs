@@ -404,6 +404,7 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
                 CANCELLED_BY,
                 reservations::OrderAction::Extend {
                     seconds: (HOLD_SECONDS + 1_200) as u32,
+                    until: None,
                     cap_seconds: crate::settings::Settings::defaults().hold_max_seconds,
                     reason: Some(EXTEND_REASON),
                 },

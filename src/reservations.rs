@@ -425,6 +425,10 @@ struct TransitionRow {
     link_id: Option<i64>,
     link_service_ref: Option<String>,
     link_created_at: Option<DateTime<Utc>>,
+    /// The link as it is now (F3: a replayed convert after its service
+    /// ended shows the end).
+    link_ended_at: Option<DateTime<Utc>>,
+    link_ended_by: Option<String>,
 }
 
 impl TransitionRow {
@@ -443,8 +447,8 @@ impl TransitionRow {
                         reservation_id: r.id,
                         service_ref,
                         created_at,
-                        ended_at: None,
-                        ended_by: None,
+                        ended_at: self.link_ended_at,
+                        ended_by: self.link_ended_by,
                     }),
                     _ => None,
                 };
@@ -581,11 +585,14 @@ pub enum OrderAction<'a> {
     /// Convert every reservation of the order: one service reference per
     /// named reservation, in the order they are named.
     Convert { service_refs: &'a [ServiceRef] },
-    /// Extend the hold (R14): the deadline becomes `seconds` from now by the
-    /// database's clock (never earlier than it was), and the whole hold may
-    /// not last more than `cap_seconds` from creation.
+    /// Extend the hold (R14): the deadline becomes `until`, or without it
+    /// `seconds` from now by the database's clock (never earlier than it
+    /// was), and the whole hold may not last more than `cap_seconds` from
+    /// creation. With `until` the same request again answers the same
+    /// deadline (F3); with `seconds` it moves it again.
     Extend {
         seconds: u32,
+        until: Option<DateTime<Utc>>,
         cap_seconds: u32,
         reason: Option<&'a str>,
     },
@@ -622,12 +629,23 @@ impl OrderAction<'_> {
             OrderAction::Extend {
                 seconds,
                 cap_seconds,
+                until,
                 ..
             } => (
-                i32::try_from(*seconds).ok(),
+                until
+                    .is_none()
+                    .then(|| i32::try_from(*seconds).ok())
+                    .flatten(),
                 i32::try_from(*cap_seconds).ok(),
             ),
             _ => (None, None),
+        }
+    }
+
+    fn until(&self) -> Option<DateTime<Utc>> {
+        match self {
+            OrderAction::Extend { until, .. } => *until,
+            _ => None,
         }
     }
 
@@ -664,20 +682,22 @@ pub async fn order_transition_on(
     what: OrderAction<'_>,
 ) -> Result<OrderAfter, TransitionError> {
     let (seconds, cap) = what.seconds();
-    let rows: Vec<TransitionRow> =
-        sqlx::query_as("SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
-            .bind(org_id)
-            .bind(order_ref)
-            .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
-            .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
-            .bind(what.texts())
-            .bind(actor)
-            .bind(what.action())
-            .bind(what.reason())
-            .bind(seconds)
-            .bind(cap)
-            .fetch_all(conn)
-            .await?;
+    let rows: Vec<TransitionRow> = sqlx::query_as(
+        "SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(org_id)
+    .bind(order_ref)
+    .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
+    .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
+    .bind(what.texts())
+    .bind(actor)
+    .bind(what.action())
+    .bind(what.reason())
+    .bind(seconds)
+    .bind(cap)
+    .bind(what.until())
+    .fetch_all(conn)
+    .await?;
     TransitionRow::into_order(rows, what.cap_seconds())
 }
 
@@ -695,7 +715,7 @@ pub async fn order_transition_for_token(
 {
     let (seconds, cap) = what.seconds();
     let rows: Vec<crate::tokens::CallerRow<TransitionRow>> = sqlx::query_as(
-        "SELECT c.caller, (c.result).* FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) c",
+        "SELECT c.caller, (c.result).* FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c",
     )
     .bind(token_hash)
     .bind(module_on)
@@ -707,6 +727,7 @@ pub async fn order_transition_for_token(
     .bind(what.reason())
     .bind(seconds)
     .bind(cap)
+    .bind(what.until())
     .fetch_all(conn)
     .await?;
     let caller = rows

@@ -270,6 +270,17 @@ impl Settings {
         if let Some(v) = get("POOLKEEPER_REPLICA") {
             s.replica = v;
         }
+        // R14: the cap is on every hold, the default one included.
+        if s.hold_seconds > s.hold_max_seconds {
+            return Err(SettingsError {
+                name: "POOLKEEPER_HOLD_SECONDS",
+                value: format!(
+                    "{} (above POOLKEEPER_HOLD_MAX_SECONDS={})",
+                    s.hold_seconds, s.hold_max_seconds
+                ),
+                expected: "at most POOLKEEPER_HOLD_MAX_SECONDS, the cap on every hold",
+            });
+        }
         Ok(s)
     }
 }
@@ -364,6 +375,25 @@ mod tests {
             Settings::from_lookup(|n| (n == "POOLKEEPER_HOLD_MAX_SECONDS").then(|| "0".into()))
                 .expect_err("a cap of 0 refuses every extension");
         assert_eq!(err.name, "POOLKEEPER_HOLD_MAX_SECONDS");
+    }
+
+    #[test]
+    fn a_default_hold_above_the_cap_is_refused() {
+        let err = Settings::from_lookup(|n| match n {
+            "POOLKEEPER_HOLD_SECONDS" => Some("7200".into()),
+            "POOLKEEPER_HOLD_MAX_SECONDS" => Some("3600".into()),
+            _ => None,
+        })
+        .expect_err("a default hold longer than the cap");
+        assert_eq!(err.name, "POOLKEEPER_HOLD_SECONDS");
+        assert!(err.to_string().contains("3600"), "{err}");
+        let ok = Settings::from_lookup(|n| match n {
+            "POOLKEEPER_HOLD_SECONDS" => Some("3600".into()),
+            "POOLKEEPER_HOLD_MAX_SECONDS" => Some("3600".into()),
+            _ => None,
+        })
+        .expect("a default hold at the cap");
+        assert_eq!(ok.hold_seconds, 3600);
     }
 
     #[test]

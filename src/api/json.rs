@@ -120,9 +120,10 @@ pub fn quantity<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error
     optional_integer(d, "quantity")
 }
 
-/// `seconds` of an extend body (its range is `HoldSeconds`'s).
-pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
-    integer(d, "seconds")
+/// `seconds` of an extend body, absent when it gives `until` (its range
+/// is `HoldSeconds`'s).
+pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    optional_integer(d, "seconds")
 }
 
 /// `id` of a reservation named in an order's body.

@@ -5,6 +5,7 @@
 use crate::api::write::{Shape, write};
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, SubsecRound, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -148,6 +149,16 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
     let b: ReserveBody = json_body(bytes)?;
     let hold = HoldSeconds::new(b.hold_seconds.unwrap_or(i64::from(settings.hold_seconds)))
         .map_err(|e| invalid(e.to_string()))?;
+    // R14: the cap is on the whole hold, from creation, as for extensions.
+    if hold.get() > settings.hold_max_seconds {
+        return Err(invalid(format!(
+            "hold_seconds: {} is above this deployment's cap on a hold, {} seconds \
+             (POOLKEEPER_HOLD_MAX_SECONDS); ask for at most {} and extend later if needed",
+            hold.get(),
+            settings.hold_max_seconds,
+            settings.hold_max_seconds
+        )));
+    }
     let quantity = Quantity::new(b.quantity.unwrap_or(1)).map_err(|e| invalid(e.to_string()))?;
     Ok(ReserveRequest {
         quantity,
@@ -468,17 +479,44 @@ async fn cancel(
 pub struct ExtendBody {
     #[serde(deserialize_with = "json::fence")]
     fence: i64,
-    #[serde(deserialize_with = "json::seconds")]
-    seconds: i64,
+    #[serde(default, deserialize_with = "json::seconds")]
+    seconds: Option<i64>,
+    #[serde(default)]
+    until: Option<String>,
     #[serde(default, deserialize_with = "json::optional_reason")]
     reason: Option<String>,
 }
 
-/// The seconds of an extension: as a reserve's `hold_seconds`, 1 to 86400.
-fn extend_seconds(seconds: i64) -> Result<u32, ApiError> {
-    HoldSeconds::new(seconds)
-        .map(HoldSeconds::get)
-        .map_err(|_| invalid("seconds: must be a whole number of seconds from 1 to 86400"))
+/// The new deadline of an extension: `until` (RFC 3339, the deadline
+/// asked for: the same request again answers the same deadline, F3) or
+/// `seconds` from now (as a reserve's `hold_seconds`, 1 to 86400; the same
+/// request again moves it again), exactly one of them. As `(seconds,
+/// until)` for `OrderAction::Extend`.
+fn extend_to(
+    seconds: Option<i64>,
+    until: Option<String>,
+) -> Result<(u32, Option<DateTime<Utc>>), ApiError> {
+    match (seconds, until) {
+        (Some(seconds), None) => HoldSeconds::new(seconds)
+            .map(|s| (s.get(), None))
+            .map_err(|_| invalid("seconds: must be a whole number of seconds from 1 to 86400")),
+        (None, Some(until)) => {
+            let at = DateTime::parse_from_rfc3339(&until).map_err(|e| {
+                invalid(format!(
+                    "until: must be an RFC 3339 date and time with its offset, such as \
+                     2026-12-05T14:30:00Z ({e})"
+                ))
+            })?;
+            // The database keeps microseconds: the deadline answered, and
+            // compared on a retry, is the one stored.
+            let at = at.with_timezone(&Utc).trunc_subsecs(6);
+            Ok((0, Some(at)))
+        }
+        (Some(_), Some(_)) => Err(invalid("give either seconds or until, not both")),
+        (None, None) => Err(invalid(
+            "until (the new deadline, RFC 3339) or seconds (from now) is required",
+        )),
+    }
 }
 
 /// An extension's optional reason, checked as a cancellation's.
@@ -532,11 +570,11 @@ async fn extend(
         Ok((
             id,
             b.fence,
-            extend_seconds(b.seconds)?,
+            extend_to(b.seconds, b.until)?,
             extend_reason(b.reason)?,
         ))
     });
-    let (id, fence, seconds, reason) = parsed(request, &token, &pool, &settings).await?;
+    let (id, fence, (seconds, until), reason) = parsed(request, &token, &pool, &settings).await?;
     let order = order_transition(
         &token,
         &settings,
@@ -545,6 +583,7 @@ async fn extend(
         &[Named { id, fence }],
         OrderAction::Extend {
             seconds,
+            until,
             cap_seconds: settings.hold_max_seconds,
             reason: reason.as_deref(),
         },
@@ -617,8 +656,10 @@ pub struct CancelOrderBody {
 #[serde(deny_unknown_fields)]
 pub struct ExtendOrderBody {
     reservations: Vec<NamedBody>,
-    #[serde(deserialize_with = "json::seconds")]
-    seconds: i64,
+    #[serde(default, deserialize_with = "json::seconds")]
+    seconds: Option<i64>,
+    #[serde(default)]
+    until: Option<String>,
     #[serde(default, deserialize_with = "json::optional_reason")]
     reason: Option<String>,
 }
@@ -710,11 +751,12 @@ async fn extend_order(
         Ok((
             order_ref,
             named,
-            extend_seconds(b.seconds)?,
+            extend_to(b.seconds, b.until)?,
             extend_reason(b.reason)?,
         ))
     });
-    let (order_ref, named, seconds, reason) = parsed(request, &token, &pool, &settings).await?;
+    let (order_ref, named, (seconds, until), reason) =
+        parsed(request, &token, &pool, &settings).await?;
     let order = order_transition(
         &token,
         &settings,
@@ -723,6 +765,7 @@ async fn extend_order(
         &named,
         OrderAction::Extend {
             seconds,
+            until,
             cap_seconds: settings.hold_max_seconds,
             reason: reason.as_deref(),
         },

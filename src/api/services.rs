@@ -29,9 +29,9 @@ async fn end(
     })
     .await?
     .map_err(|e| match e {
-            EndServiceError::NotFound => not_found("service"),
-            EndServiceError::NotLive => conflict("not_live", "the service link has already ended"),
-            EndServiceError::Database(db) => db.into(),
-        })?;
+        EndServiceError::NotFound => not_found("service"),
+        EndServiceError::NotLive => conflict("not_live", "the service link has already ended"),
+        EndServiceError::Database(db) => db.into(),
+    })?;
     Ok(HttpResponse::Ok().json(link))
 }

@@ -934,6 +934,7 @@ pub(crate) async fn extend(
     })?;
     let what = OrderAction::Extend {
         seconds,
+        until: None,
         cap_seconds: settings.hold_max_seconds,
         reason: Some(reason),
     };

@@ -1393,15 +1393,15 @@ async fn integral_numbers_in_float_form_and_empty_filters_agree_with_the_documen
     };
     let reserve_schema = validator_at(&doc, "/components/schemas/ReserveBody");
     let body =
-        json!({"order_ref": "ORD-F1", "site": "par1", "profile": "epyc", "hold_seconds": 40121.0});
+        json!({"order_ref": "ORD-F1", "site": "par1", "profile": "epyc", "hold_seconds": 3121.0});
     assert!(
         reserve_schema.is_valid(&body),
-        "the document accepts 40121.0"
+        "the document accepts 3121.0"
     );
     let r = post("/reservations".into(), body).await.expect("reserve");
     assert_eq!(r.status(), 201);
     let held: Value = r.json().await.expect("json");
-    assert_eq!(held["hold_seconds"], 40121);
+    assert_eq!(held["hold_seconds"], 3121);
 
     let body =
         json!({"order_ref": "ORD-F2", "site": "par1", "profile": "epyc", "hold_seconds": 40121.5});

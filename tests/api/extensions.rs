@@ -36,6 +36,7 @@ async fn extend(
         "test",
         OrderAction::Extend {
             seconds,
+            until: None,
             cap_seconds: CAP,
             reason: Some("3-D Secure"),
         },

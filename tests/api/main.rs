@@ -33,3 +33,4 @@ mod soak;
 mod sweep;
 mod tls;
 mod webhooks;
+mod writes;
