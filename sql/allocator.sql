@@ -143,6 +143,7 @@ DECLARE
     v_at         timestamptz;
     v_constraint text;
     v_existing   boolean := false;
+    v_siblings   integer;
 BEGIN
     IF p_quantity IS NULL OR p_quantity NOT BETWEEN 1 AND 16 THEN
         RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_quantity;
@@ -187,15 +188,27 @@ BEGIN
                 VALUES (v_expired.id, 'expired', 'held', 'expired', 'allocator',
                         'its deadline had passed; expired at the point of use by order ' || p_order_ref);
                 -- R13: the other slots of its order share its deadline and
-                -- its fate. SKIP LOCKED: a slot that someone is converting,
+                -- its fate, in this same transaction: every one of them or
+                -- none. SKIP LOCKED: a slot that someone is converting,
                 -- cancelling or expiring right now is theirs to finish (and
-                -- this never waits, so it cannot deadlock with them).
+                -- this never waits, so it cannot deadlock with them); then
+                -- this machine is left as locked, and the block's savepoint
+                -- undoes the holder's expiry too (lock_not_available below).
                 IF v_expired.quantity > 1 THEN
+                    SELECT count(*) INTO v_siblings FROM reservations s
+                     WHERE s.org_id = v_expired.org_id AND s.order_ref = v_expired.order_ref
+                       AND s.state = 'held' AND s.id <> v_expired.id;
+                    IF cardinality(ARRAY(SELECT s.id FROM reservations s
+                                          WHERE s.org_id = v_expired.org_id AND s.order_ref = v_expired.order_ref
+                                            AND s.state = 'held' AND s.id <> v_expired.id
+                                            FOR UPDATE SKIP LOCKED)) < v_siblings THEN
+                        RAISE EXCEPTION USING ERRCODE = 'lock_not_available',
+                            MESSAGE = 'a slot of the overdue order is locked by another transaction';
+                    END IF;
                     WITH slots AS (
                         SELECT s.id FROM reservations s
                          WHERE s.org_id = v_expired.org_id AND s.order_ref = v_expired.order_ref
-                           AND s.state = 'held' AND s.expires_at <= clock_timestamp()
-                           FOR UPDATE SKIP LOCKED
+                           AND s.state = 'held' AND s.id <> v_expired.id
                     ), ended AS (
                         UPDATE reservations r
                            SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator',
@@ -247,7 +260,12 @@ BEGIN
                          ELSE format('order %s on %s (machine %s of %s)', p_order_ref, v_verdict.asset_tag,
                                      v_row.slot, p_quantity) END);
             v_rows := v_rows || v_row;
-        EXCEPTION WHEN unique_violation THEN
+        EXCEPTION WHEN lock_not_available THEN
+            -- R13: the overdue order on this machine is being ended by
+            -- someone else right now (above): this machine is locked.
+            v_locked := v_locked + 1;
+            CONTINUE;
+        WHEN unique_violation THEN
             -- R6: the constraint's name says which of the two rules it was.
             GET STACKED DIAGNOSTICS v_constraint = CONSTRAINT_NAME;
             IF v_constraint = 'reservations_one_holder_per_machine' THEN

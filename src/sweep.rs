@@ -90,27 +90,35 @@ pub async fn expire_batch<'c>(
     fence: i64,
     limit: i64,
 ) -> Result<u64, SweepError> {
-    // The overdue rows are chosen and locked in a CTE with LIMIT (a LIMIT
-    // inside IN (...) may lock more rows than it returns). SKIP LOCKED: a
-    // reservation being converted or cancelled right now is left to its
-    // owner; if it is still held and overdue, the next sweep takes it.
+    // The overdue orders are chosen and locked by their first slot in a CTE
+    // with LIMIT (a LIMIT inside IN (...) may lock more rows than it
+    // returns). SKIP LOCKED: an order being converted or cancelled right
+    // now is left to its owner; if it is still held and overdue, the next
+    // sweep takes it. R13: an order ends whole, in this one statement: its
+    // other slots are then locked and waited for (whoever locks slots
+    // takes the first one first, or never waits: no deadlock).
     let sql = format!(
         "WITH {LIVE_LEASE},
          due AS (
-             SELECT r.id FROM reservations r
-              WHERE r.state = 'held' AND r.expires_at <= clock_timestamp()
+             SELECT r.org_id, r.order_ref FROM reservations r
+              WHERE r.state = 'held' AND r.expires_at <= clock_timestamp() AND r.slot = 1
                 AND EXISTS (SELECT 1 FROM lease)
               ORDER BY r.expires_at
               LIMIT $4
                 FOR UPDATE OF r SKIP LOCKED
+         ),
+         slots AS (
+             SELECT s.id FROM reservations s JOIN due d ON s.org_id = d.org_id AND s.order_ref = d.order_ref
+              WHERE s.state = 'held'
+                FOR UPDATE OF s
          ),
          expired AS (
              UPDATE reservations r
                 SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'sweep',
                     end_reason = 'hold deadline ' || to_char(r.expires_at AT TIME ZONE 'UTC',
                                  'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') || ' passed'
-               FROM due
-              WHERE r.id = due.id AND r.state = 'held'
+               FROM slots
+              WHERE r.id = slots.id AND r.state = 'held'
              RETURNING r.id, r.end_reason
          ),
          events AS (

@@ -301,8 +301,11 @@ fn valid_reserve(body: &Value) -> bool {
         && label_ok(o.get("profile"), 64)
         && o.get("vendor")
             .is_none_or(|v| v.is_null() || label_ok(Some(v), 64))
-        && o.get("hold_seconds")
-            .is_none_or(|v| v.is_null() || whole(v).is_some_and(|n| (1..=86_400).contains(&n)))
+        && o.get("hold_seconds").is_none_or(|v| {
+            // R14: up to the deployment's cap on a hold (test settings: the default).
+            let cap = i64::from(poolkeeper::settings::Settings::defaults().hold_max_seconds);
+            v.is_null() || whole(v).is_some_and(|n| (1..=cap).contains(&n))
+        })
 }
 
 /// A JSON number that is a whole int64, in any of its forms (227 or 227.0,

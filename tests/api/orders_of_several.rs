@@ -723,3 +723,122 @@ async fn post_path(app: &crate::helpers::TestApp, path: &str, b: Value) -> (Stat
     let status = r.status();
     (status, r.json::<Value>().await.expect("json"))
 }
+
+/// R13 at the end of a hold: three orders (of 2, 3 and 2 machines) past
+/// their deadline are expired at once by two sweep batches of one order
+/// each and by three orders of one that want their machines (the
+/// allocator's point-of-use expiry), all on separate connections released
+/// together by a barrier. A sampler reading all through never sees an order
+/// partly held, and each old order ends whole: every slot expired. 10
+/// rounds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_order_expires_whole_and_no_reader_sees_part_of_it_held() {
+    use poolkeeper::lease::{self, Claim, SWEEP_KEY};
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let mandate = match lease::claim(
+        &pool,
+        SWEEP_KEY,
+        "expiry-test",
+        std::time::Duration::from_secs(600),
+    )
+    .await
+    .expect("claim")
+    {
+        Claim::Acquired(m) => m,
+        Claim::HeldByOther => panic!("the sweep lease is free in a fresh database"),
+    };
+    for round in 0..10 {
+        let org = create_org(&pool, &format!("expiry-{round}"), true).await;
+        eligible(&pool, org.id, 7).await;
+        let old = [("OLD-A", 2), ("OLD-B", 3), ("OLD-C", 2)];
+        let made = race(
+            &pool,
+            org.id,
+            old.iter().map(|(r, n)| order(r, *n)).collect(),
+        )
+        .await;
+        assert!(
+            made.iter()
+                .all(|o| matches!(o, ReserveOutcome::Created { .. })),
+            "round {round}: {made:?}"
+        );
+        // Their one deadline passes, by the database's clock.
+        sqlx::query(
+            "UPDATE reservations SET created_at = clock_timestamp() - interval '10 minutes',
+                                     expires_at = clock_timestamp() - interval '1 second'
+              WHERE org_id = $1",
+        )
+        .bind(org.id)
+        .execute(&pool)
+        .await
+        .expect("overdue");
+        let stop = Arc::new(AtomicBool::new(false));
+        let watch = sampler(&pool, org.id, stop.clone());
+        let barrier = Arc::new(Barrier::new(5));
+        let mut sweeps = Vec::new();
+        for _ in 0..2 {
+            let mut conn = pool.acquire().await.expect("a connection per batch");
+            let barrier = barrier.clone();
+            let fence = mandate.fence;
+            sweeps.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let n = poolkeeper::sweep::expire_batch(&mut *conn, "expiry-test", fence, 1)
+                    .await
+                    .expect("batch");
+                conn.finish().await.expect("commit");
+                n
+            }));
+        }
+        let mut orders = Vec::new();
+        for i in 0..3 {
+            let mut conn = pool.acquire().await.expect("a connection per order");
+            let barrier = barrier.clone();
+            let org_id = org.id;
+            orders.push(tokio::spawn(async move {
+                let req = order(&format!("NEW-{i}"), 1);
+                barrier.wait().await;
+                let outcome = allocator::reserve_on(&mut *conn, org_id, &req)
+                    .await
+                    .expect("reserve");
+                conn.finish().await.expect("commit");
+                outcome
+            }));
+        }
+        for s in sweeps {
+            s.await.expect("sweep task");
+        }
+        for o in orders {
+            o.await.expect("order task");
+        }
+        // Whatever is left overdue, the next sweep takes.
+        poolkeeper::sweep::expire_batch(&pool, "expiry-test", mandate.fence, 500)
+            .await
+            .expect("last batch");
+        stop.store(true, Ordering::SeqCst);
+        let (samples, partial) = watch.await.expect("sampler");
+        assert!(samples >= 1);
+        assert_eq!(
+            partial, 0,
+            "round {round}: a reader saw part of an order held"
+        );
+        let states: Vec<(String, i64, i64)> = sqlx::query_as(
+            "SELECT order_ref, count(*), count(*) FILTER (WHERE state = 'expired')
+               FROM reservations WHERE org_id = $1 AND order_ref LIKE 'OLD-%'
+              GROUP BY order_ref ORDER BY order_ref",
+        )
+        .bind(org.id)
+        .fetch_all(&pool)
+        .await
+        .expect("states");
+        assert_eq!(
+            states,
+            vec![
+                ("OLD-A".to_owned(), 2, 2),
+                ("OLD-B".to_owned(), 3, 3),
+                ("OLD-C".to_owned(), 2, 2)
+            ],
+            "round {round}: every old order ended whole"
+        );
+    }
+}
