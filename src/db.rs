@@ -410,6 +410,31 @@ async fn migrate_locked(
     conn: &mut PgConnection,
     definitions: &crate::definitions::DefinitionSet,
 ) -> anyhow::Result<MigrationReport> {
+    // The decision is made again here, under the lock: another replica
+    // may have migrated since `prepare_schema` looked. A newer release's
+    // migrations (versions this binary does not know) mean the database
+    // is ahead: an older binary starting beside a newer one, mid-rollout.
+    // It applies nothing (sqlx would refuse the unknown versions), says so,
+    // and serves; its definitions are left to `definitions::apply`, which
+    // never puts older ones back.
+    let ours = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let newest = newest_applied(conn).await?;
+    if newest > ours {
+        tracing::warn!(
+            database = newest,
+            ours,
+            "the database is ahead of this binary (a newer release migrated it): \
+             applying no migration, serving with the schema as it is"
+        );
+        let definitions = crate::definitions::apply(conn, definitions).await?;
+        let purged = purge_leases(&mut *conn).await?;
+        return Ok(MigrationReport {
+            applied: 0,
+            checksums_rewritten: 0,
+            definitions: Some(definitions),
+            leases_purged: purged,
+        });
+    }
     let before = applied_versions(conn).await?;
     let rewritten = rewrite_legacy_checksums(conn).await?;
     MIGRATOR.run(&mut *conn).await?;
@@ -458,6 +483,21 @@ async fn rewrite_legacy_checksums(conn: &mut PgConnection) -> Result<u64, sqlx::
         .rows_affected();
     }
     Ok(rewritten)
+}
+
+/// The newest migration version applied (0: none, or never migrated).
+async fn newest_applied(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(0);
+    }
+    let newest: Option<i64> =
+        sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
+            .fetch_one(&mut *conn)
+            .await?;
+    Ok(newest.unwrap_or(0))
 }
 
 async fn applied_versions(conn: &mut PgConnection) -> Result<usize, sqlx::Error> {

@@ -80,3 +80,42 @@ async fn three_migrate_processes_at_once_all_succeed() {
         .expect("count");
     assert_eq!(states, 4, "seed rows inserted once");
 }
+
+/// A rolling start: an older binary that saw migrations pending gets the
+/// advisory lock after a newer one applied its own (here: a version this
+/// binary does not know, recorded as applied). The decision is made again
+/// under the lock: the database is ahead, nothing is applied (sqlx would
+/// refuse the unknown version), and the older binary serves.
+#[tokio::test]
+async fn an_older_binary_migrating_after_a_newer_one_applies_nothing_and_serves() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let ours: i64 = poolkeeper::db::MIGRATOR
+        .iter()
+        .map(|m| m.version)
+        .max()
+        .expect("migrations");
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES ($1, 'a newer release', true, '\\x00', 1)",
+    )
+    .bind(ours + 1)
+    .execute(&pool)
+    .await
+    .expect("a newer release's migration");
+    let before = schema_fingerprint(&pool).await;
+    let report = poolkeeper::db::migrate(&db.options)
+        .await
+        .expect("the older binary starts");
+    assert_eq!(report.applied, 0);
+    assert_eq!(schema_fingerprint(&pool).await, before);
+    let report = poolkeeper::db::prepare_schema(Some(&db.options), &pool)
+        .await
+        .expect("and serves");
+    assert_eq!(report.applied, 0);
+    assert!(
+        poolkeeper::db::migrations_current(&pool)
+            .await
+            .expect("readiness")
+    );
+}
