@@ -306,9 +306,10 @@ BEGIN
     IF p_action = 'extend' THEN
         v_new := coalesce(p_until, v_at + make_interval(secs => p_seconds));
         -- An extension never shortens a hold: asking for less than is left
-        -- changes nothing and writes nothing (the answer is the order as it is).
+        -- changes nothing and writes nothing (the answer is the order as it
+        -- is, 'unchanged': a success that the dashboard does not audit).
         IF v_new <= v_rows[1].expires_at THEN
-            RETURN QUERY SELECT x.* FROM unnest(v_rows) r, LATERAL transition_result_of('ok', r) x;
+            RETURN QUERY SELECT x.* FROM unnest(v_rows) r, LATERAL transition_result_of('unchanged', r) x;
             RETURN;
         END IF;
         -- R14: the cap is on the whole hold, from creation.

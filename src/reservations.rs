@@ -439,7 +439,8 @@ impl TransitionRow {
         }
         let r = self.reservation.required()?;
         match outcome.as_str() {
-            "ok" => {
+            // 'unchanged': an extension that asked for no later deadline.
+            "ok" | "unchanged" => {
                 let link = match (self.link_id, self.link_service_ref, self.link_created_at) {
                     (Some(id), Some(service_ref), Some(created_at)) => Some(ServiceLink {
                         id,
@@ -483,7 +484,7 @@ impl TransitionRow {
             .and_then(|r| r.outcome.clone())
             .unwrap_or_else(|| "not_found".to_owned());
         match outcome.as_str() {
-            "ok" => rows.into_iter().map(TransitionRow::into_result).collect(),
+            "ok" | "unchanged" => rows.into_iter().map(TransitionRow::into_result).collect(),
             "not_found" => Err(TransitionError::NotFound),
             "mismatch" => Err(TransitionError::Mismatch {
                 ids: rows.iter().filter_map(|r| r.reservation.id).collect(),
@@ -681,6 +682,22 @@ pub async fn order_transition_on(
     actor: &str,
     what: OrderAction<'_>,
 ) -> Result<OrderAfter, TransitionError> {
+    order_transition_changed_on(conn, org_id, order_ref, named, actor, what)
+        .await
+        .map(|(order, _)| order)
+}
+
+/// `order_transition_on`, also saying whether anything changed: false for
+/// an extension that asked for no later deadline (nothing was written, so
+/// there is nothing to audit).
+pub async fn order_transition_changed_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    order_ref: Option<&str>,
+    named: &[Named],
+    actor: &str,
+    what: OrderAction<'_>,
+) -> Result<(OrderAfter, bool), TransitionError> {
     let (seconds, cap) = what.seconds();
     let rows: Vec<TransitionRow> = sqlx::query_as(
         "SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -698,7 +715,10 @@ pub async fn order_transition_on(
     .bind(what.until())
     .fetch_all(conn)
     .await?;
-    TransitionRow::into_order(rows, what.cap_seconds())
+    let changed = rows
+        .first()
+        .is_some_and(|r| r.outcome.as_deref() != Some("unchanged"));
+    TransitionRow::into_order(rows, what.cap_seconds()).map(|order| (order, changed))
 }
 
 /// `order_transition_on` for an API caller, in one autocommitted statement

@@ -43,8 +43,22 @@ pub enum DashError {
     #[error("too many failed attempts; wait a few minutes and try again")]
     Throttled,
     /// 503: the database cannot answer right now.
-    #[error("the database is not available right now; try again shortly")]
+    #[error("the database is not available right now, and nothing was changed; try again shortly")]
     Unavailable(#[source] anyhow::Error),
+    /// 503 (F3): the connection broke while the change was being
+    /// committed: it may or may not have been made. The page says so and
+    /// offers the same action again (`again`: its page), whose answer then
+    /// says which.
+    #[error(
+        "The connection to the database was lost while this change was being saved: it may or may \
+         not have been made. Open the reservation to see, or do the same again: if the change was \
+         made, the reservation says so and nothing is done twice."
+    )]
+    OutcomeUnknown {
+        again: (String, String),
+        #[source]
+        source: anyhow::Error,
+    },
     /// 500: a bug or an unexpected database state.
     #[error("something went wrong on our side; the error was logged")]
     Internal(#[source] anyhow::Error),
@@ -106,6 +120,7 @@ impl DashError {
             DashError::TooLarge => "Request too large".into(),
             DashError::Throttled => "Too many attempts".into(),
             DashError::Unavailable(_) => "Temporarily unavailable".into(),
+            DashError::OutcomeUnknown { .. } => "The change may or may not have been made".into(),
             DashError::Internal(_) => "Something went wrong".into(),
         }
     }
@@ -132,7 +147,9 @@ impl ResponseError for DashError {
             DashError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             DashError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             DashError::Throttled => StatusCode::TOO_MANY_REQUESTS,
-            DashError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            DashError::Unavailable(_) | DashError::OutcomeUnknown { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             DashError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -147,6 +164,9 @@ impl ResponseError for DashError {
             }
             DashError::Internal(_) => tracing::error!(error = ?self, "dashboard request failed"),
             DashError::Unavailable(_) => tracing::warn!(error = ?self, "database unavailable"),
+            DashError::OutcomeUnknown { .. } => {
+                tracing::warn!(error = ?self, "database connection lost during a commit")
+            }
             _ => {}
         }
         let page = ErrorPage {
@@ -156,6 +176,7 @@ impl ResponseError for DashError {
             message: self.to_string(),
             link: match self {
                 DashError::Stale { link, .. } => link.clone(),
+                DashError::OutcomeUnknown { again, .. } => Some(again.clone()),
                 _ => None,
             },
         };
@@ -167,7 +188,7 @@ impl ResponseError for DashError {
             )
         });
         let mut resp = html_response(self.status_code(), body);
-        if let DashError::Unavailable(_) = self {
+        if let DashError::Unavailable(_) | DashError::OutcomeUnknown { .. } = self {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
         }

@@ -741,7 +741,53 @@ async fn order_named(
     Ok(Some((r.order_ref, named)))
 }
 
-/// Audits and settles an order action; the audit row commits with it.
+/// Ends a staff action's transaction (F3). The commit is the one moment
+/// its outcome can be unknown: before it, a lost connection left nothing
+/// written (`503 unavailable`, as `From` says); at it, the page says the
+/// change may or may not have been made and offers the same action again
+/// (`action`: the path's last segment), whose answer then tells. An expiry
+/// found at the point of use commits with the refusal (R11), as `settle`.
+async fn settle_action<T>(
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    outcome: Result<T, TransitionError>,
+    id: i64,
+    action: &str,
+) -> Result<T, DashError> {
+    let commit = async |tx: sqlx::Transaction<'static, sqlx::Postgres>| {
+        tx.commit().await.map_err(|e| {
+            if crate::db::is_outcome_unknown(&e) {
+                DashError::OutcomeUnknown {
+                    again: (
+                        format!("/reservations/{id}/{action}"),
+                        "Do the same again".to_owned(),
+                    ),
+                    source: e.into(),
+                }
+            } else {
+                e.into()
+            }
+        })
+    };
+    match outcome {
+        Ok(value) => {
+            commit(tx).await?;
+            Ok(value)
+        }
+        Err(e @ TransitionError::Expired { .. }) => {
+            commit(tx).await?;
+            Err(refused(id, e))
+        }
+        // Nothing to keep: dropping the transaction rolls it back (and a
+        // connection that broke has nothing committed either).
+        Err(e) => {
+            drop(tx);
+            Err(refused(id, e))
+        }
+    }
+}
+
+/// Audits and settles an order action; the audit row commits with it, and
+/// only when the action changed something.
 #[allow(clippy::too_many_arguments)]
 async fn act_on_order(
     req: &HttpRequest,
@@ -754,7 +800,7 @@ async fn act_on_order(
     audit: (&str, &str),
 ) -> Result<(), DashError> {
     let mut tx = pool.begin().await?;
-    let outcome = reservations::order_transition_on(
+    let outcome = reservations::order_transition_changed_on(
         &mut tx,
         staff.org_id,
         Some(order_ref),
@@ -763,13 +809,12 @@ async fn act_on_order(
         what,
     )
     .await;
-    if outcome.is_ok() {
+    if let Ok((_, true)) = outcome {
         let object = format!("order:{order_ref}");
         audit_on(&mut tx, req, staff, audit.0, &object, Some(audit.1)).await?;
     }
-    reservations::settle(tx, outcome)
-        .await
-        .map_err(|e| refused(id, e))?;
+    let action = audit.0.trim_start_matches("order.");
+    settle_action(tx, outcome, id, action).await?;
     Ok(())
 }
 
@@ -824,9 +869,7 @@ pub(crate) async fn cancel(
         )
         .await?;
     }
-    reservations::settle(tx, outcome)
-        .await
-        .map_err(|e| refused(id, e))?;
+    settle_action(tx, outcome, id, "cancel").await?;
     Ok(see_other(&format!("/reservations/{id}?flash=cancelled")))
 }
 
@@ -896,9 +939,7 @@ pub(crate) async fn convert(
         )
         .await?;
     }
-    reservations::settle(tx, outcome)
-        .await
-        .map_err(|e| refused(id, e))?;
+    settle_action(tx, outcome, id, "convert").await?;
     Ok(see_other(&format!("/reservations/{id}?flash=converted")))
 }
 
@@ -955,7 +996,7 @@ pub(crate) async fn extend(
         }
         None => {
             let mut tx = pool.begin().await?;
-            let outcome = reservations::order_transition_on(
+            let outcome = reservations::order_transition_changed_on(
                 &mut tx,
                 staff.org_id,
                 None,
@@ -964,7 +1005,9 @@ pub(crate) async fn extend(
                 what,
             )
             .await;
-            if outcome.is_ok() {
+            // Only what changed is audited: an extension that asked for
+            // no later deadline wrote nothing.
+            if let Ok((_, true)) = outcome {
                 let object = format!("reservation:{id}");
                 audit_on(
                     &mut tx,
@@ -976,9 +1019,7 @@ pub(crate) async fn extend(
                 )
                 .await?;
             }
-            reservations::settle(tx, outcome)
-                .await
-                .map_err(|e| refused(id, e))?;
+            settle_action(tx, outcome, id, "extend").await?;
         }
     }
     Ok(see_other(&format!("/reservations/{id}?flash=extended")))

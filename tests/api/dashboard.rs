@@ -2044,3 +2044,144 @@ async fn orders_of_several_and_extensions_on_the_dashboard() {
             .collect::<Vec<_>>()
     );
 }
+
+/// F3 on the dashboard: a staff cancellation whose session is terminated
+/// while its COMMIT waits (here on an advisory lock a deferred trigger
+/// takes at commit time; in production, on the synchronous standby) gets
+/// a page, not a 500: `503`, saying the change may or may not have been
+/// made, with a link to do the same again; done again, it is done once.
+/// A statement that breaks before the commit says nothing was changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staff_action_killed_mid_commit_gets_a_page_offering_it_again() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "MC-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (a, _) = app.insert_held(app.org.id, "ORD-MC-1", "MC-1", 900).await;
+    let c = app.staff("ana@acme.example", "support").await;
+    let (status, page) = c.page(&format!("/reservations/{a}/cancel")).await;
+    assert_eq!(status, 200);
+    let (action, fields) = form_of(&page);
+    let fields = with(&fields, &[("reason", "customer left")]);
+    // At commit, the audit row's deferred trigger waits for lock 4242.
+    sqlx::raw_sql(
+        "CREATE FUNCTION test_wait_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_advisory_xact_lock(4242); RETURN NULL; END $$;
+         CREATE CONSTRAINT TRIGGER test_wait_at_commit AFTER INSERT ON audit_log
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION test_wait_at_commit();",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("the trigger");
+    let mut blocker = app.db.connection().await;
+    sqlx::query("SELECT pg_advisory_lock(4242)")
+        .execute(&mut blocker)
+        .await
+        .expect("lock");
+    let request = {
+        let http = c.http.clone();
+        let url = c.url(&action);
+        let fields = fields.clone();
+        tokio::spawn(async move {
+            http.post(url)
+                .form(&fields)
+                .send()
+                .await
+                .expect("an answer")
+        })
+    };
+    let pid: i32 = loop {
+        let pid: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event_type = 'Lock'
+                AND wait_event = 'advisory' AND application_name = 'poolkeeper'",
+        )
+        .fetch_optional(&app.pool)
+        .await
+        .expect("pg_stat_activity");
+        if let Some(pid) = pid {
+            break pid;
+        }
+        tokio::task::yield_now().await;
+    };
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&app.pool)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+    let resp = request.await.expect("the request task");
+    assert_eq!(resp.status().as_u16(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    let body = resp.text().await.expect("page");
+    assert!(body.contains("may or may not have been made"), "{body}");
+    assert!(
+        body.contains(&format!("href=\"/reservations/{a}/cancel\"")),
+        "the same action, offered again: {body}"
+    );
+    sqlx::query("SELECT pg_advisory_unlock(4242)")
+        .execute(&mut blocker)
+        .await
+        .expect("unlock");
+    sqlx::raw_sql("DROP TRIGGER test_wait_at_commit ON audit_log")
+        .execute(&app.pool)
+        .await
+        .expect("drop the trigger");
+    // Terminated before its commit finished: not made. Done again, it is.
+    assert_eq!(app.state_of(a).await, "held");
+    let (status, page) = c.page(&format!("/reservations/{a}/cancel")).await;
+    assert_eq!(status, 200);
+    let (action, again) = form_of(&page);
+    let r = post(&c, &action, &with(&again, &[("reason", "customer left")])).await;
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(app.state_of(a).await, "cancelled");
+    let audited: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_log WHERE action = 'reservation.cancel' AND object = $1",
+    )
+    .bind(format!("reservation:{a}"))
+    .fetch_one(&app.pool)
+    .await
+    .expect("count");
+    assert_eq!(audited, 1);
+
+    // Done again after it took effect: the page says it ended, no 500.
+    let r = post(&c, &action, &with(&again, &[("reason", "customer left")])).await;
+    assert_eq!(r.status().as_u16(), 409);
+}
+
+/// An audit row only for what changed: a staff extension shorter than the
+/// time left changes nothing and is not audited; a longer one is, once.
+#[tokio::test]
+async fn an_extension_that_changed_nothing_writes_no_audit_row() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "AX-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (a, fence) = app.insert_held(app.org.id, "ORD-AX-1", "AX-1", 900).await;
+    let c = app.staff("ana@acme.example", "support").await;
+    let audited = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM audit_log WHERE action = 'reservation.extend' AND object = $1",
+        )
+        .bind(format!("reservation:{a}"))
+        .fetch_one(&app.pool)
+        .await
+        .expect("count")
+    };
+    for (minutes, expected) in [("1", 0), ("30", 1)] {
+        let (status, page) = c
+            .page(&format!("/reservations/{a}/extend?fence={fence}"))
+            .await;
+        assert_eq!(status, 200);
+        let (action, fields) = form_of(&page);
+        let r = post(
+            &c,
+            &action,
+            &with(
+                &fields,
+                &[("minutes", minutes), ("reason", "payment pending")],
+            ),
+        )
+        .await;
+        assert_eq!(r.status().as_u16(), 303, "{minutes} min");
+        assert_eq!(audited().await, expected, "{minutes} min");
+    }
+}
