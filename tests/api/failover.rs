@@ -27,6 +27,10 @@ use crate::webhooks::Receiver;
 
 const CLIENTS: usize = 16;
 const MACHINES: i64 = 40;
+/// Clients placing orders of several machines (R13), on machines of their
+/// own profile: 2 or 3 each at a time.
+const ORDER_CLIENTS: usize = 4;
+const ORDER_MACHINES: i64 = 16;
 /// `POOLKEEPER_LEASE_SECONDS` and `POOLKEEPER_SWEEP_SECONDS` of `Replica`.
 const LEASE_SECONDS: u64 = 3;
 const SWEEP_SECONDS: u64 = 1;
@@ -76,6 +80,19 @@ struct Log {
     /// Writes answered 503 or not at all, then settled by their retry:
     /// (op, true when the retry showed the first had taken effect).
     settled: Vec<(&'static str, bool)>,
+    /// Orders of several machines acknowledged: what each was told.
+    orders: Vec<OrderTold>,
+}
+
+/// What a client was told about one order of several machines.
+#[derive(Clone, Debug)]
+struct OrderTold {
+    order_ref: String,
+    ids: Vec<i64>,
+    /// The deadline an acknowledged extension (by `until`) answered.
+    extended_to: Option<DateTime<Utc>>,
+    /// The end an acknowledged convert or cancel answered.
+    ended: Option<&'static str>,
 }
 
 struct Shared {
@@ -319,6 +336,246 @@ async fn client(n: usize, s: Arc<Shared>) {
     }
 }
 
+/// One client of orders of several machines (R13, R14, F3): reserve 2 or
+/// 3 together, extend the order to an absolute deadline (`until`), then
+/// convert it whole (and end its services, putting the machines back) or
+/// cancel it whole; every fourth walks away with a short hold (the sweep
+/// expires it whole). Every write is retried unchanged while its answer is
+/// 503 or missing, and its final answer must be what the action did.
+async fn order_client(n: usize, s: Arc<Shared>) {
+    use reqwest::Method;
+    let mut k = 0usize;
+    while !s.stop.load(Ordering::Relaxed) {
+        k += 1;
+        let order_ref = format!("HA-O-{n}-{k}");
+        let quantity = 2 + (k % 2) as i64;
+        let walk_away = k % 4 == 3;
+        let hold = if walk_away { 2 } else { 300 };
+        let body = json!({"order_ref": order_ref, "site": "par1", "profile": "r760",
+                          "hold_seconds": hold, "quantity": quantity});
+        let (a, unknown, _) = s
+            .settle("reserve_order", Method::POST, "/api/v1/reservations", &body)
+            .await;
+        match a.status {
+            Some(201 | 200) => {}
+            Some(409) if matches!(a.body["error"].as_str(), Some("contended" | "unavailable")) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            _ => {
+                s.violation(format!("reserve {order_ref}: {:?} {}", a.status, a.body));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                continue;
+            }
+        }
+        if a.status == Some(200) && !unknown {
+            s.violation(format!(
+                "reserve {order_ref}: 200 on a first attempt: {}",
+                a.body
+            ));
+        }
+        let Some(rs) = a.body["reservations"].as_array().cloned() else {
+            s.violation(format!("reserve {order_ref}: not an order: {}", a.body));
+            continue;
+        };
+        if rs.len() as i64 != quantity || rs.iter().any(|r| r["state"] != "held") {
+            s.violation(format!(
+                "reserve {order_ref}: not all {quantity} held: {}",
+                a.body
+            ));
+            continue;
+        }
+        if unknown {
+            s.log
+                .lock()
+                .expect("log")
+                .settled
+                .push(("reserve_order", a.status == Some(200)));
+        }
+        let named: Vec<Value> = rs
+            .iter()
+            .map(|r| json!({"id": r["id"], "fence": r["fence"]}))
+            .collect();
+        let mut told = OrderTold {
+            order_ref: order_ref.clone(),
+            ids: rs.iter().filter_map(|r| r["id"].as_i64()).collect(),
+            extended_to: None,
+            ended: None,
+        };
+        if walk_away {
+            s.log.lock().expect("log").orders.push(told);
+            continue;
+        }
+        // An absolute deadline, to the microsecond the database keeps.
+        let until = Utc::now() + chrono::Duration::seconds(600);
+        let until = until.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+        let body = json!({"reservations": named, "until": until, "reason": "failover test"});
+        let path = format!("/api/v1/orders/{order_ref}/extend");
+        let (a, unknown, _) = s.settle("extend_order", Method::POST, &path, &body).await;
+        let wanted = until.parse::<DateTime<Utc>>().ok();
+        let answered: Vec<Option<DateTime<Utc>>> = a.body["reservations"]
+            .as_array()
+            .map(|rs| {
+                rs.iter()
+                    .map(|r| r["expires_at"].as_str().and_then(|t| t.parse().ok()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if a.status != Some(200)
+            || answered.len() as i64 != quantity
+            || answered.iter().any(|t| *t != wanted)
+        {
+            s.violation(format!(
+                "extend {order_ref} to {until} (retried: {unknown}): {:?} {}",
+                a.status, a.body
+            ));
+            s.log.lock().expect("log").orders.push(told);
+            continue;
+        }
+        told.extended_to = wanted;
+        if unknown {
+            s.log
+                .lock()
+                .expect("log")
+                .settled
+                .push(("extend_order", true));
+        }
+        let convert = k.is_multiple_of(2);
+        let (op, body, state) = if convert {
+            let items: Vec<Value> = rs
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    json!({"id": r["id"], "fence": r["fence"],
+                           "service_ref": format!("SVC-O-{n}-{k}-{i}")})
+                })
+                .collect();
+            ("convert_order", json!({"reservations": items}), "converted")
+        } else {
+            (
+                "cancel_order",
+                json!({"reservations": named, "reason": "failover test"}),
+                "cancelled",
+            )
+        };
+        let action = if convert { "convert" } else { "cancel" };
+        let path = format!("/api/v1/orders/{order_ref}/{action}");
+        let (a, unknown, _) = s.settle(op, Method::POST, &path, &body).await;
+        let ended: Vec<Value> = a.body["reservations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if a.status != Some(200)
+            || ended.len() as i64 != quantity
+            || ended.iter().any(|r| r["state"] != state)
+        {
+            s.violation(format!(
+                "{op} {order_ref} (retried: {unknown}): {:?} {}",
+                a.status, a.body
+            ));
+            s.log.lock().expect("log").orders.push(told);
+            continue;
+        }
+        told.ended = Some(state);
+        {
+            let mut log = s.log.lock().expect("log");
+            log.orders.push(told);
+            if unknown {
+                log.settled.push((op, true));
+            }
+        }
+        if !convert {
+            continue;
+        }
+        for r in &ended {
+            let (Some(service), Some(tag)) = (
+                r["service"]["id"].as_i64(),
+                r["machine"]["asset_tag"].as_str(),
+            ) else {
+                s.violation(format!("{op} {order_ref}: no service in {r}"));
+                continue;
+            };
+            let (a, unknown, _) = s
+                .settle(
+                    "end_service",
+                    Method::POST,
+                    &format!("/api/v1/services/{service}/end"),
+                    &json!({}),
+                )
+                .await;
+            let ok = a.status == Some(200)
+                || (unknown && a.status == Some(409) && a.body["error"] == "not_live");
+            if !ok {
+                s.violation(format!("end service {service}: {:?} {}", a.status, a.body));
+                continue;
+            }
+            let (a, _, _) = s
+                .settle(
+                    "put_machine",
+                    Method::PUT,
+                    &format!("/api/v1/machines/{tag}"),
+                    &json!({"site": "par1", "vendor": "dell", "profile": "r760", "status": "ready"}),
+                )
+                .await;
+            if a.status != Some(200) {
+                s.violation(format!("put machine {tag}: {:?} {}", a.status, a.body));
+            }
+        }
+    }
+}
+
+/// On the healed cluster: no order of several is partly held, converted or
+/// expired (its reservations are all in one state, the sweep having had
+/// time to expire the overdue ones); every acknowledged extension's
+/// deadline is the one the client was given; every acknowledged end is the
+/// order's state.
+async fn check_orders(
+    pool: &poolkeeper::db::Db,
+    orders: &[OrderTold],
+    violations: &mut Vec<String>,
+) {
+    let mixed: Vec<(String, Vec<String>)> = sqlx::query_as(
+        "SELECT order_ref, array_agg(state ORDER BY slot) FROM reservations
+          WHERE quantity > 1 GROUP BY order_ref HAVING count(DISTINCT state) > 1",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("orders in several states");
+    for (order_ref, states) in mixed {
+        violations.push(format!("order {order_ref} is partly one state: {states:?}"));
+    }
+    for o in orders {
+        let rows: Vec<(i64, String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT id, state, expires_at FROM reservations WHERE order_ref = $1 ORDER BY slot",
+        )
+        .bind(&o.order_ref)
+        .fetch_all(pool)
+        .await
+        .expect("an order");
+        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+        if ids != o.ids {
+            violations.push(format!(
+                "order {}: told {:?}, has {ids:?}",
+                o.order_ref, o.ids
+            ));
+        }
+        if let Some(until) = o.extended_to
+            && rows.iter().any(|r| r.2 != until)
+        {
+            violations.push(format!(
+                "order {}: extended to {until}, has {:?}",
+                o.order_ref,
+                rows.iter().map(|r| r.2).collect::<Vec<_>>()
+            ));
+        }
+        if let Some(state) = o.ended
+            && rows.iter().any(|r| r.1 != state)
+        {
+            violations.push(format!("order {}: told {state}, has {rows:?}", o.order_ref));
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum FaultKind {
     KillLeaderPostmaster,
@@ -438,6 +695,15 @@ async fn run(rounds: usize) {
     .execute(&pool)
     .await
     .expect("machines");
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'ha-o-' || g, 'par1', 'dell', 'r760', 'ready' FROM generate_series(1, $2) g",
+    )
+    .bind(org.id)
+    .bind(ORDER_MACHINES)
+    .execute(&pool)
+    .await
+    .expect("machines for orders of several");
 
     let env = serve_env(&cluster);
     let env_ref: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();
@@ -467,6 +733,7 @@ async fn run(rounds: usize) {
     let start_wall = Utc::now();
     let clients: Vec<_> = (0..CLIENTS)
         .map(|n| tokio::spawn(client(n, shared.clone())))
+        .chain((0..ORDER_CLIENTS).map(|n| tokio::spawn(order_client(n, shared.clone()))))
         .collect();
 
     let since = |s: &Shared| s.start.elapsed();
@@ -609,6 +876,11 @@ async fn run(rounds: usize) {
     check_told(&pool, &log.told, &mut report).await;
     let mut violations = log.violations.clone();
     violations.extend(report.violations.iter().cloned());
+    // R13, R14, F3: the orders of several machines, whole, with the
+    // deadlines and ends their clients were told. The walk-away holds
+    // (2 s) are past; the sweep (1 s period) has expired them by now.
+    tokio::time::sleep(Duration::from_secs(LEASE_SECONDS + 2 * SWEEP_SECONDS + 2)).await;
+    check_orders(&pool, &log.orders, &mut violations).await;
 
     // Sweep lease fences strictly increase over time, and the sweep runs
     // again within the lease plus one period after each fault.
@@ -751,10 +1023,12 @@ fn render(r: &Rendered<'_>) -> String {
     let entries = &r.log.entries;
     let _ = writeln!(
         out,
-        "# Failover run\n\n{} clients, 2 `poolkeeper serve`, {} machines; Patroni 3.0.2, 3 PostgreSQL 15 nodes, \
+        "# Failover run\n\n{} clients of orders of one and {} of orders of several, 2 `poolkeeper serve`, {} machines; \
+         Patroni 3.0.2, 3 PostgreSQL 15 nodes, \
          synchronous_mode_strict, TTL {}s, HAProxy on /primary; {} round(s) of the five faults; load for {:.1}s.\n",
         CLIENTS,
-        MACHINES,
+        ORDER_CLIENTS,
+        MACHINES + ORDER_MACHINES,
         TTL_SECONDS,
         r.rounds,
         r.load.as_secs_f64()
