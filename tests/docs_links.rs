@@ -136,10 +136,11 @@ fn broken_links(root: &Path) -> Vec<String> {
                 }
                 continue;
             };
-            if let Some(fragment) = fragment {
-                if name.ends_with(".md") && !anchors(&target_text).contains(fragment) {
-                    broken.push(format!("{}: {target}: no such heading", doc.display()));
-                }
+            if let Some(fragment) = fragment
+                && name.ends_with(".md")
+                && !anchors(&target_text).contains(fragment)
+            {
+                broken.push(format!("{}: {target}: no such heading", doc.display()));
             }
         }
     }
