@@ -4,13 +4,13 @@
 //! the source text: `use` trees and paths that start with `crate::`,
 //! `super::`, `self::` or a child module's name, each pointing at the
 //! deepest module (file) it names. Comments and string literals are skipped.
-//! README's "Source tree" says the same ladder in prose.
+//! docs/architecture.md, "Source tree", says the same ladder in prose.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The rungs, bottom first. A module of `src/` that is on no rung fails the
-/// test: put it on one here and in README's "Source tree".
+/// test: put it on one here and in docs/architecture.md, "Source tree".
 const RUNGS: &[(&str, &[&str])] = &[
     (
         "bottom: the database handle, settings, domain types, errors, metrics",

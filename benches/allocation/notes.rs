@@ -183,7 +183,7 @@ and the rate fell by half or more: with fewer connections than requests in
 flight, commits stop sharing syncs and requests queue for a connection
 while a commit waits for the disk. Under durable commits the pool should
 hold at least as many connections as requests in flight; the default (20)
-stays, and the README says why.
+stays, and docs/configuration.md says why.
 
 `commit_delay` (a committing backend waits that long for others to join
 its sync when at least `commit_siblings` other transactions are active):
@@ -191,7 +191,7 @@ with `BENCH_PG_SET='commit_delay=200'` the ceiling's syncs per cycle fell
 from 0.55 to 0.44, the API's stayed at 0.64. The API's transactions are
 seldom five at once inside the database (the rest of each request is HTTP
 and the server), so the condition rarely holds and the delay buys nothing
-for it. Not recommended from these figures; the README says so.
+for it. Not recommended from these figures; docs/testing.md says so.
 
 The first version of the bench (2026-12-02) found the HTTP path at 16% of
 the ceiling at 8 clients, from round trips: a reserve+cancel cycle was 24

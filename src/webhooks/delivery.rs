@@ -13,7 +13,7 @@ use super::urls::{REQUEST_TIMEOUT, check_ip, parse_url};
 /// The longest delay between two attempts.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(3600);
 
-/// Header names of a delivery (README: "Webhooks").
+/// Header names of a delivery (docs/webhooks.md).
 pub const HEADER_EVENT_ID: &str = "Poolkeeper-Event-Id";
 pub const HEADER_TIMESTAMP: &str = "Poolkeeper-Timestamp";
 pub const HEADER_SIGNATURE: &str = "Poolkeeper-Signature";

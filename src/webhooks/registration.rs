@@ -7,7 +7,7 @@ use sqlx::PgConnection;
 use super::signatures::generate_secret;
 
 /// An organization's webhook, with its secret (admins and `orders` tokens of
-/// the organization see it; README says why).
+/// the organization see it; docs/webhooks.md says why).
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Webhook {
     pub url: String,

@@ -46,7 +46,7 @@ mod tests {
     #[test]
     fn signature_is_hmac_sha256_of_timestamp_dot_body() {
         // The value of `printf '%s' '1700000000.{}' | openssl dgst -sha256
-        // -hmac whsec_test`: the README's verification recipe.
+        // -hmac whsec_test`: docs/webhooks.md's verification recipe.
         assert_eq!(
             sign("whsec_test", 1_700_000_000, b"{}"),
             "35495024f4ef3f94e5a93e22221544c4b75e9a42300cd965ab81cb85cd994e91"

@@ -518,7 +518,7 @@ fn admits_integer(doc: &Value, schema: &Value) -> bool {
             .any(|t| t == "integer" || t == "number")
 }
 
-/// An integer in a URL is written in digits (the server's rule, README).
+/// An integer in a URL is written in digits (the server's rule, docs/api.md).
 fn canonical_integer(s: &str) -> bool {
     let digits = s.strip_prefix('-').unwrap_or(s);
     !digits.is_empty()

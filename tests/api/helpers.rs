@@ -629,7 +629,7 @@ impl TestApp {
 /// systemd-analyze): a test never passes by skipping what it claims. When
 /// `present`, yes; when missing, the test fails naming the command that
 /// installs it (`scripts/test` installs every one). Only a developer's
-/// explicit `POOLKEEPER_TEST_SKIP=component[,...]` (README) skips it,
+/// explicit `POOLKEEPER_TEST_SKIP=component[,...]` (docs/testing.md) skips it,
 /// saying so: the answer is then `false` and the test returns.
 pub fn needs(component: &str, present: bool, install: &str) -> bool {
     let opted_out = std::env::var("POOLKEEPER_TEST_SKIP")

@@ -102,7 +102,7 @@ impl Bouncer {
         let port = free_port();
         let auth: String = users.iter().map(|u| format!("\"{u}\" \"\"\n")).collect();
         std::fs::write(dir.join("users.txt"), auth).expect("auth file");
-        // The settings the README documents for poolkeeper behind PgBouncer.
+        // The settings docs/production.md documents for poolkeeper behind PgBouncer.
         let ini = format!(
             "[databases]\n* = host={socket} port=5432\n\n[pgbouncer]\n\
              listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
@@ -187,7 +187,7 @@ impl Bouncer {
 }
 
 /// Sets the session limits of RELIABILITY.md on `role` in `db` (what the
-/// README's `ALTER ROLE ... SET` does, scoped to the test's database).
+/// docs/production.md's `ALTER ROLE ... SET` does, scoped to the test's database).
 pub async fn set_role_limits(db: &TestDb, role: &str, statement_timeout: &str) {
     let mut conn = db.connection().await;
     for (name, value) in [

@@ -1,6 +1,6 @@
 //! Least privilege (issue 14, item 2): migrations as the owner role, the
 //! server as a role that owns nothing and has only DML grants, created with
-//! the SQL the README gives.
+//! the SQL docs/production.md gives.
 
 use std::time::{Duration, Instant};
 
@@ -13,7 +13,7 @@ use crate::helpers::{
 };
 use crate::replicas::Replica;
 
-/// The README's SQL for the two roles, with the test's names; run by the
+/// The SQL of docs/production.md for the two roles, with the test's names; run by the
 /// cluster's administrator (on a managed service: its admin role).
 pub async fn create_roles(db: &TestDb, owner: &str, app: &str) {
     let mut admin = db.connection().await;

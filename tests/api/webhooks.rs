@@ -121,7 +121,7 @@ async fn receive(req: HttpRequest, body: web::Bytes, r: web::Data<Receiver>) -> 
     }
 }
 
-/// What the order service does (README, "Verifying a delivery"), written
+/// What the order service does (docs/webhooks.md, "Verifying a delivery"), written
 /// independently of the server's code: HMAC-SHA256 with the secret over
 /// "{t}.{raw body}", compared with v1 of the signature header, t equal to
 /// the timestamp header.

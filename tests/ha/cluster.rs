@@ -500,8 +500,8 @@ impl Drop for HaCluster {
     }
 }
 
-/// A node's Patroni configuration: the settings the README's "High
-/// availability" shows, with this test's ports and directories.
+/// A node's Patroni configuration: the settings docs/high-availability.md
+/// shows, with this test's ports and directories.
 pub fn patroni_yml(scope: &str, node: &Node, etcd_port: u16, pg_bin: &Path) -> String {
     format!(
         r#"scope: {scope}
