@@ -315,6 +315,7 @@ fn clock_base() -> Instant {
 }
 
 fn note_read_only_now() {
+    crate::metrics::GLOBAL.db_read_only_seen.inc();
     let base = clock_base();
     let now = u64::try_from(base.elapsed().as_nanos())
         .unwrap_or(u64::MAX)
@@ -520,6 +521,16 @@ impl Db {
         Db { pool, pinned }
     }
 
+    /// Connections open, idle, and the pool's limit (for `/metrics`).
+    pub fn pool_sizes(&self) -> (u32, u32, u32) {
+        let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX);
+        (
+            self.pool.size(),
+            idle,
+            self.pool.options().get_max_connections(),
+        )
+    }
+
     pub fn is_pinned(&self) -> bool {
         self.pinned
     }
@@ -527,6 +538,7 @@ impl Db {
     /// A transaction; pinned, it first clears the server session's
     /// leftover prepared statements (`PINNED_BEGIN`).
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let _wait = crate::metrics::GLOBAL.db_acquire.start_timer();
         if self.pinned {
             self.pool.begin_with(PINNED_BEGIN).await
         } else {
@@ -542,6 +554,7 @@ impl Db {
         if self.pinned {
             Ok(Conn::Pinned(self.begin().await?))
         } else {
+            let _wait = crate::metrics::GLOBAL.db_acquire.start_timer();
             Ok(Conn::Direct(
                 self.pool.acquire().await.map_err(connection_trouble)?,
             ))
