@@ -135,6 +135,10 @@ impl Metrics {
         for c in collectors {
             m.registry.register(c).expect("metric registered once");
         }
+        // Present at 0 from the start, so that a rate over them is defined.
+        for code in ["unavailable", "outcome_unknown"] {
+            GLOBAL.http_unavailable.with_label_values(&[code]);
+        }
         for c in [
             &m.sweeps_run,
             &m.lease_acquired,
