@@ -131,6 +131,8 @@ impl Metrics {
             Box::new(GLOBAL.db_errors.clone()),
             Box::new(GLOBAL.db_read_only_seen.clone()),
             Box::new(GLOBAL.db_acquire.clone()),
+            Box::new(GLOBAL.webhook_deliveries.clone()),
+            Box::new(GLOBAL.webhook_attempt.clone()),
         ];
         for c in collectors {
             m.registry.register(c).expect("metric registered once");
@@ -138,6 +140,9 @@ impl Metrics {
         // Present at 0 from the start, so that a rate over them is defined.
         for code in ["unavailable", "outcome_unknown"] {
             GLOBAL.http_unavailable.with_label_values(&[code]);
+        }
+        for outcome in ["delivered", "failed"] {
+            GLOBAL.webhook_deliveries.with_label_values(&[outcome]);
         }
         for c in [
             &m.sweeps_run,
@@ -297,6 +302,8 @@ pub struct Global {
     pub db_errors: IntCounterVec,
     pub db_read_only_seen: IntCounter,
     pub db_acquire: Histogram,
+    pub webhook_deliveries: IntCounterVec,
+    pub webhook_attempt: Histogram,
 }
 
 pub static GLOBAL: LazyLock<Global> = LazyLock::new(|| {
@@ -332,8 +339,31 @@ pub static GLOBAL: LazyLock<Global> = LazyLock::new(|| {
         ]),
     )
     .expect("static metric definition"),
+    webhook_deliveries: IntCounterVec::new(
+        Opts::new(
+            "poolkeeper_webhook_deliveries_total",
+            "Webhook deliveries this replica finished: delivered (a 2xx) or failed (retries ran out)",
+        ),
+        &["outcome"],
+    )
+    .expect("static metric definition"),
+    webhook_attempt: Histogram::with_opts(
+        HistogramOpts::new(
+            "poolkeeper_webhook_attempt_duration_seconds",
+            "Duration of one webhook POST, whatever its answer",
+        )
+        .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+    )
+    .expect("static metric definition"),
 }
 });
+
+/// Counts a delivery that reached a final state.
+pub fn count_webhook_delivery(state: &str) {
+    if matches!(state, "delivered" | "failed") {
+        GLOBAL.webhook_deliveries.with_label_values(&[state]).inc();
+    }
+}
 
 /// Counts a 503 by its code.
 pub fn count_unavailable(code: &str) {

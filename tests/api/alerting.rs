@@ -207,6 +207,8 @@ pub const SERIES: &[&str] = &[
     "poolkeeper_holds_overdue",
     "poolkeeper_webhook_deliveries_pending",
     "poolkeeper_webhook_oldest_pending_age_seconds",
+    "poolkeeper_webhook_deliveries_total",
+    "poolkeeper_webhook_attempt_duration_seconds",
     "poolkeeper_sweep_last_success_age_seconds",
     "poolkeeper_sweep_period_seconds",
     "poolkeeper_lease_holders",
