@@ -450,3 +450,160 @@ async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
     let _ = child.kill().await;
     let _ = std::fs::remove_dir_all(&work);
 }
+
+const DASHBOARD: &str = include_str!("../../deploy/grafana/poolkeeper.json");
+
+/// Every PromQL expression of the dashboard.
+fn dashboard_exprs() -> Vec<String> {
+    let dash: Value = serde_json::from_str(DASHBOARD).expect("the dashboard is JSON");
+    let mut exprs = Vec::new();
+    for panel in dash["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(target["expr"].as_str().expect("an expr").to_owned());
+        }
+    }
+    exprs
+}
+
+/// The metric names an expression mentions (ours and the process's).
+fn names_in(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let bytes: Vec<char> = expr.chars().collect();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        if c == '"' {
+            // Skip a label value.
+            i += 1;
+            while i < bytes.len() && bytes[i] != '"' {
+                i += 1;
+            }
+            i += 1;
+            continue;
+        }
+        if c.is_ascii_alphabetic() || c == '_' {
+            let start = i;
+            while i < bytes.len()
+                && (bytes[i].is_ascii_alphanumeric() || bytes[i] == '_' || bytes[i] == ':')
+            {
+                i += 1;
+            }
+            let word: String = bytes[start..i].iter().collect();
+            if word.starts_with("poolkeeper") || word.starts_with("process_") {
+                names.push(word);
+            }
+            continue;
+        }
+        i += 1;
+    }
+    names
+}
+
+#[tokio::test]
+async fn every_dashboard_expression_names_exported_or_recorded_series() {
+    let app = spawn_app().await;
+    // One request first, so that the request histogram has a label set.
+    app.http
+        .get(format!("{}/healthz", app.address))
+        .send()
+        .await
+        .expect("healthz");
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.address))
+        .send()
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("body");
+    let mut known: Vec<String> = exported(&text);
+    known.extend(SERIES.iter().map(|s| s.to_string()));
+    let histograms: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter(|l| l.ends_with(" histogram"))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    for h in &histograms {
+        for suffix in ["_bucket", "_count", "_sum"] {
+            known.push(format!("{h}{suffix}"));
+        }
+    }
+    let recorded: Vec<String> = RULES
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- record: "))
+        .map(|s| s.trim().to_owned())
+        .collect();
+    let exprs = dashboard_exprs();
+    assert!(exprs.len() >= 20, "{exprs:?}");
+    let mut uses_recorded = 0;
+    for expr in &exprs {
+        let names = names_in(expr);
+        assert!(!names.is_empty(), "{expr}: names no series");
+        for name in names {
+            if recorded.contains(&name) {
+                uses_recorded += 1;
+            } else {
+                assert!(
+                    known.contains(&name),
+                    "{expr}: {name} is neither exported nor recorded"
+                );
+            }
+        }
+    }
+    assert!(
+        uses_recorded >= 10,
+        "the dashboard should be built on the recording rules"
+    );
+    // The rules' expressions name real series too.
+    for line in RULES.lines() {
+        for name in names_in(line) {
+            let t = line.trim_start();
+            let prose = [
+                "#",
+                "- record:",
+                "- alert:",
+                "- name:",
+                "summary:",
+                "runbook_url:",
+            ]
+            .iter()
+            .any(|p| t.starts_with(p));
+            if !prose {
+                assert!(
+                    recorded.contains(&name) || known.contains(&name),
+                    "rules: {name} is neither exported nor recorded"
+                );
+            }
+        }
+    }
+
+    // Every expression is valid PromQL: promtool checks them as rules.
+    let Some(promtool) = needs_prometheus("promtool") else {
+        return;
+    };
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, expr) in exprs.iter().enumerate() {
+        rules.push_str(&format!(
+            "      - record: dashboard:expr{i}\n        expr: {}\n",
+            serde_json::to_string(expr).expect("quoted")
+        ));
+    }
+    let file =
+        std::env::temp_dir().join(format!("poolkeeper-dash-{:08x}.yml", rand::random::<u32>()));
+    std::fs::write(&file, rules).expect("write");
+    let out = std::process::Command::new(promtool)
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool");
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
