@@ -129,8 +129,8 @@ impl Metrics {
             Box::new(m.process.threads.clone()),
             Box::new(GLOBAL.http_unavailable.clone()),
             Box::new(GLOBAL.db_errors.clone()),
-            Box::new(GLOBAL.db_read_only_seen.clone()),
-            Box::new(GLOBAL.db_acquire.clone()),
+            Box::new(crate::db::READ_ONLY_SEEN_TOTAL.clone()),
+            Box::new(crate::db::ACQUIRE_WAIT.clone()),
             Box::new(GLOBAL.webhook_deliveries.clone()),
             Box::new(GLOBAL.webhook_attempt.clone()),
         ];
@@ -172,8 +172,8 @@ impl Metrics {
 
     /// Refreshes what is read at scrape time (the database's numbers, at
     /// most once per `DB_STATE_MAX_AGE`; the process's), then renders.
-    pub async fn scrape(&self, pool: &Db) -> String {
-        self.db_state.refresh(pool).await;
+    pub async fn scrape(&self, pool: &Db, machines: &MachinesSql) -> String {
+        self.db_state.refresh(pool, machines).await;
         self.process.refresh();
         self.render()
     }
@@ -300,8 +300,6 @@ impl Drop for ClearOnDrop<'_> {
 pub struct Global {
     pub http_unavailable: IntCounterVec,
     pub db_errors: IntCounterVec,
-    pub db_read_only_seen: IntCounter,
-    pub db_acquire: Histogram,
     pub webhook_deliveries: IntCounterVec,
     pub webhook_attempt: Histogram,
 }
@@ -322,21 +320,6 @@ pub static GLOBAL: LazyLock<Global> = LazyLock::new(|| {
             "Statement errors the API met, by SQLSTATE class (the code's first two characters; none: not a server error)",
         ),
         &["class"],
-    )
-    .expect("static metric definition"),
-    db_read_only_seen: IntCounter::new(
-        "poolkeeper_db_read_only_seen_total",
-        "Times a new connection reached a read-only server or a standby (F2: a failover under way)",
-    )
-    .expect("static metric definition"),
-    db_acquire: Histogram::with_opts(
-        HistogramOpts::new(
-            "poolkeeper_db_acquire_seconds",
-            "Time the API waited for a pooled connection (through BEGIN when pinned)",
-        )
-        .buckets(vec![
-            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-        ]),
     )
     .expect("static metric definition"),
     webhook_deliveries: IntCounterVec::new(
@@ -460,6 +443,14 @@ pub const MAX_POOL_PAIRS: usize = 200;
 /// Holds expiring within this are "expiring soon".
 pub const EXPIRING_SOON: Duration = Duration::from_secs(120);
 
+/// The statement counting machines by (site, profile, pool state), and
+/// every pool state (each pair shows all of them, 0 included). Given by
+/// the caller: the pool states are the inventory's rule, above this module.
+pub struct MachinesSql {
+    pub sql: String,
+    pub states: Vec<&'static str>,
+}
+
 /// Series read from the database (any replica reports the same numbers).
 #[derive(Clone)]
 pub struct DbState {
@@ -537,7 +528,7 @@ impl DbState {
 
     /// Reads the database's numbers unless read within `DB_STATE_MAX_AGE`.
     /// One reader at a time: a concurrent scrape serves what is there.
-    pub async fn refresh(&self, pool: &Db) {
+    pub async fn refresh(&self, pool: &Db, machines: &MachinesSql) {
         let (size, idle, max) = pool.pool_sizes();
         self.pool_connections
             .with_label_values(&["in_use"])
@@ -554,7 +545,7 @@ impl DbState {
         if read_at.is_some_and(|at| at.elapsed() < DB_STATE_MAX_AGE) {
             return;
         }
-        match tokio::time::timeout(Duration::from_secs(5), self.read(pool)).await {
+        match tokio::time::timeout(Duration::from_secs(5), self.read(pool, machines)).await {
             Ok(Ok(())) => *read_at = Some(Instant::now()),
             Ok(Err(e)) => {
                 self.scrape_errors.inc();
@@ -567,17 +558,11 @@ impl DbState {
         }
     }
 
-    async fn read(&self, pool: &Db) -> Result<(), sqlx::Error> {
-        let sql = format!(
-            "SELECT m.site, m.profile, {state} AS state, count(*)
-               FROM machines m {joins}
-              GROUP BY 1, 2, 3",
-            state = crate::inventory::pool_state_sql(),
-            joins = crate::inventory::POOL_STATE_JOINS,
-        );
-        let rows: Vec<(String, String, String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .fetch_all(pool)
-            .await?;
+    async fn read(&self, pool: &Db, machines: &MachinesSql) -> Result<(), sqlx::Error> {
+        let rows: Vec<(String, String, String, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(machines.sql.clone()))
+                .fetch_all(pool)
+                .await?;
         let (holds_soon, holds_overdue, pending, oldest, sweep_age): (i64, i64, i64, f64, Option<f64>) =
             sqlx::query_as(
                 "SELECT (SELECT count(*) FROM reservations WHERE state = 'held'
@@ -620,9 +605,9 @@ impl DbState {
             } else {
                 (OTHER.to_owned(), OTHER.to_owned())
             };
-            for st in crate::inventory::PoolState::ALL {
+            for st in &machines.states {
                 counts
-                    .entry((key.0.clone(), key.1.clone(), st.as_str().to_owned()))
+                    .entry((key.0.clone(), key.1.clone(), (*st).to_owned()))
                     .or_default();
             }
         }

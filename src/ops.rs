@@ -106,9 +106,22 @@ async fn metrics(
 pub struct MetricsListener;
 
 pub async fn metrics_text(metrics: &Metrics, pool: &Db) -> HttpResponse {
+    let machines = crate::metrics::MachinesSql {
+        sql: format!(
+            "SELECT m.site, m.profile, {state} AS state, count(*)
+               FROM machines m {joins}
+              GROUP BY 1, 2, 3",
+            state = crate::inventory::pool_state_sql(),
+            joins = crate::inventory::POOL_STATE_JOINS,
+        ),
+        states: crate::inventory::PoolState::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect(),
+    };
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(metrics.scrape(pool).await)
+        .body(metrics.scrape(pool, &machines).await)
 }
 
 /// The OpenAPI document of the JSON API, kept beside the handlers it
