@@ -314,7 +314,34 @@ fn clock_base() -> Instant {
     *BASE.get_or_init(Instant::now)
 }
 
+/// F2, for `/metrics`: new connections that reached a read-only server.
+pub static READ_ONLY_SEEN_TOTAL: std::sync::LazyLock<prometheus::IntCounter> =
+    std::sync::LazyLock::new(|| {
+        prometheus::IntCounter::new(
+            "poolkeeper_db_read_only_seen_total",
+            "Times a new connection reached a read-only server or a standby (F2: a failover under way)",
+        )
+        .expect("static metric definition")
+    });
+
+/// For `/metrics`: the wait for a pooled connection (through BEGIN when
+/// pinned).
+pub static ACQUIRE_WAIT: std::sync::LazyLock<prometheus::Histogram> =
+    std::sync::LazyLock::new(|| {
+        prometheus::Histogram::with_opts(
+            prometheus::HistogramOpts::new(
+                "poolkeeper_db_acquire_seconds",
+                "Time the API waited for a pooled connection (through BEGIN when pinned)",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+        )
+        .expect("static metric definition")
+    });
+
 fn note_read_only_now() {
+    READ_ONLY_SEEN_TOTAL.inc();
     let base = clock_base();
     let now = u64::try_from(base.elapsed().as_nanos())
         .unwrap_or(u64::MAX)
@@ -560,6 +587,16 @@ impl Db {
         Db { pool, pinned }
     }
 
+    /// Connections open, idle, and the pool's limit (for `/metrics`).
+    pub fn pool_sizes(&self) -> (u32, u32, u32) {
+        let idle = u32::try_from(self.pool.num_idle()).unwrap_or(u32::MAX);
+        (
+            self.pool.size(),
+            idle,
+            self.pool.options().get_max_connections(),
+        )
+    }
+
     pub fn is_pinned(&self) -> bool {
         self.pinned
     }
@@ -567,6 +604,7 @@ impl Db {
     /// A transaction; pinned, it first clears the server session's
     /// leftover prepared statements (`PINNED_BEGIN`).
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let _wait = ACQUIRE_WAIT.start_timer();
         if self.pinned {
             self.pool.begin_with(PINNED_BEGIN).await
         } else {
@@ -582,6 +620,7 @@ impl Db {
         if self.pinned {
             Ok(Conn::Pinned(self.begin().await?))
         } else {
+            let _wait = ACQUIRE_WAIT.start_timer();
             Ok(Conn::Direct(
                 self.pool.acquire().await.map_err(connection_trouble)?,
             ))

@@ -143,6 +143,7 @@ impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
         // F2: a read-only server closes the pool's older connections.
         db::note_read_only(e.as_ref());
+        crate::metrics::count_db_error(e.as_ref());
         if db::is_unavailable(e.as_ref()) {
             ApiError::Unavailable(e)
         } else if let Some(problem) = db::bad_value(e.as_ref()) {
@@ -190,7 +191,10 @@ impl ResponseError for ApiError {
                 body.extend(extra.clone());
                 retry = *retry_after;
             }
-            ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => retry = Some(1),
+            ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => {
+                crate::metrics::count_unavailable(self.code());
+                retry = Some(1)
+            }
             _ => {}
         }
         let mut resp = HttpResponse::build(self.status_code());

@@ -1,12 +1,15 @@
 //! Prometheus metrics, served at `/metrics`.
 
 use std::collections::HashSet;
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::db::Db;
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// Every metric this process exports. Cloning shares the same counters.
 #[derive(Clone)]
@@ -26,6 +29,11 @@ pub struct Metrics {
     /// and profile labels are bounded by `refusal_labels`.
     pub reservations_refused: IntCounterVec,
     pub refusal_labels: std::sync::Arc<RefusalLabels>,
+    pub http: Http,
+    pub db_state: DbState,
+    process: Process,
+    /// The configured sweep period, so that rules can say "3 periods".
+    pub sweep_period: Gauge,
 }
 
 impl Metrics {
@@ -78,8 +86,64 @@ impl Metrics {
             ),
             reservations_refused,
             refusal_labels: Default::default(),
+            http: Http::new(),
+            db_state: DbState::new(),
+            process: Process::new(),
+            sweep_period: Gauge::new(
+                "poolkeeper_sweep_period_seconds",
+                "The sweep period this replica is configured with (POOLKEEPER_SWEEP_PERIOD)",
+            )
+            .expect("static metric definition"),
             registry,
         };
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "poolkeeper_build_info",
+                "Always 1; the labels say which build runs",
+            ),
+            &["version", "git_commit"],
+        )
+        .expect("static metric definition");
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION"), GIT_COMMIT])
+            .set(1);
+        let collectors: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(build_info),
+            Box::new(m.http.duration.clone()),
+            Box::new(m.http.in_flight.clone()),
+            Box::new(m.db_state.machines.clone()),
+            Box::new(m.db_state.holds_expiring_soon.clone()),
+            Box::new(m.db_state.holds_overdue.clone()),
+            Box::new(m.db_state.webhooks_pending.clone()),
+            Box::new(m.db_state.webhooks_oldest_pending.clone()),
+            Box::new(m.db_state.sweep_age.clone()),
+            Box::new(m.db_state.lease_holders.clone()),
+            Box::new(m.db_state.pool_connections.clone()),
+            Box::new(m.db_state.scrape_errors.clone()),
+            Box::new(m.sweep_period.clone()),
+            Box::new(m.process.cpu.clone()),
+            Box::new(m.process.resident.clone()),
+            Box::new(m.process.virtual_memory.clone()),
+            Box::new(m.process.open_fds.clone()),
+            Box::new(m.process.start_time.clone()),
+            Box::new(m.process.threads.clone()),
+            Box::new(GLOBAL.http_unavailable.clone()),
+            Box::new(GLOBAL.db_errors.clone()),
+            Box::new(crate::db::READ_ONLY_SEEN_TOTAL.clone()),
+            Box::new(crate::db::ACQUIRE_WAIT.clone()),
+            Box::new(GLOBAL.webhook_deliveries.clone()),
+            Box::new(GLOBAL.webhook_attempt.clone()),
+        ];
+        for c in collectors {
+            m.registry.register(c).expect("metric registered once");
+        }
+        // Present at 0 from the start, so that a rate over them is defined.
+        for code in ["unavailable", "outcome_unknown"] {
+            GLOBAL.http_unavailable.with_label_values(&[code]);
+        }
+        for outcome in ["delivered", "failed"] {
+            GLOBAL.webhook_deliveries.with_label_values(&[outcome]);
+        }
         for c in [
             &m.sweeps_run,
             &m.lease_acquired,
@@ -104,6 +168,14 @@ impl Metrics {
             .register(Box::new(m.reservations_refused.clone()))
             .expect("metric registered once");
         m
+    }
+
+    /// Refreshes what is read at scrape time (the database's numbers, at
+    /// most once per `DB_STATE_MAX_AGE`; the process's), then renders.
+    pub async fn scrape(&self, pool: &Db, machines: &MachinesSql) -> String {
+        self.db_state.refresh(pool, machines).await;
+        self.process.refresh();
+        self.render()
     }
 
     /// The text exposition format.
@@ -218,3 +290,433 @@ impl Drop for ClearOnDrop<'_> {
         self.0.store(false, Ordering::Release);
     }
 }
+
+// ---------------------------------------------------------------------------
+// Process-wide series: counted where no `Metrics` is at hand (the error
+// boundary, the pool's connect hook), registered in every registry.
+// ---------------------------------------------------------------------------
+
+/// The series counted from code that has no `Metrics` to hand.
+pub struct Global {
+    pub http_unavailable: IntCounterVec,
+    pub db_errors: IntCounterVec,
+    pub webhook_deliveries: IntCounterVec,
+    pub webhook_attempt: Histogram,
+}
+
+pub static GLOBAL: LazyLock<Global> = LazyLock::new(|| {
+    Global {
+    http_unavailable: IntCounterVec::new(
+        Opts::new(
+            "poolkeeper_http_unavailable_total",
+            "503 answers of the API by error code (unavailable: the database cannot answer; outcome_unknown: the connection was lost during a write, F3)",
+        ),
+        &["code"],
+    )
+    .expect("static metric definition"),
+    db_errors: IntCounterVec::new(
+        Opts::new(
+            "poolkeeper_db_errors_total",
+            "Statement errors the API met, by SQLSTATE class (the code's first two characters; none: not a server error)",
+        ),
+        &["class"],
+    )
+    .expect("static metric definition"),
+    webhook_deliveries: IntCounterVec::new(
+        Opts::new(
+            "poolkeeper_webhook_deliveries_total",
+            "Webhook deliveries this replica finished: delivered (a 2xx) or failed (retries ran out)",
+        ),
+        &["outcome"],
+    )
+    .expect("static metric definition"),
+    webhook_attempt: Histogram::with_opts(
+        HistogramOpts::new(
+            "poolkeeper_webhook_attempt_duration_seconds",
+            "Duration of one webhook POST, whatever its answer",
+        )
+        .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+    )
+    .expect("static metric definition"),
+}
+});
+
+/// Counts a delivery that reached a final state.
+pub fn count_webhook_delivery(state: &str) {
+    if matches!(state, "delivered" | "failed") {
+        GLOBAL.webhook_deliveries.with_label_values(&[state]).inc();
+    }
+}
+
+/// Counts a 503 by its code.
+pub fn count_unavailable(code: &str) {
+    GLOBAL.http_unavailable.with_label_values(&[code]).inc();
+}
+
+/// Counts a statement error by SQLSTATE class, from anywhere in the chain.
+pub fn count_db_error(err: &(dyn std::error::Error + 'static)) {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
+            let class: String = db
+                .code()
+                .map(|c| c.chars().take(2).collect())
+                .unwrap_or_default();
+            // A class is two characters of [0-9A-Z]; anything else is not
+            // a label we let grow.
+            let class = if class.len() == 2 && class.chars().all(|c| c.is_ascii_alphanumeric()) {
+                class
+            } else {
+                "none".to_owned()
+            };
+            GLOBAL.db_errors.with_label_values(&[class.as_str()]).inc();
+            return;
+        }
+        cur = e.source();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+// ---------------------------------------------------------------------------
+
+/// Request series, observed by the middleware of `startup`.
+#[derive(Clone)]
+pub struct Http {
+    pub duration: HistogramVec,
+    pub in_flight: IntGauge,
+}
+
+impl Http {
+    fn new() -> Http {
+        Http {
+            duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "poolkeeper_http_request_duration_seconds",
+                    "HTTP requests by route template (unmatched: no route), method and status class; _count is the request count",
+                )
+                .buckets(vec![
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ]),
+                &["route", "method", "status"],
+            )
+            .expect("static metric definition"),
+            in_flight: IntGauge::new(
+                "poolkeeper_http_requests_in_flight",
+                "HTTP requests being handled now",
+            )
+            .expect("static metric definition"),
+        }
+    }
+
+    /// Records one request; `route` is the matched template, never the path.
+    pub fn observe(&self, route: Option<&str>, method: &str, status: u16, seconds: f64) {
+        let method = match method {
+            "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS" => method,
+            _ => "other",
+        };
+        let class = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.duration
+            .with_label_values(&[route.unwrap_or("unmatched"), method, class])
+            .observe(seconds);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What the database says, read at scrape time and cached
+// ---------------------------------------------------------------------------
+
+/// How long the database's numbers are reused: a scrape more often than
+/// this (several Prometheus servers, a person with curl) costs no query.
+pub const DB_STATE_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// At most this many (site, profile) pairs get their own labels; the rest
+/// are summed under `other`, as refusal labels are bounded.
+pub const MAX_POOL_PAIRS: usize = 200;
+
+/// Holds expiring within this are "expiring soon".
+pub const EXPIRING_SOON: Duration = Duration::from_secs(120);
+
+/// The statement counting machines by (site, profile, pool state), and
+/// every pool state (each pair shows all of them, 0 included). Given by
+/// the caller: the pool states are the inventory's rule, above this module.
+pub struct MachinesSql {
+    pub sql: String,
+    pub states: Vec<&'static str>,
+}
+
+/// Series read from the database (any replica reports the same numbers).
+#[derive(Clone)]
+pub struct DbState {
+    pub machines: IntGaugeVec,
+    pub holds_expiring_soon: IntGauge,
+    pub holds_overdue: IntGauge,
+    pub webhooks_pending: IntGauge,
+    pub webhooks_oldest_pending: Gauge,
+    pub sweep_age: Gauge,
+    pub lease_holders: IntGaugeVec,
+    pub pool_connections: IntGaugeVec,
+    pub scrape_errors: IntCounter,
+    read_at: std::sync::Arc<tokio::sync::Mutex<Option<Instant>>>,
+}
+
+impl DbState {
+    fn new() -> DbState {
+        let g =
+            |name: &str, help: &str| IntGauge::new(name, help).expect("static metric definition");
+        DbState {
+            machines: IntGaugeVec::new(
+                Opts::new(
+                    "poolkeeper_machines",
+                    "Machines by site, profile and pool state (sellable, held, sold, not_ready), as the overview counts them; every organization's",
+                ),
+                &["site", "profile", "state"],
+            )
+            .expect("static metric definition"),
+            holds_expiring_soon: g(
+                "poolkeeper_holds_expiring_soon",
+                "Held reservations whose hold ends within 2 minutes (database clock)",
+            ),
+            holds_overdue: g(
+                "poolkeeper_holds_overdue",
+                "Held reservations past their expiry that no sweep has marked expired yet",
+            ),
+            webhooks_pending: g(
+                "poolkeeper_webhook_deliveries_pending",
+                "Webhook deliveries waiting to be sent or retried",
+            ),
+            webhooks_oldest_pending: Gauge::new(
+                "poolkeeper_webhook_oldest_pending_age_seconds",
+                "Age of the oldest pending webhook delivery (0: none pending)",
+            )
+            .expect("static metric definition"),
+            sweep_age: Gauge::new(
+                "poolkeeper_sweep_last_success_age_seconds",
+                "Seconds since any replica last finished a sweep, by the database clock (+Inf: never)",
+            )
+            .expect("static metric definition"),
+            lease_holders: IntGaugeVec::new(
+                Opts::new(
+                    "poolkeeper_lease_holders",
+                    "Unexpired leases by key, by the database clock (0: nobody holds it)",
+                ),
+                &["key"],
+            )
+            .expect("static metric definition"),
+            pool_connections: IntGaugeVec::new(
+                Opts::new(
+                    "poolkeeper_db_pool_connections",
+                    "The API's database connections: in_use, idle, and max (the pool's size limit)",
+                ),
+                &["state"],
+            )
+            .expect("static metric definition"),
+            scrape_errors: IntCounter::new(
+                "poolkeeper_metrics_db_errors_total",
+                "Scrapes whose database numbers could not be read (the previous numbers are served)",
+            )
+            .expect("static metric definition"),
+            read_at: Default::default(),
+        }
+    }
+
+    /// Reads the database's numbers unless read within `DB_STATE_MAX_AGE`.
+    /// One reader at a time: a concurrent scrape serves what is there.
+    pub async fn refresh(&self, pool: &Db, machines: &MachinesSql) {
+        let (size, idle, max) = pool.pool_sizes();
+        self.pool_connections
+            .with_label_values(&["in_use"])
+            .set(i64::from(size.saturating_sub(idle)));
+        self.pool_connections
+            .with_label_values(&["idle"])
+            .set(i64::from(idle));
+        self.pool_connections
+            .with_label_values(&["max"])
+            .set(i64::from(max));
+        let Ok(mut read_at) = self.read_at.try_lock() else {
+            return;
+        };
+        if read_at.is_some_and(|at| at.elapsed() < DB_STATE_MAX_AGE) {
+            return;
+        }
+        match tokio::time::timeout(Duration::from_secs(5), self.read(pool, machines)).await {
+            Ok(Ok(())) => *read_at = Some(Instant::now()),
+            Ok(Err(e)) => {
+                self.scrape_errors.inc();
+                tracing::warn!(error = %e, "could not read the database's numbers for /metrics");
+            }
+            Err(_) => {
+                self.scrape_errors.inc();
+                tracing::warn!("reading the database's numbers for /metrics timed out");
+            }
+        }
+    }
+
+    async fn read(&self, pool: &Db, machines: &MachinesSql) -> Result<(), sqlx::Error> {
+        let rows: Vec<(String, String, String, i64)> =
+            sqlx::query_as(sqlx::AssertSqlSafe(machines.sql.clone()))
+                .fetch_all(pool)
+                .await?;
+        let (holds_soon, holds_overdue, pending, oldest, sweep_age): (i64, i64, i64, f64, Option<f64>) =
+            sqlx::query_as(
+                "SELECT (SELECT count(*) FROM reservations WHERE state = 'held'
+                           AND expires_at >= now() AND expires_at < now() + make_interval(secs => $1)),
+                        (SELECT count(*) FROM reservations WHERE state = 'held' AND expires_at < now()),
+                        (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'),
+                        coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8
+                                    FROM webhook_deliveries WHERE state = 'pending'), 0),
+                        (SELECT extract(epoch FROM now() - max(finished_at))::float8 FROM sweep_runs)",
+            )
+            .bind(EXPIRING_SOON.as_secs_f64())
+            .fetch_one(pool)
+            .await?;
+        let leases: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT k.key, count(l.key)
+               FROM (VALUES ('sweep'), ('webhooks')) k (key)
+               LEFT JOIN leases l ON l.key = k.key AND l.expires_at > now()
+              GROUP BY k.key",
+        )
+        .fetch_all(pool)
+        .await?;
+
+        // Bounded: the largest pairs by machines keep their labels.
+        let mut totals: std::collections::HashMap<(String, String), i64> = Default::default();
+        for (site, profile, _, n) in &rows {
+            *totals.entry((site.clone(), profile.clone())).or_default() += n;
+        }
+        let mut pairs: Vec<_> = totals.into_iter().collect();
+        pairs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let kept: HashSet<(String, String)> = pairs
+            .into_iter()
+            .take(MAX_POOL_PAIRS)
+            .map(|(k, _)| k)
+            .collect();
+        let mut counts: std::collections::HashMap<(String, String, String), i64> =
+            Default::default();
+        for (site, profile, _, _) in &rows {
+            let key = if kept.contains(&(site.clone(), profile.clone())) {
+                (site.clone(), profile.clone())
+            } else {
+                (OTHER.to_owned(), OTHER.to_owned())
+            };
+            for st in &machines.states {
+                counts
+                    .entry((key.0.clone(), key.1.clone(), (*st).to_owned()))
+                    .or_default();
+            }
+        }
+        for (site, profile, state, n) in rows {
+            let key = if kept.contains(&(site.clone(), profile.clone())) {
+                (site, profile)
+            } else {
+                (OTHER.to_owned(), OTHER.to_owned())
+            };
+            *counts.entry((key.0, key.1, state)).or_default() += n;
+        }
+        // Pairs gone from the inventory disappear rather than stay stale.
+        self.machines.reset();
+        for ((site, profile, state), n) in counts {
+            self.machines
+                .with_label_values(&[&site, &profile, &state])
+                .set(n);
+        }
+        self.holds_expiring_soon.set(holds_soon);
+        self.holds_overdue.set(holds_overdue);
+        self.webhooks_pending.set(pending);
+        self.webhooks_oldest_pending.set(oldest);
+        self.sweep_age.set(sweep_age.unwrap_or(f64::INFINITY));
+        for (key, n) in leases {
+            self.lease_holders.with_label_values(&[&key]).set(n);
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Build and process
+// ---------------------------------------------------------------------------
+
+/// The commit the binary was built from (build.rs; `unknown` outside git).
+pub const GIT_COMMIT: &str = match option_env!("POOLKEEPER_GIT_COMMIT") {
+    Some(c) => c,
+    None => "unknown",
+};
+
+/// Process series read from /proc at scrape time (Linux; absent elsewhere).
+#[derive(Clone)]
+pub struct Process {
+    cpu: prometheus::Counter,
+    resident: IntGauge,
+    virtual_memory: IntGauge,
+    open_fds: IntGauge,
+    start_time: Gauge,
+    threads: IntGauge,
+}
+
+impl Process {
+    fn new() -> Process {
+        let g =
+            |name: &str, help: &str| IntGauge::new(name, help).expect("static metric definition");
+        let p = Process {
+            cpu: prometheus::Counter::new(
+                "process_cpu_seconds_total",
+                "Total user and system CPU time spent in seconds",
+            )
+            .expect("static metric definition"),
+            resident: g(
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+            ),
+            virtual_memory: g(
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+            ),
+            open_fds: g("process_open_fds", "Number of open file descriptors"),
+            start_time: Gauge::new(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds",
+            )
+            .expect("static metric definition"),
+            threads: g("process_threads", "Number of OS threads in the process"),
+        };
+        if let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            p.start_time
+                .set(now.as_secs_f64() - PROCESS_START.elapsed().as_secs_f64());
+        }
+        p
+    }
+
+    fn refresh(&self) {
+        // /proc/self/stat: fields after the command's closing parenthesis;
+        // utime and stime are the 12th and 13th of them, in clock ticks
+        // (100 per second on Linux), num_threads the 18th, vsize the 21st
+        // and rss (pages) the 22nd.
+        let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+            return;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            return;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let cpu = (num(11) + num(12)) as f64 / 100.0;
+        let delta = cpu - self.cpu.get();
+        if delta > 0.0 {
+            self.cpu.inc_by(delta);
+        }
+        self.threads.set(num(17) as i64);
+        self.virtual_memory.set(num(20) as i64);
+        self.resident.set(num(21) as i64 * 4096);
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            self.open_fds.set(dir.count() as i64);
+        }
+    }
+}
+
+static PROCESS_START: LazyLock<Instant> = LazyLock::new(Instant::now);

@@ -85,10 +85,43 @@ async fn readyz(pool: web::Data<Db>, readiness: web::Data<Readiness>) -> HttpRes
     }
 }
 
-async fn metrics(metrics: web::Data<Metrics>) -> HttpResponse {
+/// `/metrics`; 404 on the main address when `POOLKEEPER_METRICS_BIND`
+/// gives it an address of its own.
+async fn metrics(
+    metrics: web::Data<Metrics>,
+    pool: web::Data<Db>,
+    settings: web::Data<crate::settings::Settings>,
+    req: actix_web::HttpRequest,
+) -> HttpResponse {
+    if settings.metrics_bind.is_some() && req.app_data::<MetricsListener>().is_none() {
+        return HttpResponse::NotFound()
+            .content_type("text/plain; charset=utf-8")
+            .body("not found\n");
+    }
+    metrics_text(&metrics, &pool).await
+}
+
+/// Marks the application of the metrics-only listener.
+#[derive(Clone, Copy)]
+pub struct MetricsListener;
+
+pub async fn metrics_text(metrics: &Metrics, pool: &Db) -> HttpResponse {
+    let machines = crate::metrics::MachinesSql {
+        sql: format!(
+            "SELECT m.site, m.profile, {state} AS state, count(*)
+               FROM machines m {joins}
+              GROUP BY 1, 2, 3",
+            state = crate::inventory::pool_state_sql(),
+            joins = crate::inventory::POOL_STATE_JOINS,
+        ),
+        states: crate::inventory::PoolState::ALL
+            .iter()
+            .map(|s| s.as_str())
+            .collect(),
+    };
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(metrics.render())
+        .body(metrics.scrape(pool, &machines).await)
 }
 
 /// The OpenAPI document of the JSON API, kept beside the handlers it

@@ -10,6 +10,10 @@ pub struct Settings {
     pub database_url: Option<String>,
     /// `POOLKEEPER_BIND`.
     pub bind: SocketAddr,
+    /// `POOLKEEPER_METRICS_BIND`: when set, `/metrics` is served on this
+    /// address only, and the main address answers it 404 (the pool's sites
+    /// and profiles are not published to whoever reaches the API).
+    pub metrics_bind: Option<SocketAddr>,
     /// `POOLKEEPER_DATACENTER_MODULE`: the deployment switch of R12.
     pub datacenter_module: bool,
     /// `POOLKEEPER_HOLD_SECONDS`: default reservation lifetime (R11).
@@ -111,6 +115,7 @@ impl Settings {
         Settings {
             database_url: None,
             bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            metrics_bind: None,
             datacenter_module: false,
             hold_seconds: 900,
             hold_max_seconds: 3600,
@@ -151,6 +156,13 @@ impl Settings {
                 value: v.clone(),
                 expected: "an address and port such as 127.0.0.1:8080",
             })?;
+        }
+        if let Some(v) = get("POOLKEEPER_METRICS_BIND") {
+            s.metrics_bind = Some(v.parse().map_err(|_| SettingsError {
+                name: "POOLKEEPER_METRICS_BIND",
+                value: v.clone(),
+                expected: "an address and port such as 127.0.0.1:9090",
+            })?);
         }
         if let Some(v) = get("POOLKEEPER_DATACENTER_MODULE") {
             s.datacenter_module = parse_switch("POOLKEEPER_DATACENTER_MODULE", &v)?;

@@ -13,6 +13,8 @@ use crate::settings::Settings;
 pub struct Application {
     port: u16,
     server: Server,
+    /// `/metrics` alone, on `POOLKEEPER_METRICS_BIND`.
+    metrics_server: Option<(u16, Server)>,
 }
 
 /// Shared state every handler can extract.
@@ -27,6 +29,9 @@ pub struct AppState {
 
 impl AppState {
     pub fn new(settings: Settings, pool: Db, metrics: Metrics) -> AppState {
+        metrics
+            .sweep_period
+            .set(settings.sweep_period.as_secs_f64());
         AppState {
             settings: web::Data::new(settings),
             pool: web::Data::new(pool),
@@ -56,16 +61,59 @@ impl Application {
     pub fn build(state: AppState) -> anyhow::Result<Application> {
         let listener = TcpListener::bind(state.settings.bind)?;
         let port = listener.local_addr()?.port();
+        let metrics_server = match state.settings.metrics_bind {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr)?;
+                let port = listener.local_addr()?.port();
+                let (metrics, pool) = (state.metrics.clone(), state.pool.clone());
+                let server = HttpServer::new(move || {
+                    App::new()
+                        .app_data(web::Data::new(crate::ops::MetricsListener))
+                        .app_data(metrics.clone())
+                        .app_data(pool.clone())
+                        .route(
+                            "/metrics",
+                            web::get().to(|m: web::Data<Metrics>, p: web::Data<Db>| async move {
+                                crate::ops::metrics_text(&m, &p).await
+                            }),
+                        )
+                })
+                .disable_signals()
+                .workers(1)
+                .listen(listener)?
+                .run();
+                Some((port, server))
+            }
+            None => None,
+        };
         let server = HttpServer::new(move || {
             let readiness = state.readiness.clone();
+            let http = state.metrics.http.clone();
             App::new()
                 // Requests in flight, so that `serve` stops the workers only
-                // when none is left (serve.rs says why).
+                // when none is left (serve.rs says why); and the request
+                // series, by route template (never the raw path).
                 .wrap_fn(move |req, srv| {
                     let guard = crate::ops::Readiness::enter(&readiness);
+                    let started = std::time::Instant::now();
+                    let method = req.method().as_str().to_owned();
+                    let route = req.match_pattern();
+                    http.in_flight.inc();
                     let fut = srv.call(req);
+                    let http = http.clone();
                     async move {
                         let res = fut.await;
+                        http.in_flight.dec();
+                        let status = match &res {
+                            Ok(r) => r.status().as_u16(),
+                            Err(e) => e.as_response_error().status_code().as_u16(),
+                        };
+                        http.observe(
+                            route.as_deref(),
+                            &method,
+                            status,
+                            started.elapsed().as_secs_f64(),
+                        );
                         drop(guard);
                         res
                     }
@@ -81,18 +129,37 @@ impl Application {
         .shutdown_timeout(10)
         .listen(listener)?
         .run();
-        Ok(Application { port, server })
+        Ok(Application {
+            port,
+            server,
+            metrics_server,
+        })
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
+    /// The port of the metrics-only listener, when there is one.
+    pub fn metrics_port(&self) -> Option<u16> {
+        self.metrics_server.as_ref().map(|(p, _)| *p)
+    }
+
     pub fn handle(&self) -> ServerHandle {
         self.server.handle()
     }
 
+    /// Runs until the main server stops; the metrics listener stops then.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let metrics = self.metrics_server.map(|(_, server)| {
+            let handle = server.handle();
+            (handle, tokio::spawn(server))
+        });
+        let result = self.server.await;
+        if let Some((handle, task)) = metrics {
+            handle.stop(true).await;
+            let _ = task.await;
+        }
+        result
     }
 }

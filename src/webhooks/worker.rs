@@ -198,6 +198,9 @@ impl Worker {
             return;
         };
         self.in_flight.remove(&done.id);
+        if let Ok(Some(state)) = &done.outcome {
+            crate::metrics::count_webhook_delivery(state);
+        }
         match done.outcome {
             Ok(Some(state)) if state == "failed" => tracing::warn!(
                 delivery = done.id,
@@ -276,7 +279,9 @@ impl Worker {
         let replica = self.config.replica.clone();
         let config = self.config.clone();
         self.tasks.spawn(async move {
+            let timer = crate::metrics::GLOBAL.webhook_attempt.start_timer();
             let attempt = post(&http, &d, config.allow_private).await;
+            timer.observe_duration();
             let retry_in = backoff(config.backoff_base, d.attempts.max(0) as u32 + 1);
             if let Some(error) = &attempt.error {
                 tracing::info!(delivery = d.id, event = d.event_id, error = %error, "webhook attempt failed");

@@ -1,6 +1,7 @@
 //! One integration binary: every test gets its own freshly migrated database
 //! on one private PostgreSQL per run (see helpers.rs).
 
+mod alerting;
 mod allocator;
 mod bad_input;
 mod browser;
