@@ -17,7 +17,8 @@ use crate::settings::{DbPooler, Settings};
 #[command(
     name = "poolkeeper",
     version,
-    about = "Reserves dedicated machines for orders; a dashboard over the pool"
+    about = "Reserves dedicated machines for orders; a dashboard over the pool",
+    after_help = crate::settings::help_text()
 )]
 struct Cli {
     #[command(subcommand)]
@@ -27,6 +28,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run migrations, then serve the dashboard, the API and the sweep.
+    #[command(after_help = crate::settings::help_text())]
     Serve,
     /// Run migrations and exit.
     Migrate,

@@ -145,142 +145,14 @@ impl Settings {
     }
 
     /// Reads settings through `lookup`, so that tests need not touch the
-    /// process environment.
+    /// process environment: each of `VARIABLES`, in order, then the checks
+    /// that span several.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Settings, SettingsError> {
         let mut s = Settings::defaults();
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        s.database_url = get("DATABASE_URL");
-        if let Some(v) = get("POOLKEEPER_BIND") {
-            s.bind = v.parse().map_err(|_| SettingsError {
-                name: "POOLKEEPER_BIND",
-                value: v.clone(),
-                expected: "an address and port such as 127.0.0.1:8080",
-            })?;
-        }
-        if let Some(v) = get("POOLKEEPER_METRICS_BIND") {
-            s.metrics_bind = Some(v.parse().map_err(|_| SettingsError {
-                name: "POOLKEEPER_METRICS_BIND",
-                value: v.clone(),
-                expected: "an address and port such as 127.0.0.1:9090",
-            })?);
-        }
-        if let Some(v) = get("POOLKEEPER_DATACENTER_MODULE") {
-            s.datacenter_module = parse_switch("POOLKEEPER_DATACENTER_MODULE", &v)?;
-        }
-        if let Some(v) = get("POOLKEEPER_SECURE_COOKIES") {
-            s.secure_cookies = parse_switch("POOLKEEPER_SECURE_COOKIES", &v)?;
-        }
-        if let Some(v) = get("POOLKEEPER_HOLD_SECONDS") {
-            s.hold_seconds = parse_seconds("POOLKEEPER_HOLD_SECONDS", &v, 1, 86_400)? as u32;
-        }
-        if let Some(v) = get("POOLKEEPER_HOLD_MAX_SECONDS") {
-            s.hold_max_seconds =
-                parse_seconds("POOLKEEPER_HOLD_MAX_SECONDS", &v, 1, 604_800)? as u32;
-        }
-        if let Some(v) = get("POOLKEEPER_SWEEP_SECONDS") {
-            s.sweep_period =
-                Duration::from_secs(parse_seconds("POOLKEEPER_SWEEP_SECONDS", &v, 1, 86_400)?);
-        }
-        s.lease_duration = (s.sweep_period * 3).max(Duration::from_secs(5));
-        if let Some(v) = get("POOLKEEPER_LEASE_SECONDS") {
-            s.lease_duration =
-                Duration::from_secs(parse_seconds("POOLKEEPER_LEASE_SECONDS", &v, 1, 86_400)?);
-        }
-        if let Some(v) = get("POOLKEEPER_SESSION_IDLE_SECONDS") {
-            s.session_idle = Duration::from_secs(parse_seconds(
-                "POOLKEEPER_SESSION_IDLE_SECONDS",
-                &v,
-                1,
-                86_400,
-            )?);
-        }
-        if let Some(v) = get("POOLKEEPER_SESSION_MAX_SECONDS") {
-            s.session_max = Duration::from_secs(parse_seconds(
-                "POOLKEEPER_SESSION_MAX_SECONDS",
-                &v,
-                1,
-                7 * 86_400,
-            )?);
-        }
-        if let Some(v) = get("POOLKEEPER_DB_ACQUIRE_SECONDS") {
-            s.db_acquire_timeout =
-                Duration::from_secs(parse_seconds("POOLKEEPER_DB_ACQUIRE_SECONDS", &v, 1, 60)?);
-        }
-        if let Some(v) = get("POOLKEEPER_DB_POOLER") {
-            s.db_pooler = match v.trim().to_ascii_lowercase().as_str() {
-                "transaction" => DbPooler::Transaction,
-                "session" => DbPooler::Session,
-                "none" | "off" => DbPooler::None,
-                _ => {
-                    return Err(SettingsError {
-                        name: "POOLKEEPER_DB_POOLER",
-                        value: v.clone(),
-                        expected: "none, session or transaction",
-                    });
-                }
-            };
-        }
-        if let Some(v) = get("POOLKEEPER_DB_STATEMENT_CACHE") {
-            s.db_statement_cache = parse_switch("POOLKEEPER_DB_STATEMENT_CACHE", &v)?;
-        }
-        s.migration_database_url = get("POOLKEEPER_MIGRATION_DATABASE_URL");
-        if let Some(v) = get("POOLKEEPER_SHUTDOWN_DRAIN_SECONDS") {
-            s.shutdown_drain = Duration::from_secs(parse_seconds(
-                "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS",
-                &v,
-                0,
-                300,
-            )?);
-        }
-        if let Some(v) = get("POOLKEEPER_REFUSAL_RETENTION_DAYS") {
-            s.refusal_retention_days = v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=3650).contains(n))
-                .ok_or(SettingsError {
-                    name: "POOLKEEPER_REFUSAL_RETENTION_DAYS",
-                    value: v.clone(),
-                    expected: "a whole number of days from 1 to 3650",
-                })?;
-        }
-        if let Some(v) = get("POOLKEEPER_WEBHOOK_ALLOW_PRIVATE") {
-            s.webhook_allow_private = parse_switch("POOLKEEPER_WEBHOOK_ALLOW_PRIVATE", &v)?;
-        }
-        if let Some(v) = get("POOLKEEPER_WEBHOOK_POLL_MS") {
-            s.webhook_poll =
-                Duration::from_millis(parse_number("POOLKEEPER_WEBHOOK_POLL_MS", &v, 10, 60_000)?);
-        }
-        if let Some(v) = get("POOLKEEPER_WEBHOOK_BACKOFF_MS") {
-            s.webhook_backoff_base = Duration::from_millis(parse_number(
-                "POOLKEEPER_WEBHOOK_BACKOFF_MS",
-                &v,
-                1,
-                3_600_000,
-            )?);
-        }
-        if let Some(v) = get("POOLKEEPER_WEBHOOK_LEASE_SECONDS") {
-            s.webhook_lease_duration = Duration::from_secs(parse_seconds(
-                "POOLKEEPER_WEBHOOK_LEASE_SECONDS",
-                &v,
-                1,
-                3_600,
-            )?);
-        }
-        if let Some(v) = get("POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS") {
-            s.webhook_give_up = Duration::from_secs(parse_seconds(
-                "POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS",
-                &v,
-                1,
-                7 * 86_400,
-            )?);
-        }
-        if let Some(v) = get("POOLKEEPER_DB_MAX_CONNECTIONS") {
-            s.db_max_connections =
-                parse_number("POOLKEEPER_DB_MAX_CONNECTIONS", &v, 1, 1000)? as u32;
-        }
-        if let Some(v) = get("POOLKEEPER_REPLICA") {
-            s.replica = v;
+        for var in VARIABLES {
+            if let Some(value) = lookup(var.name).filter(|v| !v.trim().is_empty()) {
+                (var.apply)(&mut s, var.name, value)?;
+            }
         }
         // R14: the cap is on every hold, the default one included.
         if s.hold_seconds > s.hold_max_seconds {
@@ -295,6 +167,310 @@ impl Settings {
         }
         Ok(s)
     }
+}
+
+/// One variable of the configuration, declared once: `from_lookup` reads
+/// it, `poolkeeper --help` lists it (`help_text`), and a test compares the
+/// list with docs/configuration.md.
+pub struct Variable {
+    pub name: &'static str,
+    /// The default, as docs/configuration.md writes it.
+    pub default: &'static str,
+    pub help: &'static str,
+    /// Parses a set value into the settings (`name` for its error).
+    apply: fn(&mut Settings, &'static str, String) -> Result<(), SettingsError>,
+}
+
+/// Read before the settings, by the logger (`telemetry`): listed for the
+/// documentation and `--help`; nothing to parse here.
+fn read_by_the_logger(_: &mut Settings, _: &'static str, _: String) -> Result<(), SettingsError> {
+    Ok(())
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// Every variable, in the order they are read and documented.
+pub const VARIABLES: &[Variable] = &[
+    Variable {
+        name: "DATABASE_URL",
+        default: "unset",
+        help: "PostgreSQL URL; unset, a private PostgreSQL under ./.poolkeeper/pg",
+        apply: |s, _, v| {
+            s.database_url = Some(v);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_BIND",
+        default: "127.0.0.1:8080",
+        help: "address to listen on",
+        apply: |s, name, v| {
+            s.bind = parse_addr(name, &v, "an address and port such as 127.0.0.1:8080")?;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_METRICS_BIND",
+        default: "unset",
+        help: "serve /metrics only on this address",
+        apply: |s, name, v| {
+            s.metrics_bind = Some(parse_addr(
+                name,
+                &v,
+                "an address and port such as 127.0.0.1:9090",
+            )?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_DATACENTER_MODULE",
+        default: "off",
+        help: "the datacenter module's deployment switch (on/off)",
+        apply: |s, name, v| {
+            s.datacenter_module = parse_switch(name, &v)?;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_HOLD_SECONDS",
+        default: "900",
+        help: "default reservation lifetime (1-86400, at most the cap)",
+        apply: |s, name, v| {
+            s.hold_seconds = parse_seconds(name, &v, 1, 86_400)? as u32;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_HOLD_MAX_SECONDS",
+        default: "3600",
+        help: "the cap on a whole hold, from its creation (1-604800)",
+        apply: |s, name, v| {
+            s.hold_max_seconds = parse_seconds(name, &v, 1, 604_800)? as u32;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_SWEEP_SECONDS",
+        default: "60",
+        help: "sweep period (1-86400)",
+        apply: |s, name, v| {
+            s.sweep_period = secs(parse_seconds(name, &v, 1, 86_400)?);
+            // The lease's default follows the period (read after this).
+            s.lease_duration = (s.sweep_period * 3).max(secs(5));
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_LEASE_SECONDS",
+        default: "3 × sweep period, at least 5",
+        help: "how long the sweep lease lasts without a heartbeat (1-86400)",
+        apply: |s, name, v| {
+            s.lease_duration = secs(parse_seconds(name, &v, 1, 86_400)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_REPLICA",
+        default: "hostname + random suffix",
+        help: "this replica's name in lease rows and logs; unique per process",
+        apply: |s, _, v| {
+            s.replica = v;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_SECURE_COOKIES",
+        default: "off",
+        help: "served behind TLS: Secure cookies with the __Host- prefix (on/off)",
+        apply: |s, name, v| {
+            s.secure_cookies = parse_switch(name, &v)?;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_SESSION_IDLE_SECONDS",
+        default: "1800",
+        help: "staff session idle timeout (1-86400)",
+        apply: |s, name, v| {
+            s.session_idle = secs(parse_seconds(name, &v, 1, 86_400)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_SESSION_MAX_SECONDS",
+        default: "43200",
+        help: "staff session absolute lifetime (1-604800)",
+        apply: |s, name, v| {
+            s.session_max = secs(parse_seconds(name, &v, 1, 7 * 86_400)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_DB_MAX_CONNECTIONS",
+        default: "20",
+        help: "the application pool's size (1-1000)",
+        apply: |s, name, v| {
+            s.db_max_connections = parse_number(name, &v, 1, 1000)? as u32;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_DB_ACQUIRE_SECONDS",
+        default: "2",
+        help: "how long a request waits for a connection before 503 (1-60)",
+        apply: |s, name, v| {
+            s.db_acquire_timeout = secs(parse_seconds(name, &v, 1, 60)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_DB_POOLER",
+        default: "none",
+        help: "none, session or transaction: what is between poolkeeper and PostgreSQL",
+        apply: |s, name, v| {
+            s.db_pooler = match v.trim().to_ascii_lowercase().as_str() {
+                "transaction" => DbPooler::Transaction,
+                "session" => DbPooler::Session,
+                "none" | "off" => DbPooler::None,
+                _ => {
+                    return Err(SettingsError {
+                        name,
+                        value: v,
+                        expected: "none, session or transaction",
+                    });
+                }
+            };
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_DB_STATEMENT_CACHE",
+        default: "on",
+        help: "off behind a transaction pooler that passes prepared statements through",
+        apply: |s, name, v| {
+            s.db_statement_cache = parse_switch(name, &v)?;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_MIGRATION_DATABASE_URL",
+        default: "unset (DATABASE_URL)",
+        help: "a direct URL as the owner role, for migrations and definitions",
+        apply: |s, _, v| {
+            s.migration_database_url = Some(v);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS",
+        default: "5",
+        help: "after SIGTERM, /readyz answers 503 this long before the listener closes (0-300)",
+        apply: |s, name, v| {
+            s.shutdown_drain = secs(parse_seconds(name, &v, 0, 300)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_REFUSAL_RETENTION_DAYS",
+        default: "90",
+        help: "how long refused reserves are kept (1-3650 days)",
+        apply: |s, name, v| {
+            s.refusal_retention_days = v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=3650).contains(n))
+                .ok_or(SettingsError {
+                    name,
+                    value: v.clone(),
+                    expected: "a whole number of days from 1 to 3650",
+                })?;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_WEBHOOK_ALLOW_PRIVATE",
+        default: "off",
+        help: "let webhook URLs reach loopback and private addresses (on/off)",
+        apply: |s, name, v| {
+            s.webhook_allow_private = parse_switch(name, &v)?;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_WEBHOOK_POLL_MS",
+        default: "1000",
+        help: "how often the delivery worker looks for due deliveries (10-60000)",
+        apply: |s, name, v| {
+            s.webhook_poll = Duration::from_millis(parse_number(name, &v, 10, 60_000)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_WEBHOOK_BACKOFF_MS",
+        default: "10000",
+        help: "delay before a failed delivery's first retry (1-3600000)",
+        apply: |s, name, v| {
+            s.webhook_backoff_base = Duration::from_millis(parse_number(name, &v, 1, 3_600_000)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_WEBHOOK_LEASE_SECONDS",
+        default: "30",
+        help: "the delivery worker's lease (1-3600)",
+        apply: |s, name, v| {
+            s.webhook_lease_duration = secs(parse_seconds(name, &v, 1, 3_600)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS",
+        default: "86400",
+        help: "retries of a delivery stop this long after its event (1-604800)",
+        apply: |s, name, v| {
+            s.webhook_give_up = secs(parse_seconds(name, &v, 1, 7 * 86_400)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "RUST_LOG",
+        default: "info",
+        help: "log filter",
+        apply: read_by_the_logger,
+    },
+    Variable {
+        name: "POOLKEEPER_LOG_FORMAT",
+        default: "text",
+        help: "json for one JSON object per log line",
+        apply: read_by_the_logger,
+    },
+];
+
+/// The variables for `--help`: one line each, with the default.
+pub fn help_text() -> String {
+    let mut out = String::from("Configuration (environment; a .env file may add to it):\n");
+    for v in VARIABLES {
+        out.push_str(&format!(
+            "  {:<36} {} [default: {}]\n",
+            v.name, v.help, v.default
+        ));
+    }
+    out
+}
+
+fn parse_addr(
+    name: &'static str,
+    value: &str,
+    expected: &'static str,
+) -> Result<SocketAddr, SettingsError> {
+    value.trim().parse().map_err(|_| SettingsError {
+        name,
+        value: value.to_owned(),
+        expected,
+    })
 }
 
 fn parse_switch(name: &'static str, value: &str) -> Result<bool, SettingsError> {
