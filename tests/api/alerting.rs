@@ -32,13 +32,11 @@ fn tool(name: &str) -> Option<PathBuf> {
 
 fn needs_prometheus(name: &str) -> Option<PathBuf> {
     let found = tool(name);
-    if !crate::helpers::needs(
+    crate::helpers::needs(
         "prometheus",
         found.is_some(),
         "apt-get install -y --no-install-recommends prometheus",
-    ) {
-        return None;
-    }
+    );
     found
 }
 

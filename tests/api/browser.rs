@@ -34,10 +34,9 @@ fn find_program(names: &[&str]) -> Option<PathBuf> {
     None
 }
 
-/// Whether the browser tests run: chromedriver, Chromium and axe-core
-/// present, or the test fails naming the install (`helpers::needs`), unless
-/// `POOLKEEPER_TEST_SKIP=browser`.
-fn browser_available() -> bool {
+/// chromedriver, Chromium and axe-core present, or the test fails naming
+/// the install (`helpers::needs`).
+fn require_browser() {
     let present = find_program(&["chromedriver"]).is_some()
         && find_program(&["chromium", "chromium-browser", "google-chrome"]).is_some()
         && axe_path().is_file();
@@ -357,9 +356,7 @@ fn seconds(text: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_browser_watches_the_countdown_cancels_and_finds_who_did_it() {
-    if !browser_available() {
-        return;
-    }
+    require_browser();
     let app = spawn_app().await;
     app.insert_machine(app.org.id, "PK-001", "par1", "dell", "epyc", "ready")
         .await;
@@ -535,14 +532,14 @@ async fn id_of(app: &crate::helpers::TestApp, order_ref: &str) -> i64 {
 /// page checked by axe-core and at 375 px, with screenshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
-    if !browser_available() {
-        return;
-    }
+    require_browser();
     let app = spawn_app().await;
     poolkeeper::demo::load(&app.pool).await.expect("demo");
     let axe = axe_source();
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
     std::fs::create_dir_all(&shots).expect("screenshots dir");
+    let readme_img = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("docs/img");
+    std::fs::create_dir_all(&readme_img).expect("docs/img");
     let mut problems = Vec::new();
     let d = Driver::start().await;
     d.cmd(
@@ -584,6 +581,9 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         "the story drew bars"
     );
     check_page(&d, &shots, "11-overview", &axe, &mut problems).await;
+    // The README's pictures come from this tour, so that they show the
+    // pages as they are.
+    d.screenshot(&readme_img, "overview.png").await;
 
     // The live list: compact rows, the short holds flagged in words, buttons
     // for support.
@@ -619,6 +619,7 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     );
     assert!(d.text("#live-status").await.contains("Last refreshed at"));
     check_page(&d, &shots, "12-reservations", &axe, &mut problems).await;
+    d.screenshot(&readme_img, "reservations.png").await;
     d.goto(&app.url("/reservations?within=2")).await;
     assert_eq!(d.texts("tr[data-reservation]").await.len(), 2);
     assert_eq!(

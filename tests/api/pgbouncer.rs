@@ -205,10 +205,9 @@ pub async fn set_role_limits(db: &TestDb, role: &str, statement_timeout: &str) {
     }
 }
 
-/// True when the developer opted out (`POOLKEEPER_TEST_SKIP=pgbouncer`);
-/// without PgBouncer and without that, the test fails (`helpers::needs`).
-fn skip() -> bool {
-    !crate::helpers::needs(
+/// Without PgBouncer the test fails, naming its install (`helpers::needs`).
+fn require_pgbouncer() {
+    crate::helpers::needs(
         "pgbouncer",
         pgbouncer_binary().is_some(),
         "apt-get install -y --no-install-recommends pgbouncer",
@@ -222,9 +221,7 @@ fn skip() -> bool {
 /// the cache on, naming the setting.
 #[tokio::test]
 async fn named_statements_collide_through_pgbouncer_1_18_in_transaction_mode() {
-    if skip() {
-        return;
-    }
+    require_pgbouncer();
     let db = crate::helpers::migrated_db().await;
     let bouncer = Bouncer::start(&db, &["postgres"], 1, "transaction").await;
     let opts = poolkeeper::db::for_pooler(bouncer.options("postgres", &db.name));
@@ -302,9 +299,7 @@ async fn named_statements_collide_through_pgbouncer_1_18_in_transaction_mode() {
 /// session it gets). The unpinned failure is the test above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pinned_statements_through_a_shared_server_session_get_their_own_answers() {
-    if skip() {
-        return;
-    }
+    require_pgbouncer();
     let db = crate::helpers::migrated_db().await;
     let bouncer = Bouncer::start(&db, &["postgres"], 2, "transaction").await;
     let opts = poolkeeper::db::for_pooler(bouncer.options("postgres", &db.name));
@@ -382,9 +377,7 @@ async fn pinned_statements_through_a_shared_server_session_get_their_own_answers
 /// answering with other clients' rows.
 #[tokio::test]
 async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_through() {
-    if skip() {
-        return;
-    }
+    require_pgbouncer();
     let db = crate::helpers::migrated_db().await;
     set_role_limits(&db, "postgres", "15s").await;
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "transaction").await;
@@ -409,9 +402,7 @@ async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_throug
 /// naming what to set; it changes nothing.
 #[tokio::test]
 async fn serve_through_the_pooler_alone_refuses_pending_definitions() {
-    if skip() {
-        return;
-    }
+    require_pgbouncer();
     let db = crate::helpers::migrated_db().await;
     set_role_limits(&db, "postgres", "15s").await;
     let admin = db.pool().await;
@@ -445,9 +436,7 @@ async fn serve_through_the_pooler_alone_refuses_pending_definitions() {
 /// them on the role, `serve` refuses to start and names the SQL to run.
 #[tokio::test]
 async fn serve_behind_a_pooler_refuses_a_role_without_the_session_limits() {
-    if skip() {
-        return;
-    }
+    require_pgbouncer();
     let db = crate::helpers::migrated_db().await;
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "session").await;
     let mut r = Replica::spawn(
@@ -475,9 +464,7 @@ async fn serve_behind_a_pooler_refuses_a_role_without_the_session_limits() {
 /// takeover, and a statement past statement_timeout answered 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_behind_pgbouncer_order_sweep_and_time_out() {
-    if skip() {
-        return;
-    }
+    require_pgbouncer();
     two_replicas_through("session").await;
 }
 
@@ -486,9 +473,7 @@ async fn two_replicas_behind_pgbouncer_order_sweep_and_time_out() {
 /// pool and both replicas' pools and workers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replicas_behind_pgbouncer_in_transaction_mode_order_sweep_and_time_out() {
-    if skip() {
-        return;
-    }
+    require_pgbouncer();
     two_replicas_through("transaction").await;
 }
 
