@@ -20,6 +20,7 @@ mod helpers;
 mod hostile_forms;
 mod inventory;
 mod lease;
+mod lost_commits;
 mod machines_list;
 mod migrations;
 mod openapi;

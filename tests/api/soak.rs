@@ -785,7 +785,10 @@ impl ClientReport {
                 .push(format!("{op}: undocumented status {status}: {body}"));
         }
         // F3: a write whose connection was lost is `outcome_unknown`.
-        let writes = matches!(op, "reserve" | "replay" | "convert" | "cancel");
+        let writes = matches!(
+            op,
+            "reserve" | "replay" | "convert" | "cancel" | "end_service" | "put_machine"
+        );
         let code_ok =
             body["error"] == "unavailable" || (writes && body["error"] == "outcome_unknown");
         if status == 503 && (!retry_after || !code_ok) {
@@ -1016,7 +1019,11 @@ async fn client(
                     // Lost answers leave the machine in provisioning: less capacity, no harm.
                     me.call("put_machine", req, &[200, 503]).await;
                 }
+                // F3: an end whose outcome is unknown may have ended it.
                 Answer::NoAnswer => services[i].maybe_ended = true,
+                Answer::Status(503, b, _) if b["error"] == "outcome_unknown" => {
+                    services[i].maybe_ended = true
+                }
                 _ => {}
             }
         }

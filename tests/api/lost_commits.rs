@@ -1,0 +1,468 @@
+//! F3 for every write of the API, at the commit: each write route of the
+//! published document is sent while its commit waits for a synchronous
+//! standby that never answers, and its backend is terminated in that wait
+//! (as a leader's shutdown or a failover does). The commit is then durable
+//! locally but was never acknowledged: the answer must be `503
+//! outcome_unknown` with Retry-After, and the same request retried must
+//! answer what happened (here: it had happened, so every retry is a
+//! replay). `writes.rs` does the same with the statement waiting before
+//! its commit (nothing happened). A write route of the document without a
+//! case here fails the test.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+use poolkeeper::metrics::Metrics;
+use poolkeeper::startup::{AppState, Application};
+
+use crate::helpers::{TestApp, spawn_app_with};
+
+/// No standby of this name ever connects: a commit that waits for it
+/// waits until its session ends.
+const NEVER: &str = "poolkeeper_test_never_attached";
+
+/// One write of the API, and what its retry must answer.
+struct Case {
+    method: Method,
+    /// The document's path template, and the path sent.
+    template: &'static str,
+    path: String,
+    body: Option<Value>,
+    /// The status of the retry, and a check of its body.
+    retry_status: u16,
+}
+
+async fn send(
+    app_address: &str,
+    token: &str,
+    method: Method,
+    path: &str,
+    body: &Option<Value>,
+) -> reqwest::Response {
+    let client = reqwest::Client::new();
+    let mut req = client
+        .request(method, format!("{app_address}{path}"))
+        .bearer_auth(token);
+    if let Some(b) = body {
+        req = req.json(b);
+    }
+    req.send().await.expect("an answer")
+}
+
+fn named_first(order: &Value) -> Value {
+    match order.get("reservations") {
+        Some(rs) => rs[0].clone(),
+        None => order.clone(),
+    }
+}
+
+async fn json_of(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let body = resp.json().await.unwrap_or(Value::Null);
+    (status, body)
+}
+
+/// The cluster waits for a standby named `NEVER` whenever a session asks
+/// for synchronous commit (the test cluster's default is off, so no other
+/// test waits). Waits until a new session sees the setting.
+async fn require_a_standby(app: &TestApp) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER SYSTEM SET synchronous_standby_names = '{NEVER}'"
+    )))
+    .execute(&app.pool)
+    .await
+    .expect("ALTER SYSTEM (the test cluster's role is a superuser)");
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&app.pool)
+        .await
+        .expect("reload");
+    // The setting reaches the sessions, and the flag that makes commits
+    // wait, some time after the reload: probe with a commit that asks for
+    // a standby until one waits (a commit that wrote no WAL never waits,
+    // hence the insert).
+    sqlx::query("CREATE TABLE standby_probe (at timestamptz)")
+        .execute(&app.pool)
+        .await
+        .expect("probe table");
+    let synchronous = app
+        .db
+        .options
+        .clone()
+        .options([("synchronous_commit", "on")]);
+    for _ in 0..10_000 {
+        let mut conn = sqlx::PgConnection::connect_with(&synchronous)
+            .await
+            .expect("probe connection");
+        let probe = tokio::spawn(async move {
+            let _ = sqlx::query("INSERT INTO standby_probe VALUES (clock_timestamp())")
+                .execute(&mut conn)
+                .await;
+        });
+        while !probe.is_finished() {
+            let waiting: Option<i32> = sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event = 'SyncRep'",
+            )
+            .fetch_optional(&app.pool)
+            .await
+            .expect("pg_stat_activity");
+            if let Some(pid) = waiting {
+                sqlx::query("SELECT pg_terminate_backend($1)")
+                    .bind(pid)
+                    .execute(&app.pool)
+                    .await
+                    .expect("terminate the probe");
+                let _ = probe.await;
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+    panic!("no commit ever waited for the standby: synchronous_standby_names not taken");
+}
+
+/// A second server on the same database whose sessions commit
+/// synchronously: each of its commits waits for the missing standby.
+async fn waiting_server(app: &TestApp) -> String {
+    let options = app
+        .db
+        .options
+        .clone()
+        .options([("synchronous_commit", "on")]);
+    let pool = poolkeeper::db::connect(options, 4)
+        .await
+        .expect("the waiting server's pool");
+    let server = Application::build(AppState::new(app.settings.clone(), pool, Metrics::new()))
+        .expect("build the waiting server");
+    let address = format!("http://127.0.0.1:{}", server.port());
+    tokio::spawn(server.run_until_stopped());
+    address
+}
+
+/// Terminates the session whose commit waits for the standby, once there
+/// is one, and says which statement it was.
+async fn terminate_the_waiting_commit(
+    app: &TestApp,
+    request: &tokio::task::JoinHandle<(u16, Value)>,
+) -> String {
+    while !request.is_finished() {
+        let waiting: Option<(i32, String)> = sqlx::query_as(
+            "SELECT pid, query FROM pg_stat_activity
+              WHERE datname = current_database() AND wait_event = 'SyncRep'",
+        )
+        .fetch_optional(&app.pool)
+        .await
+        .expect("pg_stat_activity");
+        if let Some((pid, query)) = waiting {
+            let done: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+                .bind(pid)
+                .fetch_one(&app.pool)
+                .await
+                .expect("terminate");
+            assert!(done, "terminate {pid}");
+            return query;
+        }
+        tokio::task::yield_now().await;
+    }
+    String::new()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_replays() {
+    let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
+    let token = app.org.token.clone();
+    for tag in [
+        "RT-1", "RT-2", "RT-3", "RT-4", "RT-5", "RT-6", "RT-7", "RT-8", "RT-9", "RT-10",
+    ] {
+        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            .await;
+    }
+    // Reservations to act on, made on the ordinary server.
+    let reserve = async |order: &str, quantity: i64| -> Value {
+        let (status, body) = json_of(
+            send(
+                &app.address,
+                &token,
+                Method::POST,
+                "/api/v1/reservations",
+                &Some(json!({"order_ref": order, "site": "par1", "profile": "epyc", "quantity": quantity})),
+            )
+            .await,
+        )
+        .await;
+        assert_eq!(status, 201, "{body}");
+        body
+    };
+    let one = |b: &Value| {
+        (
+            b["id"].as_i64().unwrap_or(0),
+            b["fence"].as_i64().unwrap_or(0),
+        )
+    };
+    // An order of one answers as its reservation, an order of several
+    // with its reservations.
+    let named = |b: &Value| -> Vec<Value> {
+        b["reservations"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| vec![b.clone()])
+            .iter()
+            .map(|r| json!({"id": r["id"], "fence": r["fence"]}))
+            .collect()
+    };
+    let to_convert = reserve("RT-CONVERT", 1).await;
+    let to_cancel = reserve("RT-CANCEL", 1).await;
+    let to_extend = reserve("RT-EXTEND", 1).await;
+    let order_convert = reserve("RT-ORDER-CONVERT", 2).await;
+    let order_cancel = reserve("RT-ORDER-CANCEL", 1).await;
+    let to_end = reserve("RT-END", 1).await;
+    let (end_id, end_fence) = one(&to_end);
+    let (status, converted) = json_of(
+        send(
+            &app.address,
+            &token,
+            Method::POST,
+            &format!("/api/v1/reservations/{end_id}/convert"),
+            &Some(json!({"fence": end_fence, "service_ref": "SRV-RT-END"})),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 200, "{converted}");
+    let service = converted["service"]["id"].as_i64().unwrap_or(0);
+    let until = |b: &Value| -> String {
+        let at = chrono::DateTime::parse_from_rfc3339(b["expires_at"].as_str().unwrap_or(""))
+            .expect("expires_at");
+        (at + chrono::Duration::seconds(600)).to_rfc3339()
+    };
+    let (c_id, c_fence) = one(&to_convert);
+    let (x_id, x_fence) = one(&to_cancel);
+    let (e_id, e_fence) = one(&to_extend);
+    let e_until = until(&to_extend);
+    let order_until = until(&order_cancel);
+    let mut order_convert_body = named(&order_convert);
+    for (i, r) in order_convert_body.iter_mut().enumerate() {
+        r["service_ref"] = json!(format!("SRV-RT-O{i}"));
+    }
+
+    let cases = vec![
+        Case {
+            method: Method::PUT,
+            template: "/api/v1/machines/{asset_tag}",
+            path: "/api/v1/machines/RT-NEW".into(),
+            body: Some(
+                json!({"site": "par1", "vendor": "dell", "profile": "epyc", "status": "maintenance"}),
+            ),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/reservations",
+            path: "/api/v1/reservations".into(),
+            body: Some(json!({"order_ref": "RT-NEW", "site": "par1", "profile": "epyc"})),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/reservations/{id}/convert",
+            path: format!("/api/v1/reservations/{c_id}/convert"),
+            body: Some(json!({"fence": c_fence, "service_ref": "SRV-RT-1"})),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/reservations/{id}/cancel",
+            path: format!("/api/v1/reservations/{x_id}/cancel"),
+            body: Some(json!({"fence": x_fence, "reason": "the customer left"})),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/reservations/{id}/extend",
+            path: format!("/api/v1/reservations/{e_id}/extend"),
+            body: Some(json!({"fence": e_fence, "until": e_until})),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/orders/{order_ref}/convert",
+            path: "/api/v1/orders/RT-ORDER-CONVERT/convert".into(),
+            body: Some(json!({"reservations": order_convert_body})),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/orders/{order_ref}/extend",
+            path: "/api/v1/orders/RT-ORDER-CANCEL/extend".into(),
+            body: Some(json!({"reservations": named(&order_cancel), "until": order_until})),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/orders/{order_ref}/cancel",
+            path: "/api/v1/orders/RT-ORDER-CANCEL/cancel".into(),
+            body: Some(json!({"reservations": named(&order_cancel), "reason": "payment declined"})),
+            retry_status: 200,
+        },
+        Case {
+            method: Method::POST,
+            template: "/api/v1/services/{id}/end",
+            path: format!("/api/v1/services/{service}/end"),
+            body: None,
+            // The link has ended: read it to see when and by whom.
+            retry_status: 409,
+        },
+        Case {
+            method: Method::PUT,
+            template: "/api/v1/webhook",
+            path: "/api/v1/webhook".into(),
+            body: Some(json!({"url": "http://127.0.0.1:9/poolkeeper"})),
+            retry_status: 200,
+        },
+        // The webhook is gone: the retry says there is none.
+        Case {
+            method: Method::DELETE,
+            template: "/api/v1/webhook",
+            path: "/api/v1/webhook".into(),
+            body: None,
+            retry_status: 404,
+        },
+    ];
+
+    // Every write route of the document has its case.
+    let doc: Value = app
+        .http
+        .get(app.url("/api/openapi.json"))
+        .send()
+        .await
+        .expect("document")
+        .json()
+        .await
+        .expect("json");
+    let mut writes = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in ["put", "post", "patch", "delete"] {
+            if item.get(method).is_some() {
+                writes.insert(format!("{} {path}", method.to_uppercase()));
+            }
+        }
+    }
+    let covered: BTreeSet<String> = cases
+        .iter()
+        .map(|c| format!("{} {}", c.method, c.template))
+        .collect();
+    assert_eq!(
+        writes, covered,
+        "every write route of the document is killed mid-commit here: add a case"
+    );
+
+    require_a_standby(&app).await;
+    // The setting is the whole server's: put it back even when a check
+    // fails (with DATABASE_URL, the server is not the test's own).
+    let checks = std::panic::AssertUnwindSafe(async {
+        let waiting = waiting_server(&app).await;
+        for case in &cases {
+            let what = format!("{} {}", case.method, case.path);
+            let request = {
+                let (waiting, token, method, path, body) = (
+                    waiting.clone(),
+                    token.clone(),
+                    case.method.clone(),
+                    case.path.clone(),
+                    case.body.clone(),
+                );
+                tokio::spawn(async move {
+                    json_of(send(&waiting, &token, method, &path, &body).await).await
+                })
+            };
+            let statement = terminate_the_waiting_commit(&app, &request).await;
+            let (status, body) = tokio::time::timeout(Duration::from_secs(30), request)
+                .await
+                .expect("the request answers once its session is gone")
+                .expect("the request task");
+            assert_eq!(
+                (status, body["error"].as_str()),
+                (503, Some("outcome_unknown")),
+                "{what} (its commit waited in {statement:?}): {body}"
+            );
+            // The same request on a server whose commits are acknowledged.
+            let (retry_status, retried) = json_of(
+                send(
+                    &app.address,
+                    &token,
+                    case.method.clone(),
+                    &case.path,
+                    &case.body,
+                )
+                .await,
+            )
+            .await;
+            assert_eq!(
+                retry_status, case.retry_status,
+                "the retry of {what}: {retried}"
+            );
+        }
+
+        // What the retries said is what happened, once.
+        let count = |sql: &'static str| app.count(sql);
+        assert_eq!(
+            count("SELECT count(*) FROM machines WHERE asset_tag = 'RT-NEW'").await,
+            1
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM reservations WHERE order_ref = 'RT-NEW'").await,
+            1
+        );
+        assert_eq!(app.state_of(c_id).await, "converted");
+        assert_eq!(app.state_of(x_id).await, "cancelled");
+        assert_eq!(
+            count("SELECT count(*) FROM service_links WHERE service_ref LIKE 'SRV-RT-%'").await,
+            4,
+            "one link per conversion (RT-1, two of the order, RT-END)"
+        );
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM reservations WHERE order_ref = 'RT-ORDER-CANCEL' AND state = 'cancelled'"
+            )
+            .await,
+            1
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM reservation_events WHERE kind = 'extended'").await,
+            2,
+            "each extension by until wrote once, its retry nothing"
+        );
+        assert_eq!(count("SELECT count(*) FROM webhooks").await, 0);
+        // Each extension by until has the deadline its client was given.
+        for (id, until) in [
+            (e_id, &e_until),
+            (one(&named_first(&order_cancel)).0, &order_until),
+        ] {
+            let same: bool = sqlx::query_scalar(
+                "SELECT expires_at = $2::timestamptz FROM reservations WHERE id = $1",
+            )
+            .bind(id)
+            .bind(until)
+            .fetch_one(&app.pool)
+            .await
+            .expect("deadline");
+            assert!(same, "reservation {id} holds until {until}");
+        }
+    });
+    let outcome = futures_util::FutureExt::catch_unwind(checks).await;
+    sqlx::query("ALTER SYSTEM RESET synchronous_standby_names")
+        .execute(&app.pool)
+        .await
+        .expect("reset");
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(&app.pool)
+        .await
+        .expect("reload");
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
