@@ -120,6 +120,12 @@ BEGIN
     IF p_action = 'cancel' THEN
         RETURN transition_result_of('ok', reservation_end(p_id, 'cancelled', p_actor, p_text));
     END IF;
+    -- R15: never sell a machine that is not ready. The machine row is
+    -- locked (above), so a status change either committed before this
+    -- reading or waits for our commit.
+    IF NOT EXISTS (SELECT 1 FROM machines m WHERE m.id = v_row.machine_id AND m.status = 'ready') THEN
+        RETURN transition_result_of('machine_not_ready', v_row);
+    END IF;
     -- R10, promote, never release-then-write: the link is written first,
     -- while the reservation still holds the machine, then the reservation
     -- turns converted; at every instant another order sees one or the other.
@@ -332,6 +338,13 @@ BEGIN
                             LATERAL reservation_end(r.id, 'cancelled', p_actor, p_reason) e,
                             LATERAL transition_result_of('ok', e) x
                       ORDER BY r.slot;
+        RETURN;
+    END IF;
+    -- R15: no member is sold unless every machine is ready (all locked).
+    SELECT r.* INTO v_row FROM unnest(v_rows) r JOIN machines m ON m.id = r.machine_id
+     WHERE m.status <> 'ready' ORDER BY r.slot LIMIT 1;
+    IF FOUND THEN
+        RETURN NEXT transition_result_of('machine_not_ready', v_row);
         RETURN;
     END IF;
     -- R10 per machine, promote, never release-then-write: each link is
