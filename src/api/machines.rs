@@ -46,7 +46,8 @@ async fn put(
         profile: body.profile,
         status: body.status,
     };
-    let (machine, how) = inventory::upsert(&pool, client.org_id, &tag, &spec).await?;
+    let (machine, how) =
+        inventory::upsert(&pool, client.org_id, &tag, &spec, &client.token_name).await?;
     Ok(match how {
         Upserted::Created => HttpResponse::Created().json(machine),
         Upserted::Updated => HttpResponse::Ok().json(machine),
