@@ -88,7 +88,10 @@ BEGIN
     END IF;
     -- R10: the machine row is the allocator's lock too; while we hold it no
     -- new order can lock this machine, and an order that holds it finishes
-    -- first. The machine of a reservation never changes.
+    -- first. The machine of a held reservation changes only by healing
+    -- (R15, sql/healing.sql), which locks the reservation row after the
+    -- machine's: a hold moved while we waited is read below on its new
+    -- machine, and a status change of that machine waits for this row.
     -- org_id + 0: not an index condition, so only the primary key can
     -- answer these two lookups by id, whatever the statistics say.
     PERFORM 1 FROM machines
@@ -121,6 +124,12 @@ BEGIN
     END IF;
     IF p_action = 'cancel' THEN
         RETURN transition_result_of('ok', reservation_end(p_id, 'cancelled', p_actor, p_text));
+    END IF;
+    -- R15: never sell a machine that is not ready. The machine row is
+    -- locked (above), so a status change either committed before this
+    -- reading or waits for our commit.
+    IF NOT EXISTS (SELECT 1 FROM machines m WHERE m.id = v_row.machine_id AND m.status = 'ready') THEN
+        RETURN transition_result_of('machine_not_ready', v_row);
     END IF;
     -- R10, promote, never release-then-write: the link is written first,
     -- while the reservation still holds the machine, then the reservation
@@ -342,6 +351,13 @@ BEGIN
                             LATERAL reservation_end(r.id, 'cancelled', p_actor, p_reason) e,
                             LATERAL transition_result_of('ok', e) x
                       ORDER BY r.slot;
+        RETURN;
+    END IF;
+    -- R15: no member is sold unless every machine is ready (all locked).
+    SELECT r.* INTO v_row FROM unnest(v_rows) r JOIN machines m ON m.id = r.machine_id
+     WHERE m.status <> 'ready' ORDER BY r.slot LIMIT 1;
+    IF FOUND THEN
+        RETURN NEXT transition_result_of('machine_not_ready', v_row);
         RETURN;
     END IF;
     -- R10 per machine, promote, never release-then-write: each link is

@@ -36,6 +36,7 @@ pub const FILES: &[(&str, &str)] = &[
         "webhook_outbox.sql",
         include_str!("../sql/webhook_outbox.sql"),
     ),
+    ("healing.sql", include_str!("../sql/healing.sql")),
 ];
 
 /// One line per version of the set: `<version> <sha256 of the set>`,

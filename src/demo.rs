@@ -100,7 +100,7 @@ pub async fn load(pool: &Db) -> anyhow::Result<DemoReport> {
             profile: Profile::parse(PROFILES[(i / 12) % PROFILES.len()])?,
             status,
         };
-        inventory::upsert(pool, org.id, &tag, &spec).await?;
+        inventory::upsert(pool, org.id, &tag, &spec, "demo").await?;
     }
     let has_token: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM api_tokens WHERE org_id = $1 AND name = 'demo-checkout')",

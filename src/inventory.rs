@@ -37,18 +37,21 @@ pub enum Upserted {
 const MACHINE_COLUMNS: &str =
     "id, asset_tag, site, vendor, profile, status, created_at, updated_at";
 
-/// Creates or updates the machine `tag` of `org_id`.
+/// Creates or updates the machine `tag` of `org_id`. R15: a machine that
+/// leaves `ready` under a hold heals it in this statement's transaction
+/// (sql/healing.sql), recorded as done by `actor`.
 pub async fn upsert(
     db: impl sqlx::PgExecutor<'_>,
     org_id: i64,
     tag: &AssetTag,
     spec: &MachineSpec,
+    actor: &str,
 ) -> Result<(Machine, Upserted), sqlx::Error> {
     // xmax = 0 only on a freshly inserted row version: tells created from updated
     // in the same statement, without a race between a lookup and a write.
     let sql = format!(
         "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         VALUES ($1, $2, $3, $4, $5, $6)
+         SELECT $1, $2, $3, $4, $5, $6 FROM (SELECT set_config('poolkeeper.actor', $7, true)) actor
          ON CONFLICT ON CONSTRAINT machines_asset_tag_unique_per_org DO UPDATE
             SET site = EXCLUDED.site, vendor = EXCLUDED.vendor, profile = EXCLUDED.profile,
                 status = EXCLUDED.status, updated_at = clock_timestamp()
@@ -61,6 +64,7 @@ pub async fn upsert(
         .bind(spec.vendor.as_str())
         .bind(spec.profile.as_str())
         .bind(spec.status.as_str())
+        .bind(actor)
         .fetch_one(db)
         .await?;
     let how = if row.inserted {

@@ -120,6 +120,14 @@ pub enum TransitionError {
         cap_seconds: u32,
         latest: DateTime<Utc>,
     },
+    /// R15: a machine under the reservation (or the order) is not `ready`
+    /// at the commit, so it is not sold.
+    #[error("machine {asset_tag} is not ready; it cannot be sold")]
+    MachineNotReady {
+        reservation_id: i64,
+        machine_id: i64,
+        asset_tag: String,
+    },
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -462,6 +470,11 @@ impl TransitionRow {
                 quantity: r.quantity,
             }),
             "not_held" => Err(TransitionError::NotHeld { state: r.state }),
+            "machine_not_ready" => Err(TransitionError::MachineNotReady {
+                reservation_id: r.id,
+                machine_id: r.machine_id,
+                asset_tag: r.machine.asset_tag,
+            }),
             "expired" => Err(TransitionError::Expired {
                 expires_at: r.expires_at,
             }),

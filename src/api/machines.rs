@@ -48,7 +48,7 @@ async fn put(
         status: body.status,
     };
     let (machine, how) = write(&pool, Shape::Statement, async |conn| {
-        inventory::upsert(conn, client.org_id, &tag, &spec).await
+        inventory::upsert(conn, client.org_id, &tag, &spec, &client.token_name).await
     })
     .await?;
     Ok(match how {

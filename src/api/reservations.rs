@@ -377,6 +377,14 @@ fn refusal(e: TransitionError) -> ApiError {
         } => conflict("hold_cap_exceeded", e.to_string())
             .with("cap_seconds", json!(cap_seconds))
             .with("latest_expires_at", json!(latest)),
+        TransitionError::MachineNotReady {
+            reservation_id,
+            machine_id,
+            ref asset_tag,
+        } => conflict("machine_not_ready", e.to_string())
+            .with("reservation_id", json!(reservation_id))
+            .with("machine_id", json!(machine_id))
+            .with("asset_tag", json!(asset_tag)),
         TransitionError::Database(db) => db.into(),
     }
 }

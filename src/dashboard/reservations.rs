@@ -686,6 +686,14 @@ fn refused(id: i64, e: TransitionError) -> DashError {
             ),
             link,
         },
+        TransitionError::MachineNotReady { asset_tag, .. } => DashError::Stale {
+            heading: "The machine is not ready".into(),
+            message: format!(
+                "Machine {asset_tag} under reservation {id} is no longer ready, so it cannot be sold. \
+                 Nothing was changed."
+            ),
+            link,
+        },
         TransitionError::Database(e) => e.into(),
     }
 }

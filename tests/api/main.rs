@@ -16,6 +16,7 @@ mod failover;
 mod guardrails;
 #[path = "../ha/cluster.rs"]
 mod ha_cluster;
+mod healing;
 mod helpers;
 mod hostile_forms;
 mod inventory;
