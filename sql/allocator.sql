@@ -432,7 +432,7 @@ BEGIN
     v_result.candidates := v_free;
     v_result.excluded := v_counts;
     v_result.quantity := p_quantity;
-    -- Lost demand (issue 15), recorded by the statement that read the
+    -- Lost demand, recorded by the statement that read the
     -- counts. When this transaction has written nothing else (no
     -- transaction id yet: the API's autocommit call), its commit need not
     -- wait for the disk: a crash may lose the last refusals, never a
@@ -468,8 +468,9 @@ END
 $$;
 
 -- The previous release's entry points, kept so that its binaries keep
--- working while a deployment rolls (README, "Replicas, restarts and
--- upgrades"); each is an order of one. Remove them in the next release.
+-- working while a deployment rolls (docs/production.md, "Replicas,
+-- restarts and upgrades"); each is an order of one. sql/VERSIONS names the
+-- set that removes them.
 CREATE OR REPLACE FUNCTION reserve_walk(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
                              p_vendor text, p_hold integer, p_candidates bigint[])
 RETURNS reserve_result

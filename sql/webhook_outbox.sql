@@ -1,4 +1,4 @@
--- Issue 15, part 2: reservation events for the order service (an outbox and
+-- Reservation events for the order service (an outbox and
 -- signed webhooks).
 --
 -- Why a trigger writes the outbox, not the application:

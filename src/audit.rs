@@ -1,4 +1,4 @@
-//! The audit log of staff actions and logins (issue 6): who, when, from
+//! The audit log of staff actions and logins: who, when, from
 //! where, on what. Never a password or a token: callers pass an object name
 //! ("user:ana@…", "token:checkout", "reservation:12") and a short detail.
 

@@ -372,7 +372,7 @@ fn opened_before_read_only(meta: &PoolConnectionMetadata) -> bool {
     }
 }
 
-/// The migrations whose files lost their functions to `sql/` (issue 19),
+/// The migrations whose files lost their functions to `sql/`,
 /// with the SHA-384 sqlx recorded for them before: version, legacy checksum
 /// (hex). Frozen copies of those files: tests/fixtures/migrations-2026-12-03.
 pub const LEGACY_CHECKSUMS: [(i64, &str); 4] = [
@@ -481,7 +481,7 @@ async fn migrate_locked(
 }
 
 /// The migrations of `LEGACY_CHECKSUMS` were applied, on databases made
-/// before issue 19, from files that still held the functions; their files
+/// before the functions moved to `sql/`, from files that still held them; their files
 /// now hold only the schema, so sqlx would refuse their checksums. A
 /// recorded checksum equal to exactly the legacy one becomes the new file's
 /// (what the migration did to the schema is unchanged; its functions are
@@ -924,7 +924,7 @@ pub fn sqlstate(err: &(dyn StdError + 'static)) -> Option<String> {
 /// A data exception (SQLSTATE class 22: invalid byte sequence, character
 /// not in repertoire, numeric value out of range, invalid text
 /// representation...): a value a request brought that the database cannot
-/// store or compare. The boundaries answer 400, never 500 (issue 23), as a
+/// store or compare. The boundaries answer 400, never 500, as a
 /// second net behind the dashboard's `input::guard` and the API's parsers;
 /// the message is PostgreSQL's, which names the problem and not the data.
 pub fn bad_value(err: &(dyn StdError + 'static)) -> Option<String> {

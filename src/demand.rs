@@ -1,4 +1,4 @@
-//! Lost demand (issue 15): the refusals of the reserve API, recorded for the
+//! Lost demand: the refusals of the reserve API, recorded for the
 //! people who act on them. `unavailable` means "buy hardware" and
 //! `contended` means "capacity exists but is hot" (R7: two messages, two
 //! buttons); both are kept apart here as they are in the API.

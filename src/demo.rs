@@ -1,6 +1,6 @@
 //! `poolkeeper demo`: a demo organization with staff, sites and a few hundred
 //! machines, and reservations that tell the product's story: every state,
-//! and holds whose countdown is seen moving (issue 12). Idempotent: running
+//! and holds whose countdown is seen moving. Idempotent: running
 //! it again changes nothing that exists, and tops the live holds up.
 
 use crate::db::Db;

@@ -1,4 +1,4 @@
-//! HEAD (issue 15, part 3): every GET route answers HEAD with the same
+//! HEAD: every GET route answers HEAD with the same
 //! status and headers and no body, in one place.
 //!
 //! actix-web 4 routes HEAD only to routes that name it (`web::get()` is a

@@ -25,7 +25,7 @@ pub struct Metrics {
     /// Sweep statements that failed with an error (the lease's own errors
     /// are in `lease_errors`).
     pub sweep_errors: IntCounter,
-    /// Refused reserves by reason, site and profile (issue 15); the site
+    /// Refused reserves by reason, site and profile; the site
     /// and profile labels are bounded by `refusal_labels`.
     pub reservations_refused: IntCounterVec,
     pub refusal_labels: std::sync::Arc<RefusalLabels>,
@@ -196,7 +196,7 @@ impl Default for Metrics {
 }
 
 // ---------------------------------------------------------------------------
-// The refusal metric's bounded labels (issue 15)
+// The refusal metric's bounded labels
 // ---------------------------------------------------------------------------
 
 /// The label value of a site or profile not in the inventory.

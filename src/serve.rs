@@ -32,7 +32,7 @@ pub async fn serve(settings: Settings, pool: Db) -> anyhow::Result<()> {
         )
     };
     // The webhook delivery worker: its own lease (key `webhooks`), pool and
-    // task, so a slow receiver never delays the sweep (issue 15).
+    // task, so a slow receiver never delays the sweep.
     let (stop_webhooks, webhooks_stopped) = watch::channel(false);
     let deliverer = {
         let (pool, settings, metrics) = (pool.clone(), settings.clone(), metrics.clone());

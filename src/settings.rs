@@ -59,7 +59,7 @@ pub struct Settings {
     /// closes.
     pub shutdown_drain: Duration,
     /// `POOLKEEPER_REFUSAL_RETENTION_DAYS` (default 90, 1 to 3650): refusal
-    /// rows older than this are purged by the sweep worker (issue 15).
+    /// rows older than this are purged by the sweep worker.
     pub refusal_retention_days: u32,
     /// `POOLKEEPER_DB_MAX_CONNECTIONS` (default 20, 1 to 1000): the
     /// application pool's size (the sweep and the webhook worker have their

@@ -118,7 +118,7 @@ impl Application {
                         res
                     }
                 })
-                // Innermost: the log line still says HEAD (issue 15, part 3).
+                // Innermost: the log line still says HEAD.
                 .wrap(actix_web::middleware::from_fn(crate::head::head_as_get))
                 .wrap(tracing_actix_web::TracingLogger::default())
                 .wrap(crate::security_headers::default_headers())

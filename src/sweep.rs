@@ -169,7 +169,7 @@ pub async fn finish_run<'c>(
     id.map(|_| ()).ok_or(SweepError::Lost)
 }
 
-/// Refusal rows (issue 15) deleted per retention statement.
+/// Refusal rows deleted per retention statement.
 pub const PURGE_BATCH_SIZE: i64 = 1000;
 
 /// Deletes up to `limit` refusal rows older than `retention_days` (by the
@@ -424,7 +424,7 @@ impl Worker {
         }
     }
 
-    /// Issue 15: refusal rows past their retention, batch by batch, under
+    /// Refusal rows past their retention, batch by batch, under
     /// the same mandate as the sweep (each batch checks it), heartbeating
     /// between batches when one is due.
     async fn purge_refusals(&mut self) {

@@ -1,5 +1,5 @@
 //! How the JSON API reads numbers, so that the server and the published
-//! OpenAPI document agree (issue 13).
+//! OpenAPI document agree.
 //!
 //! - In a JSON body, JSON Schema's `integer` is any number whose fraction is
 //!   zero: `40121`, `40121.0` and `4.0121e4` are the same integer, and many

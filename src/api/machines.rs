@@ -85,7 +85,7 @@ pub struct ListQuery {
 }
 
 /// Empty query values mean "no filter", as an HTML form would send them;
-/// the document says so (issue 13).
+/// the document says so.
 fn opt<T>(
     v: &Option<String>,
     parse: impl Fn(&str) -> Result<T, crate::domain::ParseError>,

@@ -195,7 +195,7 @@ async fn reserve(
         .reservations
         .with_label_values(&[outcome.label()])
         .inc();
-    // Issue 15: lost demand, labelled by the inventory's sites and profiles.
+    // Lost demand, labelled by the inventory's sites and profiles.
     crate::demand::count_refusal(&metrics, &pool, &outcome, &req.spec).await;
     let quantity = req.quantity.get();
     match outcome {

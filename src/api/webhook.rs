@@ -1,4 +1,4 @@
-//! The organization's webhook (scope `orders`, issue 15): the order service
+//! The organization's webhook (scope `orders`): the order service
 //! registers where reservation events go. `orders`, not a scope of its own:
 //! the events are the orders' own (the same token already reads every
 //! reservation and its events), and the order service is the party that

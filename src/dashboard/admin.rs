@@ -1,4 +1,4 @@
-//! Admin pages (issue 6): the audit log, staff users, API tokens. Every
+//! Admin pages: the audit log, staff users, API tokens. Every
 //! handler checks the role on the server; every write checks CSRF first and
 //! commits its audit row in the same transaction as the change.
 

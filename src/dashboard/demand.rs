@@ -1,4 +1,4 @@
-//! Lost demand (issue 15) on the dashboard: `/demand` lists the specs most
+//! Lost demand on the dashboard: `/demand` lists the specs most
 //! refused, each with a link to why-not; the overview's part (per site and
 //! profile, with a chart per hour) is built here too, so that the overview
 //! only includes it.

@@ -1,5 +1,5 @@
-//! The one place where the text a person sends the dashboard is checked
-//! (issue 23): every query string, every url-encoded form body and every
+//! The one place where the text a person sends the dashboard is checked:
+//! every query string, every url-encoded form body and every
 //! path segment of a dashboard route passes `guard` before any extractor or
 //! handler sees it. What PostgreSQL cannot store (NUL, bytes that are not
 //! UTF-8), control characters a field does not allow, and values longer than

@@ -1,7 +1,6 @@
 //! `/jobs`: the sweep's lease (L1), its last runs and recent lease errors
 //! (L6), so that a job that stopped running is visible; and the webhook
-//! delivery worker's lease, its backlog and the last failed deliveries
-//! (issue 15).
+//! delivery worker's lease, its backlog and the last failed deliveries.
 
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};

@@ -1,4 +1,4 @@
-//! The staff dashboard (issue 5): server-rendered pages over the pool, with
+//! The staff dashboard: server-rendered pages over the pool, with
 //! plain HTML forms. Every page works without JavaScript; `static/app.js`
 //! only adds the live countdown.
 
@@ -35,7 +35,7 @@ pub use session::Staff;
 /// Each path is one `web::resource`, so a method it does not serve is 405
 /// (with an Allow header), never a 404. Every resource is wrapped in
 /// `input::guard`: no handler sees a query, form or path segment that was
-/// not checked (issue 23).
+/// not checked.
 macro_rules! routes {
     ($( $path:literal => [ $( $method:ident => $handler:path ),+ ] ),+ $(,)?) => {
         pub const ROUTES: &[(&str, &[&str])] = &[

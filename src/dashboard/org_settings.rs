@@ -1,6 +1,6 @@
 //! `/settings` (admin): the organization's half of the R12 switch, with the
-//! deployment's half shown read-only, and the organization's webhook
-//! (issue 15): its URL, its signing secret, its backlog and last failures.
+//! deployment's half shown read-only, and the organization's webhook:
+//! its URL, its signing secret, its backlog and last failures.
 
 use crate::db::Db;
 use actix_web::http::StatusCode;

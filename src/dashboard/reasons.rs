@@ -1,4 +1,4 @@
-//! Why a machine is not a candidate, in words (issue 12, item 3): one label
+//! Why a machine is not a candidate, in words: one label
 //! per `allocator::Exclusion::key()`, the same words on every page (machines,
 //! why-not) and beside the API's `excluded` keys. The allocator keeps the
 //! rules (R7); this module only names them.

@@ -68,8 +68,8 @@ pub(crate) async fn search(
         // Exact matches first (id, order ref), then order refs that start
         // with the text; every state, all time, this organization only.
         // `$3` is NULL when the text is not a number: `r.id = $3` would then
-        // be NULL, not false, and so would `exact` (issue 23: a 500 on
-        // "DEMO"); `IS NOT DISTINCT FROM` is false instead.
+        // be NULL, not false, and so would `exact` (a search for "DEMO"
+        // would answer 500); `IS NOT DISTINCT FROM` is false instead.
         reservations = sqlx::query_as::<_, ResHit>(
             "SELECT r.id, r.order_ref, r.state, m.asset_tag, r.created_at,
                     (r.id IS NOT DISTINCT FROM $3 OR r.order_ref = $2) AS exact

@@ -3,7 +3,7 @@
 //! (allocator::lockable_now) says what could be locked right now. Together
 //! they give the answer a reserve would give.
 //!
-//! The page reads top-down (issue 12): a summary with one row per reason in
+//! The page reads top-down: a summary with one row per reason in
 //! words and its count over the whole organization (the API's `excluded`),
 //! each linking to its group; then the candidates; then the rest of the
 //! ordered site, paged. Machines of other sites are counted, not listed,

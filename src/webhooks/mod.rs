@@ -1,4 +1,4 @@
-//! Reservation events for the order service (issue 15, part 2): each
+//! Reservation events for the order service: each
 //! organization may register one webhook URL; every event of its
 //! reservations is put in the outbox (`webhook_deliveries`) by a trigger in
 //! the transaction that wrote the event (see `sql/webhook_outbox.sql` for

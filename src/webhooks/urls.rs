@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::timeout;
 
-/// A request to the receiver gives up after this long (issue 15).
+/// A request to the receiver gives up after this long.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest URL accepted.
