@@ -224,6 +224,63 @@ pub struct SweepReport {
     pub expired: u64,
 }
 
+/// R16: warns about up to `limit` holds whose deadline is within their
+/// organization's warning time (`organizations.expiry_warning_seconds`),
+/// once per deadline: the event `expiring` (webhook `reservation.expiring`)
+/// and `warned_deadline` are written in one statement under the sweep's
+/// mandate, so a replica killed mid-way warns about nothing and the next
+/// holder warns once; an extension moves the deadline and re-arms it.
+/// Returns how many were warned about.
+pub async fn warn_batch<'c>(
+    db: impl PgExecutor<'c>,
+    replica: &str,
+    fence: i64,
+    limit: i64,
+) -> Result<u64, SweepError> {
+    let sql = format!(
+        "WITH {LIVE_LEASE},
+         due AS MATERIALIZED (
+             SELECT r.id FROM reservations r
+               JOIN organizations o ON o.id = r.org_id
+              WHERE r.state = 'held' AND r.expires_at > clock_timestamp()
+                AND r.expires_at <= clock_timestamp() + make_interval(secs => o.expiry_warning_seconds)
+                AND r.warned_deadline IS DISTINCT FROM r.expires_at
+                AND EXISTS (SELECT 1 FROM lease)
+              ORDER BY r.expires_at
+              LIMIT $4
+                FOR UPDATE OF r SKIP LOCKED
+         ),
+         warned AS (
+             UPDATE reservations r SET warned_deadline = r.expires_at
+               FROM due
+              WHERE r.id = due.id AND r.state = 'held'
+             RETURNING r.id, r.expires_at
+         ),
+         events AS (
+             INSERT INTO reservation_events
+                    (reservation_id, kind, from_state, to_state, actor, detail, replica, lease_fence)
+             SELECT w.id, 'expiring', 'held', 'held', 'sweep',
+                    'hold deadline ' || to_char(w.expires_at AT TIME ZONE 'UTC',
+                                 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
+                    || ' in ' || ceil(extract(epoch FROM w.expires_at - clock_timestamp()))::bigint || ' s',
+                    $2, l.fence
+               FROM warned w CROSS JOIN lease l
+         )
+         SELECT (SELECT count(*) FROM lease) AS live, (SELECT count(*) FROM warned) AS warned"
+    );
+    let (live, warned): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(SWEEP_KEY)
+        .bind(replica)
+        .bind(fence)
+        .bind(limit)
+        .fetch_one(db)
+        .await?;
+    if live == 0 {
+        return Err(SweepError::Lost);
+    }
+    Ok(warned as u64)
+}
+
 /// One complete sweep on behalf of the mandate (`replica`, `fence`): a run,
 /// batches, two at a time, until one comes back short, and the run closed.
 pub async fn sweep(
@@ -241,6 +298,7 @@ pub async fn sweep(
             break;
         }
     }
+    while warn_batch(pool, replica, fence, batch).await? as i64 == batch {}
     finish_run(pool, replica, fence, run_id, expired).await?;
     Ok(SweepReport { run_id, expired })
 }
@@ -399,6 +457,20 @@ impl Worker {
                 Err(e) => return self.sweep_failed("expire", fence, e),
             }
             self.lease.heartbeat_if_due().await;
+        }
+        // R16: the warnings before the deadlines, under the same mandate.
+        loop {
+            if self.stop_requested() || !self.lease.trusted() {
+                break;
+            }
+            let batch_size = self.config.batch_size;
+            match bounded(limit, warn_batch(&self.pool, &replica, fence, batch_size)).await {
+                Ok(n) if (n as i64) < batch_size => break,
+                Ok(_) => {
+                    self.lease.heartbeat_if_due().await;
+                }
+                Err(e) => return self.sweep_failed("warn", fence, e),
+            }
         }
         if !self.lease.trusted() {
             return;

@@ -11,6 +11,7 @@ mod definitions;
 mod demand;
 mod deploy_unit;
 mod embedded;
+mod expiry_warning;
 mod extensions;
 mod failover;
 mod guardrails;

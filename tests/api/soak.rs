@@ -1164,7 +1164,7 @@ pub(crate) async fn check_invariants(pool: &Db, created: &[Created], report: &mu
               WHERE r.state <> 'held'
                 AND (r.ended_by IS NULL OR r.ended_at IS NULL
                      OR (SELECT count(*) FROM reservation_events e
-                          WHERE e.reservation_id = r.id AND e.kind NOT IN ('created', 'extended')) <> 1
+                          WHERE e.reservation_id = r.id AND e.kind NOT IN ('created', 'extended', 'expiring')) <> 1
                      OR NOT EXISTS (SELECT 1 FROM reservation_events e
                                      WHERE e.reservation_id = r.id AND e.kind = r.state
                                        AND e.actor = r.ended_by AND e.at >= r.ended_at))",
@@ -1174,7 +1174,7 @@ pub(crate) async fn check_invariants(pool: &Db, created: &[Created], report: &mu
             "SELECT count(*) FROM reservations r
               WHERE r.state = 'held'
                 AND EXISTS (SELECT 1 FROM reservation_events e
-                             WHERE e.reservation_id = r.id AND e.kind NOT IN ('created', 'extended'))",
+                             WHERE e.reservation_id = r.id AND e.kind NOT IN ('created', 'extended', 'expiring'))",
         ),
         (
             "a reservation without exactly one created event",

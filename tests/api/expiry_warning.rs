@@ -1,0 +1,209 @@
+//! R16: the order service hears before a deadline passes. One `expiring`
+//! event (webhook `reservation.expiring`) per deadline, the organization's
+//! warning time before it, written by the sweep's worker under its lease;
+//! an extension re-arms it; a holder killed -9 leaves it to the next holder,
+//! which warns once.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use poolkeeper::db::Db;
+use poolkeeper::lease::{self, Claim, SWEEP_KEY};
+use poolkeeper::sweep;
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::helpers::{TestApp, binary, spawn_app_with};
+
+async fn expiring_events(pool: &Db, id: i64) -> Vec<(String, Option<String>, Option<i64>)> {
+    sqlx::query_as(
+        "SELECT detail, replica, lease_fence FROM reservation_events
+          WHERE reservation_id = $1 AND kind = 'expiring' ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .expect("events")
+}
+
+async fn app() -> TestApp {
+    let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
+    for tag in ["EW-1", "EW-2", "EW-3"] {
+        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            .await;
+    }
+    app
+}
+
+#[tokio::test]
+async fn a_hold_is_warned_once_per_deadline_and_an_extension_rearms_it() {
+    let app = app().await;
+    // The webhook, so that the outbox shows what the order service gets.
+    let r = app
+        .http
+        .put(app.url("/api/v1/webhook"))
+        .bearer_auth(&app.org.token)
+        .json(&json!({"url": "http://127.0.0.1:9/hooks"}))
+        .send()
+        .await
+        .expect("webhook");
+    assert_eq!(r.status().as_u16(), 201);
+    // Within the default 2 minutes of its deadline, and far from it.
+    let (soon, soon_fence) = app.insert_held(app.org.id, "EW-SOON", "EW-1", 60).await;
+    let (later, _) = app.insert_held(app.org.id, "EW-LATER", "EW-2", 900).await;
+    let mandate = match lease::claim(&app.pool, SWEEP_KEY, "warner", Duration::from_secs(60))
+        .await
+        .expect("claim")
+    {
+        Claim::Acquired(m) => m,
+        Claim::HeldByOther => panic!("the sweep lease is free in a new database"),
+    };
+    let warn = || sweep::warn_batch(&app.pool, "warner", mandate.fence, 500);
+    assert_eq!(warn().await.expect("warn"), 1);
+    let events = expiring_events(&app.pool, soon).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].1.as_deref(), Some("warner"));
+    assert_eq!(events[0].2, Some(mandate.fence));
+    assert!(expiring_events(&app.pool, later).await.is_empty());
+    // Never twice for one deadline.
+    assert_eq!(warn().await.expect("warn again"), 0);
+    assert_eq!(expiring_events(&app.pool, soon).await.len(), 1);
+    // The order service hears it as `reservation.expiring`.
+    let sent: Vec<String> = sqlx::query_scalar(
+        "SELECT payload->>'type' FROM webhook_deliveries WHERE reservation_id = $1 ORDER BY event_id",
+    )
+    .bind(soon)
+    .fetch_all(&app.pool)
+    .await
+    .expect("outbox");
+    assert_eq!(
+        sent.last().map(String::as_str),
+        Some("reservation.expiring")
+    );
+
+    // An extension (still within the warning time) is a new deadline: it
+    // is warned about once more.
+    let deadline: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT expires_at FROM reservations WHERE id = $1")
+            .bind(soon)
+            .fetch_one(&app.pool)
+            .await
+            .expect("deadline");
+    let until = (deadline + chrono::Duration::seconds(30)).to_rfc3339();
+    let r = app
+        .http
+        .post(app.url(&format!("/api/v1/reservations/{soon}/extend")))
+        .bearer_auth(&app.org.token)
+        .json(&json!({"fence": soon_fence, "until": until}))
+        .send()
+        .await
+        .expect("extend");
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(warn().await.expect("warn after the extension"), 1);
+    assert_eq!(warn().await.expect("and not again"), 0);
+    assert_eq!(expiring_events(&app.pool, soon).await.len(), 2);
+
+    // An organization that asks for no warning gets none.
+    sqlx::query("UPDATE organizations SET expiry_warning_seconds = 0 WHERE id = $1")
+        .bind(app.org.id)
+        .execute(&app.pool)
+        .await
+        .expect("no warning");
+    let (quiet, _) = app.insert_held(app.org.id, "EW-QUIET", "EW-3", 30).await;
+    assert_eq!(warn().await.expect("warn"), 0);
+    assert!(expiring_events(&app.pool, quiet).await.is_empty());
+
+    // A mandate that is no longer live writes nothing.
+    sqlx::query("UPDATE organizations SET expiry_warning_seconds = 120 WHERE id = $1")
+        .bind(app.org.id)
+        .execute(&app.pool)
+        .await
+        .expect("warnings back");
+    lease::release(&app.pool, &mandate).await.expect("release");
+    assert!(matches!(warn().await, Err(sweep::SweepError::Lost)));
+    assert!(expiring_events(&app.pool, quiet).await.is_empty());
+}
+
+/// Two `serve` replicas; the sweep's holder is killed -9 before a hold
+/// comes within its warning time: the other takes the lease when it expires
+/// and the warning still arrives, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warning_arrives_once_when_the_sweep_holder_is_killed() {
+    let app = app().await;
+    let url = app.db.url();
+    let spawn = |name: &str| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        tokio::process::Command::new(binary())
+            .arg("serve")
+            .env("DATABASE_URL", &url)
+            .env("POOLKEEPER_BIND", format!("127.0.0.1:{port}"))
+            .env("POOLKEEPER_REPLICA", name)
+            .env("POOLKEEPER_SWEEP_SECONDS", "1")
+            .env("POOLKEEPER_LEASE_SECONDS", "2")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn poolkeeper serve")
+    };
+    let mut replicas = vec![("ew-a", spawn("ew-a")), ("ew-b", spawn("ew-b"))];
+    let holder_now = async || -> Option<String> {
+        sqlx::query_scalar(
+            "SELECT holder FROM leases WHERE key = 'sweep' AND expires_at > clock_timestamp()",
+        )
+        .fetch_optional(&app.pool)
+        .await
+        .expect("leases")
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let holder = loop {
+        if let Some(h) = holder_now().await {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "no replica took the sweep lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let i = replicas
+        .iter()
+        .position(|(name, _)| *name == holder)
+        .expect("the holder is one of ours");
+    let (_, mut killed) = replicas.remove(i);
+    let pid = killed.id().expect("pid");
+    // SAFETY: a plain signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+    let _ = killed.wait().await;
+    let (id, _) = app.insert_held(app.org.id, "EW-KILL", "EW-1", 90).await;
+    let survivor = replicas[0].0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while expiring_events(&app.pool, id).await.is_empty() {
+        assert!(Instant::now() < deadline, "the warning never came");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Two more sweeps by the survivor: still one warning for this deadline.
+    let runs = async || -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM sweep_runs WHERE replica = $1 AND finished_at IS NOT NULL",
+        )
+        .bind(survivor)
+        .fetch_one(&app.pool)
+        .await
+        .expect("runs")
+    };
+    let after = runs().await + 2;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while runs().await < after {
+        assert!(Instant::now() < deadline, "the survivor stopped sweeping");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = expiring_events(&app.pool, id).await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].1.as_deref(), Some(survivor));
+    for (_, mut child) in replicas {
+        let _ = child.kill().await;
+    }
+}
