@@ -67,7 +67,7 @@ struct WriteCase {
 }
 
 /// The write operations of the published document: every method but GET.
-async fn write_operations(app: &TestApp) -> BTreeSet<(String, String)> {
+pub(crate) async fn write_operations(app: &TestApp) -> BTreeSet<(String, String)> {
     let doc: Value = app
         .http
         .get(app.url("/api/openapi.json"))
