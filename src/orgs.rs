@@ -67,6 +67,35 @@ pub async fn set_datacenter_enabled(
     set_datacenter_enabled_on(pool, org_id, enabled).await
 }
 
+/// R16: how long before a hold's deadline the order service hears of it.
+pub async fn expiry_warning_seconds(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+) -> Result<i32, sqlx::Error> {
+    sqlx::query_scalar("SELECT expiry_warning_seconds FROM organizations WHERE id = $1")
+        .bind(org_id)
+        .fetch_one(db)
+        .await
+}
+
+/// Sets it (0 to 3600, the table's check); true when it changed.
+pub async fn set_expiry_warning_on(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+    seconds: i32,
+) -> Result<bool, sqlx::Error> {
+    let changed = sqlx::query(
+        "UPDATE organizations SET expiry_warning_seconds = $2
+          WHERE id = $1 AND expiry_warning_seconds IS DISTINCT FROM $2",
+    )
+    .bind(org_id)
+    .bind(seconds)
+    .execute(db)
+    .await?
+    .rows_affected();
+    Ok(changed > 0)
+}
+
 /// As `set_datacenter_enabled`, on a caller's transaction (the settings page
 /// writes its audit row in the same transaction).
 pub async fn set_datacenter_enabled_on(

@@ -30,6 +30,8 @@ pub(crate) fn require_admin(staff: &Staff) -> Result<(), DashError> {
 struct SettingsPage {
     chrome: Chrome,
     org_enabled: bool,
+    /// R16: how long before a deadline the order service hears of it.
+    expiry_warning_seconds: i32,
     deployment_on: bool,
     webhook: Option<WebhookView>,
     /// What the URL field shows (the refused URL after an error).
@@ -86,9 +88,11 @@ async fn settings_page(
     let hook = webhooks::get(pool, staff.org_id).await?;
     let b = webhooks::backlog(pool, Some(staff.org_id)).await?;
     let failures = webhooks::recent_failures(pool, Some(staff.org_id), 10).await?;
+    let expiry_warning_seconds = crate::orgs::expiry_warning_seconds(pool, staff.org_id).await?;
     let body = SettingsPage {
         chrome: Chrome::new(req, staff, "Settings", "settings"),
         org_enabled: staff.datacenter_enabled,
+        expiry_warning_seconds,
         deployment_on: settings.datacenter_module,
         url_value: url.unwrap_or_else(|| hook.as_ref().map(|h| h.url.clone()).unwrap_or_default()),
         webhook: hook.map(|h| WebhookView {
@@ -131,6 +135,9 @@ pub struct SettingsForm {
     csrf: String,
     /// A checkbox: present ("on") when ticked, absent otherwise.
     datacenter: Option<String>,
+    /// R16, in seconds; absent or empty leaves it as it is.
+    #[serde(default)]
+    expiry_warning_seconds: Option<String>,
 }
 
 pub(crate) async fn save(
@@ -150,8 +157,35 @@ pub(crate) async fn save(
             ));
         }
     };
-    // The audit row commits with the change, or neither does.
+    let warning = match form.expiry_warning_seconds.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(text) => Some(
+            text.parse::<i32>()
+                .ok()
+                .filter(|s| (0..=3600).contains(s))
+                .ok_or_else(|| {
+                    DashError::bad_request(
+                        "The warning before a deadline is a whole number of seconds from 0 to 3600; \
+                         nothing was changed.",
+                    )
+                })?,
+        ),
+    };
+    // The audit rows commit with the changes, or none does.
     let mut tx = pool.begin().await?;
+    if let Some(seconds) = warning
+        && crate::orgs::set_expiry_warning_on(&mut *tx, staff.org_id, seconds).await?
+    {
+        audit_on(
+            &mut tx,
+            &req,
+            &staff,
+            "org.expiry_warning",
+            &format!("org:{}", staff.org_id),
+            Some(&format!("{seconds} s before a deadline")),
+        )
+        .await?;
+    }
     crate::orgs::set_datacenter_enabled_on(&mut *tx, staff.org_id, enabled).await?;
     audit_on(
         &mut tx,

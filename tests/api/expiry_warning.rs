@@ -207,3 +207,66 @@ async fn the_warning_arrives_once_when_the_sweep_holder_is_killed() {
         let _ = child.kill().await;
     }
 }
+
+/// R16's warning time is the organization's, set by an admin on /settings
+/// with an audit row when it changes; a bad value is a 400 that writes
+/// nothing.
+#[tokio::test]
+async fn an_admin_sets_the_warning_time_on_the_settings_page() {
+    let app = app().await;
+    let admin = app.staff("ada@acme.example", "admin").await;
+    let (status, body) = admin.page("/settings").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("name=\"expiry_warning_seconds\"") && body.contains("value=\"120\""),
+        "{body}"
+    );
+    let csrf = admin.csrf().await;
+    let warning = async || -> i32 {
+        sqlx::query_scalar("SELECT expiry_warning_seconds FROM organizations WHERE id = $1")
+            .bind(app.org.id)
+            .fetch_one(&app.pool)
+            .await
+            .expect("warning")
+    };
+    let audits = async || -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM audit_log WHERE action = 'org.expiry_warning'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("audit")
+    };
+    for bad in ["90 s", "-1", "3601", "1e3"] {
+        let r = admin
+            .post_form(
+                "/settings",
+                &[
+                    ("csrf", &csrf),
+                    ("datacenter", "on"),
+                    ("expiry_warning_seconds", bad),
+                ],
+            )
+            .await;
+        assert_eq!(r.status().as_u16(), 400, "{bad}");
+        assert_eq!(warning().await, 120, "{bad} wrote nothing");
+    }
+    let save = async |seconds: &str| {
+        admin
+            .post_form(
+                "/settings",
+                &[
+                    ("csrf", &csrf),
+                    ("datacenter", "on"),
+                    ("expiry_warning_seconds", seconds),
+                ],
+            )
+            .await
+            .status()
+            .as_u16()
+    };
+    assert_eq!(save("300").await, 303);
+    assert_eq!(warning().await, 300);
+    assert_eq!(audits().await, 1);
+    // The same value again changes nothing and writes no audit row.
+    assert_eq!(save("300").await, 303);
+    assert_eq!(audits().await, 1);
+}
