@@ -32,9 +32,18 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(web::resource("/reservations/{id}/cancel").route(web::post().to(cancel)))
     .service(web::resource("/reservations/{id}/extend").route(web::post().to(extend)))
     .service(web::resource("/orders/{order_ref}").route(web::get().to(get_order)))
-    .service(web::resource("/orders/{order_ref}/convert").route(web::post().to(convert_order)))
-    .service(web::resource("/orders/{order_ref}/cancel").route(web::post().to(cancel_order)))
-    .service(web::resource("/orders/{order_ref}/extend").route(web::post().to(extend_order)));
+    .service(
+        web::resource("/orders/{order_ref}/convert")
+            .route(web::post().to(order_action::<ConvertOrder>)),
+    )
+    .service(
+        web::resource("/orders/{order_ref}/cancel")
+            .route(web::post().to(order_action::<CancelOrder>)),
+    )
+    .service(
+        web::resource("/orders/{order_ref}/extend")
+            .route(web::post().to(order_action::<ExtendOrder>)),
+    );
 }
 
 #[derive(Debug, Deserialize)]
@@ -689,63 +698,77 @@ fn named(items: impl Iterator<Item = (i64, i64)>) -> Result<Vec<Named>, ApiError
     Ok(named)
 }
 
-async fn convert_order(
-    token: BearerToken,
-    settings: web::Data<Settings>,
-    pool: web::Data<Db>,
-    path: web::Path<String>,
-    payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    let bytes = read_body(payload).await;
-    let request = path_order_ref(&path).and_then(|order_ref| {
-        let b: ConvertOrderBody = json_body(&bytes?)?;
-        let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
-        let refs: Vec<ServiceRef> = b.reservations.into_iter().map(|i| i.service_ref).collect();
-        Ok((order_ref, named, refs))
-    });
-    let (order_ref, named, refs) = parsed(request, &token, &pool, &settings).await?;
-    let order = order_transition(
-        &token,
-        &settings,
-        &pool,
-        Some(order_ref.as_str()),
-        &named,
-        OrderAction::Convert {
-            service_refs: &refs,
-        },
-    )
-    .await?;
-    Ok(HttpResponse::Ok().json(order_body(&order)?))
+/// What an order action's body carries once parsed (its reservations are
+/// apart): the one handler, `order_action`, runs each the same way.
+trait OrderRequest: Sized {
+    /// Parses the body: the reservations it names, and the rest.
+    fn parse(bytes: &[u8]) -> Result<(Vec<Named>, Self), ApiError>;
+    /// The action, borrowing what was parsed.
+    fn action<'a>(&'a self, settings: &Settings) -> OrderAction<'a>;
 }
 
-async fn cancel_order(
-    token: BearerToken,
-    settings: web::Data<Settings>,
-    pool: web::Data<Db>,
-    path: web::Path<String>,
-    payload: web::Payload,
-) -> Result<HttpResponse, ApiError> {
-    let bytes = read_body(payload).await;
-    let request = path_order_ref(&path).and_then(|order_ref| {
-        let b: CancelOrderBody = json_body(&bytes?)?;
+struct ConvertOrder(Vec<ServiceRef>);
+struct CancelOrder(String);
+struct ExtendOrder {
+    seconds: u32,
+    until: Option<DateTime<Utc>>,
+    reason: Option<String>,
+}
+
+impl OrderRequest for ConvertOrder {
+    fn parse(bytes: &[u8]) -> Result<(Vec<Named>, Self), ApiError> {
+        let b: ConvertOrderBody = json_body(bytes)?;
+        let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
+        let refs = b.reservations.into_iter().map(|i| i.service_ref).collect();
+        Ok((named, ConvertOrder(refs)))
+    }
+    fn action<'a>(&'a self, _: &Settings) -> OrderAction<'a> {
+        OrderAction::Convert {
+            service_refs: &self.0,
+        }
+    }
+}
+
+impl OrderRequest for CancelOrder {
+    fn parse(bytes: &[u8]) -> Result<(Vec<Named>, Self), ApiError> {
+        let b: CancelOrderBody = json_body(bytes)?;
         let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
         let reason = reservations::check_reason(&b.reason).map_err(invalid)?;
-        Ok((order_ref, named, reason.to_owned()))
-    });
-    let (order_ref, named, reason) = parsed(request, &token, &pool, &settings).await?;
-    let order = order_transition(
-        &token,
-        &settings,
-        &pool,
-        Some(order_ref.as_str()),
-        &named,
-        OrderAction::Cancel { reason: &reason },
-    )
-    .await?;
-    Ok(HttpResponse::Ok().json(order_body(&order)?))
+        Ok((named, CancelOrder(reason.to_owned())))
+    }
+    fn action<'a>(&'a self, _: &Settings) -> OrderAction<'a> {
+        OrderAction::Cancel { reason: &self.0 }
+    }
 }
 
-async fn extend_order(
+impl OrderRequest for ExtendOrder {
+    fn parse(bytes: &[u8]) -> Result<(Vec<Named>, Self), ApiError> {
+        let b: ExtendOrderBody = json_body(bytes)?;
+        let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
+        let (seconds, until) = extend_to(b.seconds, b.until)?;
+        let reason = extend_reason(b.reason)?;
+        Ok((
+            named,
+            ExtendOrder {
+                seconds,
+                until,
+                reason,
+            },
+        ))
+    }
+    fn action<'a>(&'a self, settings: &Settings) -> OrderAction<'a> {
+        OrderAction::Extend {
+            seconds: self.seconds,
+            until: self.until,
+            cap_seconds: settings.hold_max_seconds,
+            reason: self.reason.as_deref(),
+        }
+    }
+}
+
+/// `POST /orders/{order_ref}/convert|cancel|extend` (R13): the whole order
+/// in one statement, through the one write path.
+async fn order_action<R: OrderRequest>(
     token: BearerToken,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -754,29 +777,17 @@ async fn extend_order(
 ) -> Result<HttpResponse, ApiError> {
     let bytes = read_body(payload).await;
     let request = path_order_ref(&path).and_then(|order_ref| {
-        let b: ExtendOrderBody = json_body(&bytes?)?;
-        let named = named(b.reservations.iter().map(|i| (i.id, i.fence)))?;
-        Ok((
-            order_ref,
-            named,
-            extend_to(b.seconds, b.until)?,
-            extend_reason(b.reason)?,
-        ))
+        let (named, parsed) = R::parse(&bytes?)?;
+        Ok((order_ref, named, parsed))
     });
-    let (order_ref, named, (seconds, until), reason) =
-        parsed(request, &token, &pool, &settings).await?;
+    let (order_ref, named, request) = parsed(request, &token, &pool, &settings).await?;
     let order = order_transition(
         &token,
         &settings,
         &pool,
         Some(order_ref.as_str()),
         &named,
-        OrderAction::Extend {
-            seconds,
-            until,
-            cap_seconds: settings.hold_max_seconds,
-            reason: reason.as_deref(),
-        },
+        request.action(&settings),
     )
     .await?;
     Ok(HttpResponse::Ok().json(order_body(&order)?))
