@@ -333,7 +333,7 @@ async fn query(http: &reqwest::Client, prom: &str, q: &str) -> Option<f64> {
         .ok()
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
     let Some(prometheus) = needs_prometheus("prometheus") else {
         return;
@@ -357,7 +357,7 @@ async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
     std::fs::write(
         work.join("prometheus.yml"),
         format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+            "global:\n  scrape_interval: 5s\n  scrape_timeout: 5s\n  evaluation_interval: 1s\n\
              rule_files:\n  - {rules}\n\
              scrape_configs:\n  - job_name: poolkeeper\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n",
             rules = work.join("rules.yml").display(),

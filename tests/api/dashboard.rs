@@ -2089,26 +2089,11 @@ async fn a_staff_action_killed_mid_commit_gets_a_page_offering_it_again() {
                 .expect("an answer")
         })
     };
-    let pid: i32 = loop {
-        let pid: Option<i32> = sqlx::query_scalar(
-            "SELECT pid FROM pg_stat_activity
-              WHERE datname = current_database() AND wait_event_type = 'Lock'
-                AND wait_event = 'advisory' AND application_name = 'poolkeeper'",
-        )
-        .fetch_optional(&app.pool)
-        .await
-        .expect("pg_stat_activity");
-        if let Some(pid) = pid {
-            break pid;
-        }
-        tokio::task::yield_now().await;
-    };
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pid)
-        .fetch_one(&app.pool)
-        .await
-        .expect("terminate");
-    assert!(terminated);
+    crate::helpers::terminate_session_where(
+        &app.pool,
+        "wait_event_type = 'Lock' AND wait_event = 'advisory' AND application_name = 'poolkeeper'",
+    )
+    .await;
     let resp = request.await.expect("the request task");
     assert_eq!(resp.status().as_u16(), 503);
     assert!(resp.headers().contains_key("retry-after"));

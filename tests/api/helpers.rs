@@ -324,6 +324,31 @@ impl TestApp {
     }
 }
 
+/// Waits for the session of the test's database that `condition` (a
+/// `pg_stat_activity` predicate: waiting on a lock, say) names, and
+/// terminates it, as a demoted leader's shutdown or a failover does.
+pub async fn terminate_session_where(pool: &Db, condition: &str) {
+    let sql = format!(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND {condition}"
+    );
+    let pid: i32 = loop {
+        let pid: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .fetch_optional(pool)
+            .await
+            .expect("pg_stat_activity");
+        if let Some(pid) = pid {
+            break pid;
+        }
+        tokio::task::yield_now().await;
+    };
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(pool)
+        .await
+        .expect("terminate");
+    assert!(terminated, "terminate {pid} ({condition})");
+}
+
 /// The compiled `poolkeeper` binary, for tests that run it as a process.
 pub fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_poolkeeper"))

@@ -254,26 +254,11 @@ async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
                 req.send().await.expect("an answer")
             })
         };
-        let pid: i32 = loop {
-            let pid: Option<i32> = sqlx::query_scalar(
-                "SELECT pid FROM pg_stat_activity
-                  WHERE datname = current_database() AND wait_event_type = 'Lock'
-                    AND application_name = 'poolkeeper' AND pid <> pg_backend_pid()",
-            )
-            .fetch_optional(&app.pool)
-            .await
-            .expect("pg_stat_activity");
-            if let Some(pid) = pid {
-                break pid;
-            }
-            tokio::task::yield_now().await;
-        };
-        let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-            .bind(pid)
-            .fetch_one(&app.pool)
-            .await
-            .expect("terminate");
-        assert!(terminated, "{what}");
+        crate::helpers::terminate_session_where(
+            &app.pool,
+            "wait_event_type = 'Lock' AND application_name = 'poolkeeper' AND pid <> pg_backend_pid()",
+        )
+        .await;
         let resp = request.await.expect("the request task");
         let status = resp.status().as_u16();
         let retry_after = resp.headers().get("retry-after").is_some();
