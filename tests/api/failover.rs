@@ -172,6 +172,40 @@ impl Shared {
     /// A write, retried unchanged (same order_ref, same fence) while it
     /// gets 503 or no answer; the final answer and whether an earlier
     /// attempt's outcome was unknown.
+    /// After a convert: ends the service (its retry after an unknown
+    /// outcome may find it ended already) and puts the machine back to
+    /// `ready`, each settled; false, with the violation, when the end's
+    /// answer is wrong.
+    async fn end_and_put_back(&self, service: i64, tag: &str, profile: &str) -> bool {
+        use reqwest::Method;
+        let (a, unknown, _) = self
+            .settle(
+                "end_service",
+                Method::POST,
+                &format!("/api/v1/services/{service}/end"),
+                &json!({}),
+            )
+            .await;
+        let ok = a.status == Some(200)
+            || (unknown && a.status == Some(409) && a.body["error"] == "not_live");
+        if !ok {
+            self.violation(format!("end service {service}: {:?} {}", a.status, a.body));
+            return false;
+        }
+        let (a, _, _) = self
+            .settle(
+                "put_machine",
+                Method::PUT,
+                &format!("/api/v1/machines/{tag}"),
+                &json!({"site": "par1", "vendor": "dell", "profile": profile, "status": "ready"}),
+            )
+            .await;
+        if a.status != Some(200) {
+            self.violation(format!("put machine {tag}: {:?} {}", a.status, a.body));
+        }
+        true
+    }
+
     async fn settle(
         &self,
         op: &'static str,
@@ -307,30 +341,8 @@ async fn client(n: usize, s: Arc<Shared>) {
                 s.violation(format!("convert {id}: no service in {}", a.body));
                 continue;
             };
-            let (a, unknown, _) = s
-                .settle(
-                    "end_service",
-                    Method::POST,
-                    &format!("/api/v1/services/{service}/end"),
-                    &json!({}),
-                )
-                .await;
-            let ok = a.status == Some(200)
-                || (unknown && a.status == Some(409) && a.body["error"] == "not_live");
-            if !ok {
-                s.violation(format!("end service {service}: {:?} {}", a.status, a.body));
+            if !s.end_and_put_back(service, tag, "r650").await {
                 continue;
-            }
-            let (a, _, _) = s
-                .settle(
-                    "put_machine",
-                    Method::PUT,
-                    &format!("/api/v1/machines/{tag}"),
-                    &json!({"site": "par1", "vendor": "dell", "profile": "r650", "status": "ready"}),
-                )
-                .await;
-            if a.status != Some(200) {
-                s.violation(format!("put machine {tag}: {:?} {}", a.status, a.body));
             }
         }
     }
@@ -504,30 +516,8 @@ async fn order_client(n: usize, s: Arc<Shared>) {
                 s.violation(format!("{op} {order_ref}: no service in {r}"));
                 continue;
             };
-            let (a, unknown, _) = s
-                .settle(
-                    "end_service",
-                    Method::POST,
-                    &format!("/api/v1/services/{service}/end"),
-                    &json!({}),
-                )
-                .await;
-            let ok = a.status == Some(200)
-                || (unknown && a.status == Some(409) && a.body["error"] == "not_live");
-            if !ok {
-                s.violation(format!("end service {service}: {:?} {}", a.status, a.body));
+            if !s.end_and_put_back(service, tag, "r760").await {
                 continue;
-            }
-            let (a, _, _) = s
-                .settle(
-                    "put_machine",
-                    Method::PUT,
-                    &format!("/api/v1/machines/{tag}"),
-                    &json!({"site": "par1", "vendor": "dell", "profile": "r760", "status": "ready"}),
-                )
-                .await;
-            if a.status != Some(200) {
-                s.violation(format!("put machine {tag}: {:?} {}", a.status, a.body));
             }
         }
     }
