@@ -243,6 +243,10 @@ pub async fn warn_batch<'c>(
              SELECT r.id FROM reservations r
                JOIN organizations o ON o.id = r.org_id
               WHERE r.state = 'held' AND r.expires_at > clock_timestamp()
+                -- The longest warning (the column's check) bounds the scan
+                -- of the held-by-deadline index; each organization's own
+                -- warning time filters within it.
+                AND r.expires_at <= clock_timestamp() + interval '3600 seconds'
                 AND r.expires_at <= clock_timestamp() + make_interval(secs => o.expiry_warning_seconds)
                 AND r.warned_deadline IS DISTINCT FROM r.expires_at
                 AND EXISTS (SELECT 1 FROM lease)
