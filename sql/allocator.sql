@@ -467,29 +467,9 @@ BEGIN
 END
 $$;
 
--- The previous release's entry points, kept so that its binaries keep
--- working while a deployment rolls (docs/production.md, "Replicas,
--- restarts and upgrades"); each is an order of one. sql/VERSIONS names the
--- set that removes them.
-CREATE OR REPLACE FUNCTION reserve_walk(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                             p_vendor text, p_hold integer, p_candidates bigint[])
-RETURNS reserve_result
-LANGUAGE sql AS $$
-    SELECT w FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold,
-                                     p_candidates, 1) w LIMIT 1
-$$;
-
-CREATE OR REPLACE FUNCTION reserve_machine(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                                p_vendor text, p_hold integer)
-RETURNS reserve_result
-LANGUAGE sql AS $$
-    SELECT o FROM reserve_order(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold, 1) o LIMIT 1
-$$;
-
-CREATE OR REPLACE FUNCTION api_reserve(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
-                            p_profile text, p_vendor text, p_hold integer)
-RETURNS TABLE (caller text, result reserve_result)
-LANGUAGE sql AS $$
-    SELECT a.caller, a.result FROM api_reserve_order(p_token_hash, p_module_on, p_order_ref, p_site, p_profile,
-                                                     p_vendor, p_hold, 1) a LIMIT 1
-$$;
+-- The entry points of orders of one, which the release before orders of
+-- several called; that release's binaries are gone once a deployment has
+-- rolled through set 6, which no longer needed them (sql/VERSIONS).
+DROP FUNCTION IF EXISTS api_reserve(bytea, boolean, text, text, text, text, integer);
+DROP FUNCTION IF EXISTS reserve_machine(bigint, text, text, text, text, text, integer);
+DROP FUNCTION IF EXISTS reserve_walk(bigint, text, text, text, text, text, integer, bigint[]);

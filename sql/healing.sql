@@ -65,10 +65,12 @@ BEGIN
         EXCEPTION WHEN unique_violation THEN
             CONTINUE;
         END;
-        INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
+        INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail,
+                                        replaced_machine_id)
         VALUES (p_hold.id, 'machine_replaced', 'held', 'held', p_actor,
                 format('machine %s %s; moved to %s (was: %s)', p_old.asset_tag, p_old.status, v_now.asset_tag,
-                       p_hold.reason));
+                       p_hold.reason),
+                p_old.id);
         RETURN v_now;
     END LOOP;
     RETURN NULL;

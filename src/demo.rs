@@ -214,6 +214,78 @@ async fn reserve_order(
     })
 }
 
+/// R15, once: two machines of a rack go into maintenance in one change.
+/// DEMO-HEALED-1's hold moves to an equivalent machine (flagged on the live
+/// list); DEMO-RACK-1 holds every free machine of its spec, so one of them
+/// leaving has no equivalent and the order is cancelled whole, in words.
+async fn demo_healing(pool: &Db, org_id: i64) -> anyhow::Result<()> {
+    if exists(pool, org_id, "DEMO-HEALED-1").await? {
+        return Ok(());
+    }
+    let Some(healed) = reserve(pool, org_id, "DEMO-HEALED-1", spec(4, None)?).await? else {
+        return Ok(());
+    };
+    // The first spec with a few free machines (2 to 16: an order of several
+    // can hold them all).
+    let mut scarce = None;
+    'find: for site in SITES {
+        for profile in PROFILES {
+            for vendor in VENDORS {
+                let free: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM machine_verdicts($1, $2, $3, $4) WHERE exclusion IS NULL",
+                )
+                .bind(org_id)
+                .bind(site)
+                .bind(profile)
+                .bind(vendor)
+                .fetch_one(pool)
+                .await?;
+                if (2..=Quantity::MAX).contains(&free) {
+                    scarce = Some((site, profile, vendor, free));
+                    break 'find;
+                }
+            }
+        }
+    }
+    let mut ids = vec![healed.machine_id];
+    if let Some((site, profile, vendor, free)) = scarce {
+        let spec = OrderSpec {
+            site: Site::parse(site)?,
+            profile: Profile::parse(profile)?,
+            vendor: Some(Vendor::parse(vendor)?),
+        };
+        let quantity = Quantity::new(free)?;
+        if let Some(order) = reserve_order(pool, org_id, "DEMO-RACK-1", spec, quantity).await? {
+            ids.extend(order.first().map(|r| r.machine_id));
+        }
+    }
+    let tags: Vec<String> =
+        sqlx::query_scalar("SELECT asset_tag FROM machines WHERE id = ANY($1) ORDER BY id")
+            .bind(&ids)
+            .fetch_all(pool)
+            .await?;
+    let tags = tags
+        .iter()
+        .map(|t| AssetTag::parse(t))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut tx = pool.begin().await?;
+    let changed = crate::healing::change_status(
+        &mut tx,
+        &crate::healing::StatusChange {
+            org_id,
+            tags: &tags,
+            status: MachineStatus::Maintenance,
+            actor: USERS[0].0,
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    if let Err(refused) = changed {
+        eprintln!("demo: the rack's status change was refused: {refused:?}");
+    }
+    Ok(())
+}
+
 /// Demo only: moves a reservation `seconds` into the past, with its events
 /// and service link, so that the demo shows holds created at staggered
 /// times, overdue holds and a history spread over the last day without
@@ -413,6 +485,7 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
             reservations::settle(tx, extended).await?;
         }
     }
+    demo_healing(pool, org_id).await?;
     // Live holds, topped up: the shortest ones first.
     let (live, last): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'held' AND expires_at > clock_timestamp()),

@@ -14,6 +14,7 @@ pub mod domain;
 pub mod embedded_pg;
 pub mod error;
 pub mod head;
+pub mod healing;
 pub mod inventory;
 pub mod lease;
 pub mod metrics;

@@ -9,6 +9,7 @@ use serde_json::json;
 use crate::api::json::integer_text;
 use crate::domain::{AssetTag, MachineStatus, Profile, Scope, Site, Vendor, parse_label};
 use crate::error::{ApiError, invalid};
+use crate::healing::{self, Refused, StatusChange};
 use crate::inventory::{self, MachineFilter, MachineSpec, Upserted};
 use crate::settings::Settings;
 use crate::tokens::ApiClient;
@@ -19,7 +20,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::resource("/machines/{asset_tag}")
                 .route(web::put().to(put))
                 .route(web::get().to(get)),
-        );
+        )
+        .service(web::resource("/status-changes").route(web::post().to(change_status)));
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,4 +127,63 @@ async fn list(
         .then(|| machines.last().map(|m| m.asset_tag.clone()))
         .flatten();
     Ok(HttpResponse::Ok().json(json!({ "machines": machines, "next_after": next })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusChangeBody {
+    asset_tags: Vec<AssetTag>,
+    status: MachineStatus,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+/// R15 for many machines at once (a rack into maintenance): one
+/// transaction, every hold healed or its order cancelled whole, or nothing
+/// written. `dry_run` answers what the change would do now, and writes
+/// nothing. A retry of the same change answers the machines as they are and
+/// no holds: the first one moved them (the events say what and when).
+async fn change_status(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    body: web::Json<StatusChangeBody>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Inventory)?;
+    let body = body.into_inner();
+    if body.asset_tags.is_empty() || body.asset_tags.len() > healing::MAX_MACHINES {
+        return Err(invalid(format!(
+            "asset_tags: between 1 and {} machines",
+            healing::MAX_MACHINES
+        )));
+    }
+    let change = StatusChange {
+        org_id: client.org_id,
+        tags: &body.asset_tags,
+        status: body.status,
+        actor: &client.token_name,
+    };
+    let outcome = if body.dry_run {
+        healing::preview(&pool, &change).await?
+    } else {
+        write(&pool, Shape::Transaction, async |conn| {
+            healing::change_status(conn, &change).await
+        })
+        .await?
+    };
+    match outcome {
+        Ok(changed) => Ok(HttpResponse::Ok().json(json!({
+            "status": body.status.as_str(),
+            "dry_run": body.dry_run,
+            "machines": changed.machines,
+            "holds": changed.holds,
+        }))),
+        Err(Refused::Unknown(tags)) => Err(ApiError::Unprocessable {
+            code: "unknown_machines",
+            message: format!(
+                "no machine {} in this organization; nothing was changed",
+                tags.join(", ")
+            ),
+        }),
+    }
 }

@@ -189,6 +189,7 @@ struct MachinesPage {
     next: Option<String>,
     first: Option<String>,
     csv: String,
+    can_act: bool,
 }
 
 /// What a request asks of the list: the filter, the order it is checked
@@ -325,6 +326,7 @@ pub(crate) async fn list(
         states,
         has_spec: asked.spec.is_some(),
         csv: link("/machines.csv", &q, state, ""),
+        can_act: staff.can_act(),
         machines,
         next,
         first,
@@ -470,6 +472,15 @@ pub struct ServiceLine {
     pub ended_by: String,
 }
 
+/// R15: a hold that left this machine for an equivalent one.
+pub struct MovedLine {
+    pub reservation_id: i64,
+    pub order_ref: String,
+    pub at: String,
+    pub to: String,
+    pub actor: String,
+}
+
 #[derive(Template)]
 #[template(path = "machine.html")]
 struct MachinePage {
@@ -478,7 +489,19 @@ struct MachinePage {
     created_at: String,
     updated_at: String,
     reservations: Vec<ReservationLine>,
+    moved_away: Vec<MovedLine>,
     services: Vec<ServiceLine>,
+    can_act: bool,
+    statuses: Vec<&'static str>,
+}
+
+#[derive(sqlx::FromRow)]
+struct MovedRow {
+    reservation_id: i64,
+    order_ref: String,
+    at: chrono::DateTime<chrono::Utc>,
+    to_tag: String,
+    actor: String,
 }
 
 #[derive(sqlx::FromRow)]
@@ -522,6 +545,20 @@ pub(crate) async fn detail(
     .bind(staff.org_id)
     .fetch_all(pool.get_ref())
     .await?;
+    // Holds that moved away keep their reservation row on the new machine;
+    // the event names this one (partial index on replaced_machine_id).
+    let moved_away: Vec<MovedRow> = sqlx::query_as(
+        "SELECT e.reservation_id, r.order_ref, e.at, m.asset_tag AS to_tag, e.actor
+           FROM reservation_events e
+           JOIN reservations r ON r.id = e.reservation_id
+           JOIN machines m ON m.id = r.machine_id
+          WHERE e.replaced_machine_id = $1 AND r.org_id = $2
+          ORDER BY e.id DESC LIMIT 200",
+    )
+    .bind(machine.id)
+    .bind(staff.org_id)
+    .fetch_all(pool.get_ref())
+    .await?;
     let services: Vec<SvcRow> = sqlx::query_as(
         "SELECT service_ref, reservation_id, created_at, ended_at, ended_by
            FROM service_links WHERE machine_id = $1 AND org_id = $2
@@ -553,6 +590,18 @@ pub(crate) async fn detail(
                 ended_by: r.ended_by.unwrap_or_default(),
             })
             .collect(),
+        moved_away: moved_away
+            .into_iter()
+            .map(|m| MovedLine {
+                reservation_id: m.reservation_id,
+                order_ref: m.order_ref,
+                at: fmt_time(&m.at),
+                to: m.to_tag,
+                actor: m.actor,
+            })
+            .collect(),
+        can_act: staff.can_act(),
+        statuses: MachineStatus::ALL.iter().map(|s| s.as_str()).collect(),
         services: services
             .into_iter()
             .map(|s| ServiceLine {

@@ -21,6 +21,7 @@ pub mod reasons;
 pub mod reservations;
 pub mod search;
 pub mod session;
+pub mod status_changes;
 pub mod view;
 pub mod why_not;
 
@@ -68,6 +69,7 @@ routes! {
     "/reservations/{id}/convert" => [get => reservations::confirm_convert, post => reservations::convert],
     "/reservations/{id}/extend" => [get => reservations::confirm_extend, post => reservations::extend],
     "/search" => [get => search::search],
+    "/status-changes" => [get => status_changes::show, post => status_changes::apply],
     "/why-not" => [get => why_not::why_not],
     "/jobs" => [get => jobs::jobs],
     "/demand" => [get => demand::demand],

@@ -36,6 +36,9 @@ struct LiveRow {
     remaining: i64,
     quantity: i16,
     slot: i16,
+    /// R15: the machine the hold last left, and when.
+    replaced_tag: Option<String>,
+    replaced_at: Option<DateTime<Utc>>,
 }
 
 /// One compact row: the frozen reason is on the reservation's own page.
@@ -53,6 +56,8 @@ pub struct LiveView {
     pub overdue: bool,
     /// Under `SOON_SECONDS` left: said in words, not only in colour.
     pub soon: bool,
+    /// R15: "PK-00011, 14:02:11 UTC" when the hold moved off that machine.
+    pub replaced: Option<(String, String)>,
 }
 
 /// A hold with less than this left is flagged "expires soon" in text.
@@ -165,8 +170,14 @@ async fn held_rows(
     let sql = format!(
         "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.expires_at,
                 floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining,
-                r.quantity, r.slot
+                r.quantity, r.slot, x.replaced_tag, x.replaced_at
            FROM reservations r JOIN machines m ON m.id = r.machine_id
+           -- R15: the last move of this hold, by its events' index.
+           LEFT JOIN LATERAL (
+                SELECT old.asset_tag AS replaced_tag, e.at AS replaced_at
+                  FROM reservation_events e JOIN machines old ON old.id = e.replaced_machine_id
+                 WHERE e.reservation_id = r.id AND e.kind = 'machine_replaced'
+                 ORDER BY e.id DESC LIMIT 1) x ON true
           WHERE r.org_id = $1 AND r.state = 'held' AND r.expires_at IS NOT NULL
             AND ($2::text IS NULL OR m.site = $2::text)
             AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))
@@ -260,6 +271,7 @@ pub(crate) async fn list(
             remaining_text: fmt_remaining(r.remaining),
             overdue: r.remaining <= 0,
             soon: r.remaining > 0 && r.remaining < SOON_SECONDS,
+            replaced: r.replaced_tag.zip(r.replaced_at.as_ref().map(fmt_time)),
         })
         .collect();
     page(&ReservationsPage {
@@ -400,6 +412,9 @@ struct ReservationPage {
     can_act: bool,
     events: Vec<EventView>,
     order: Vec<OrderLine>,
+    /// R15: the last time the hold moved to another machine (when, by whom,
+    /// the event's words: from which machine and why).
+    replaced: Option<(String, String, String)>,
 }
 
 async fn load(
@@ -439,6 +454,17 @@ pub(crate) async fn detail(
         held: r.state == "held",
         overdue: r.state == "held" && m.remaining <= 0,
         can_act: staff.can_act(),
+        replaced: events
+            .iter()
+            .rev()
+            .find(|e| e.kind == "machine_replaced")
+            .map(|e| {
+                (
+                    fmt_time(&e.at),
+                    e.actor.clone(),
+                    e.detail.clone().unwrap_or_default(),
+                )
+            }),
         events: events
             .into_iter()
             .map(|e| EventView {

@@ -735,6 +735,58 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     assert!(d.text("h1").await.starts_with("Extend order DEMO-TRIO-1"));
     check_page(&d, &shots, "19c-confirm-extend", &axe, &mut problems).await;
 
+    // R15: a rack went into maintenance. DEMO-HEALED-1's hold moved to an
+    // equivalent machine (flagged, and listed on the machine it left);
+    // DEMO-RACK-1 had no equivalent and was cancelled whole, in words.
+    let healed = id_of(&app, "DEMO-HEALED-1").await;
+    d.goto(&app.url(&format!("/reservations/{healed}"))).await;
+    let replaced = d.text("#replaced").await;
+    assert!(
+        replaced.contains("admin@demo.example") && replaced.contains("maintenance; moved to "),
+        "{replaced}"
+    );
+    check_page(&d, &shots, "19d-healed-hold", &axe, &mut problems).await;
+    let left: String = sqlx::query_scalar(
+        "SELECT m.asset_tag FROM reservation_events e JOIN machines m ON m.id = e.replaced_machine_id
+          WHERE e.reservation_id = $1",
+    )
+    .bind(healed)
+    .fetch_one(&app.pool)
+    .await
+    .expect("the machine the hold left");
+    d.goto(&app.url(&format!("/machines/{left}"))).await;
+    assert!(d.text("#moved-away").await.contains("Holds moved"));
+    check_page(
+        &d,
+        &shots,
+        "19e-machine-hold-moved-away",
+        &axe,
+        &mut problems,
+    )
+    .await;
+    let rack = id_of(&app, "DEMO-RACK-1").await;
+    d.goto(&app.url(&format!("/reservations/{rack}"))).await;
+    let page = d.text("main").await;
+    assert!(
+        page.contains("maintenance; no equivalent machine in "),
+        "{page}"
+    );
+    // The status form's preview for a machine under a live hold.
+    let under: String = sqlx::query_scalar(
+        "SELECT m.asset_tag FROM reservations r JOIN machines m ON m.id = r.machine_id
+          WHERE r.order_ref = 'DEMO-HOLD-0008'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("a held machine");
+    d.goto(&app.url(&format!("/machines/{under}"))).await;
+    d.click("#status-form button").await;
+    d.wait_url("the preview", |u| u.contains("/status-changes?"))
+        .await;
+    let summary = d.text("#hold-summary").await;
+    assert!(summary.starts_with("1 hold will move"), "{summary}");
+    check_page(&d, &shots, "19f-status-change-preview", &axe, &mut problems).await;
+
     // Reasons in words on machines and why-not.
     d.goto(&app.url("/machines?spec_site=par1&spec_profile=epyc-9354-256g"))
         .await;

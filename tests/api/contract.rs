@@ -685,8 +685,15 @@ struct Binding {
     body: Map<String, Value>,
 }
 
-/// `$response.body#/pointer`, or a literal.
+/// `$response.body#/pointer`, or a literal; in an array, each item.
 fn evaluate(expr: &Value, answer: &Value) -> Option<Value> {
+    if let Value::Array(items) = expr {
+        return items
+            .iter()
+            .map(|i| evaluate(i, answer))
+            .collect::<Option<Vec<_>>>()
+            .map(Value::Array);
+    }
     match expr
         .as_str()
         .and_then(|s| s.strip_prefix("$response.body#"))
@@ -1278,7 +1285,24 @@ async fn document_links_resolve_to_operations_parameters_and_answer_fields() {
                     for (name, expr) in body.as_object().expect("a body object") {
                         let field = property(&doc, &body_schema, name)
                             .unwrap_or_else(|| panic!("{what}: the body has no field {name}"));
-                        evaluated(expr, &field, name);
+                        match expr {
+                            // An array of expressions feeds an array field,
+                            // item by item.
+                            Value::Array(items)
+                                if items
+                                    .iter()
+                                    .any(|i| i.as_str().is_some_and(|s| s.starts_with('$'))) =>
+                            {
+                                let item_schema = field
+                                    .get("items")
+                                    .cloned()
+                                    .unwrap_or_else(|| panic!("{what}: {name} is not an array"));
+                                for item in items {
+                                    evaluated(item, &item_schema, name);
+                                }
+                            }
+                            _ => evaluated(expr, &field, name),
+                        }
                     }
                 }
                 seen.push((op.id.clone(), target));

@@ -396,3 +396,48 @@ async fn pending_definitions_need_a_migration_session() {
     );
     app.close().await;
 }
+
+/// The entry points of orders of one (set 1 to 6) are dropped by set 7:
+/// gone from a fresh database and from one upgraded from set 1, where they
+/// existed.
+#[tokio::test]
+async fn legacy_entry_points_are_gone() {
+    const LEGACY_NAMES: &str = "SELECT p.proname::text FROM pg_proc p
+         WHERE p.pronamespace = 'public'::regnamespace
+           AND p.proname IN ('api_reserve', 'reserve_machine', 'reserve_walk')
+         ORDER BY 1";
+    let old = empty_db().await;
+    let mut conn = old.connection().await;
+    Migrator::with_migrations(
+        poolkeeper::db::MIGRATOR
+            .iter()
+            .filter(|m| m.version <= LAYOUT_MIGRATION)
+            .cloned()
+            .collect(),
+    )
+    .run(&mut conn)
+    .await
+    .expect("the migrations up to the layout");
+    poolkeeper::definitions::apply(&mut conn, &v1_set())
+        .await
+        .expect("the definitions at version 1");
+    let before: Vec<String> = sqlx::query_scalar(LEGACY_NAMES)
+        .fetch_all(&mut conn)
+        .await
+        .expect("names");
+    // Not vacuous: set 1 had all three.
+    assert_eq!(before, ["api_reserve", "reserve_machine", "reserve_walk"]);
+    let _ = conn.close().await;
+    poolkeeper::db::migrate(&old.options)
+        .await
+        .expect("upgrade");
+    let fresh = migrated_db().await;
+    for db in [&old, &fresh] {
+        let mut conn = db.connection().await;
+        let after: Vec<String> = sqlx::query_scalar(LEGACY_NAMES)
+            .fetch_all(&mut conn)
+            .await
+            .expect("names");
+        assert!(after.is_empty(), "still defined: {after:?}");
+    }
+}

@@ -71,6 +71,8 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/reservations/{id}/extend",   "get",  [303, 403, 200, 200, 404]),
     ("/reservations/{id}/extend",   "post", [303, 403, 303, 303, 404]),
     ("/search",                     "get",  [303, 200, 200, 200, 200]),
+    ("/status-changes",             "get",  [303, 403, 200, 200, 409]),
+    ("/status-changes",             "post", [303, 403, 200, 200, 409]),
     ("/why-not",                    "get",  [303, 200, 200, 200, 200]),
     ("/jobs",                       "get",  [303, 200, 200, 200, 200]),
     ("/demand",                     "get",  [303, 200, 200, 200, 200]),
@@ -118,6 +120,7 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/machines",                   "get",  "inventory", [401, 403, 200, 200]),
     ("/api/v1/machines/{asset_tag}",       "get",  "inventory", [401, 403, 200, 404]),
     ("/api/v1/machines/{asset_tag}",       "put",  "inventory", [401, 403, 200, 201]),
+    ("/api/v1/status-changes",             "post", "inventory", [401, 403, 200, 422]),
     ("/api/v1/reservations",               "post", "orders",    [401, 403, 201, 409]),
     ("/api/v1/reservations",               "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}",          "get",  "orders",    [401, 403, 200, 404]),
@@ -272,6 +275,18 @@ async fn dashboard_cell(
             if m == "get" {
                 concrete = format!("{concrete}?fence={fence}");
             }
+        }
+        "/status-changes" => {
+            // A machine of this organization: another's admin names a
+            // machine it does not have (409, nothing written).
+            let tag = format!("SC-{n}");
+            app.insert_machine(app.org.id, &tag, "par1", "dell", "epyc", "ready")
+                .await;
+            if m == "get" {
+                concrete = format!("/status-changes?tags={tag}&status=maintenance");
+            }
+            fields.push(("tags".into(), tag));
+            fields.push(("status".into(), "maintenance".into()));
         }
         "/settings" => fields.push(("datacenter".into(), "on".into())),
         "/settings/webhook" => fields.push(("action".into(), "remove".into())),
@@ -478,6 +493,15 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
             )
         }
         ("/api/v1/machines/{asset_tag}", _) => ("/api/v1/machines/PK-1".into(), None),
+        ("/api/v1/status-changes", _) => {
+            let tag = format!("SC-{n}");
+            app.insert_machine(app.org.id, &tag, "par1", "dell", "epyc", "ready")
+                .await;
+            (
+                "/api/v1/status-changes".into(),
+                Some(json!({"asset_tags": [tag], "status": "maintenance"})),
+            )
+        }
         ("/api/v1/reservations", "post") => {
             let profile = format!("p{n}");
             app.insert_machine(
@@ -786,6 +810,7 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             "/machines".into(),
             "/machines/PK-1".into(),
             "/why-not?site=par1&profile=epyc".into(),
+            "/status-changes?tags=PK-1&status=broken".into(),
         ] {
             let (status, body) = c.page(&page).await;
             assert_eq!(status, 403, "{what}: {page}");
@@ -808,6 +833,11 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             "PUT",
             "/api/v1/machines/PK-1".into(),
             Some(json!({"site": "par1", "vendor": "dell", "profile": "epyc", "status": "broken"})),
+        ),
+        (
+            "POST",
+            "/api/v1/status-changes".into(),
+            Some(json!({"asset_tags": ["PK-1"], "status": "broken"})),
         ),
         (
             "POST",

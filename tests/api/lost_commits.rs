@@ -176,7 +176,8 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     let token = app.org.token.clone();
     for tag in [
-        "RT-1", "RT-2", "RT-3", "RT-4", "RT-5", "RT-6", "RT-7", "RT-8", "RT-9", "RT-10",
+        "RT-1", "RT-2", "RT-3", "RT-4", "RT-5", "RT-6", "RT-7", "RT-8", "RT-9", "RT-10", "RT-11",
+        "RT-12",
     ] {
         app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
             .await;
@@ -220,6 +221,8 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
     let order_convert = reserve("RT-ORDER-CONVERT", 2).await;
     let order_cancel = reserve("RT-ORDER-CANCEL", 1).await;
     let to_end = reserve("RT-END", 1).await;
+    let to_move = reserve("RT-MOVE", 1).await;
+    let moving_tag = to_move["machine"]["asset_tag"].clone();
     let (end_id, end_fence) = one(&to_end);
     let (status, converted) = json_of(
         send(
@@ -331,6 +334,15 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             body: None,
             retry_status: 404,
         },
+        // The machine is in maintenance and the hold has moved: the retry
+        // answers the machine as it is, and moves nothing again.
+        Case {
+            method: Method::POST,
+            template: "/api/v1/status-changes",
+            path: "/api/v1/status-changes".into(),
+            body: Some(json!({"asset_tags": [moving_tag], "status": "maintenance"})),
+            retry_status: 200,
+        },
     ];
 
     // Every write route of the document has its case.
@@ -421,6 +433,17 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             "each extension by until wrote once, its retry nothing"
         );
         assert_eq!(count("SELECT count(*) FROM webhooks").await, 0);
+        assert_eq!(
+            count(
+                "SELECT count(*) FROM reservations r JOIN machines m ON m.id = r.machine_id
+                  WHERE r.order_ref = 'RT-MOVE' AND r.state = 'held' AND m.status = 'ready'
+                    AND (SELECT count(*) FROM reservation_events e
+                          WHERE e.reservation_id = r.id AND e.kind = 'machine_replaced') = 1"
+            )
+            .await,
+            1,
+            "the hold moved once, to a ready machine"
+        );
         // Each extension by until has the deadline its client was given.
         for (id, until) in [
             (e_id, &e_until),

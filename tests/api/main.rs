@@ -34,6 +34,7 @@ mod replicas;
 mod rolling;
 mod schema;
 mod soak;
+mod status_changes;
 mod sweep;
 mod tls;
 mod webhooks;

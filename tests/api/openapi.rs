@@ -225,6 +225,31 @@ async fn real_answers_validate_against_the_documented_schemas() {
         .await
         .expect("put");
     c.check(M, "put", r).await;
+    // Status changes of several machines (R15): a dry run, then an unknown
+    // machine, then an empty list.
+    const SC: &str = "/api/v1/status-changes";
+    for body in [
+        json!({"asset_tags": ["OA-2", "OA-3"], "status": "maintenance", "dry_run": true}),
+        json!({"asset_tags": ["OA-2", "NOPE"], "status": "broken"}),
+        json!({"asset_tags": [], "status": "broken"}),
+    ] {
+        let r = http
+            .post(api("/status-changes"))
+            .bearer_auth(t)
+            .json(&body)
+            .send()
+            .await
+            .expect("post");
+        c.check(SC, "post", r).await;
+    }
+    let r = http
+        .post(api("/status-changes"))
+        .bearer_auth(&app.org.orders_token)
+        .json(&json!({"asset_tags": ["OA-2"], "status": "broken"}))
+        .send()
+        .await
+        .expect("post");
+    c.check(SC, "post", r).await;
     for tag in ["OA-1", "NOPE"] {
         let r = http
             .get(api(&format!("/machines/{tag}")))
@@ -712,6 +737,12 @@ async fn real_answers_validate_against_the_documented_schemas() {
         ("get", M, format!("{base}/machines/OA-1"), None),
         (
             "post",
+            SC,
+            format!("{base}/status-changes"),
+            Some(json!({"asset_tags": ["OA-2"], "status": "broken"})),
+        ),
+        (
+            "post",
             R,
             format!("{base}/reservations"),
             Some(json!({"order_ref": "ORD-Z", "site": "par1", "profile": "epyc"})),
@@ -801,7 +832,7 @@ async fn real_answers_validate_against_the_documented_schemas() {
                 .replace("{asset_tag}", "OA-1")
                 .replace("{id}", &id.to_string()),
         );
-        let wrong_scope = if path.contains("/machines") {
+        let wrong_scope = if path.contains("/machines") || path.contains("/status-changes") {
             &app.org.orders_token
         } else {
             &app.org.inventory_token

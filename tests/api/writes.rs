@@ -127,6 +127,19 @@ async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
         200,
     )
     .await;
+    // A hold to move, and spares for it and for the reserve case.
+    for i in 12..15 {
+        app.insert_machine(
+            app.org.id,
+            &format!("W-{i:02}"),
+            "par1",
+            "dell",
+            "epyc",
+            "ready",
+        )
+        .await;
+    }
+    let moving = reserve(&app, "ORD-W-MOVE", 1).await;
     let until = (chrono::Utc::now() + chrono::Duration::seconds(1200))
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let items = |order: &Value, prefix: &str| -> Vec<Value> {
@@ -208,6 +221,14 @@ async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
             method: "delete",
             url: "/api/v1/webhook".into(),
             body: None,
+        },
+        WriteCase {
+            path: "/api/v1/status-changes",
+            method: "post",
+            url: "/api/v1/status-changes".into(),
+            body: Some(
+                json!({"asset_tags": [moving["machine"]["asset_tag"]], "status": "maintenance"}),
+            ),
         },
     ];
     let covered: BTreeSet<(String, String)> = cases
