@@ -19,6 +19,7 @@ mod cpu;
 mod fill;
 mod growth;
 mod ha;
+mod healing;
 #[path = "../../tests/ha/cluster.rs"]
 mod ha_cluster;
 mod notes;
@@ -157,6 +158,8 @@ pub struct Results {
     /// Item 10: the hot path through HAProxy to a Patroni leader with a
     /// synchronous standby, beside the ceiling on that cluster.
     pub ha: Option<ha::Result>,
+    /// Item 11: a rack of holds healed in one status change (R15).
+    pub healing: Vec<healing::Run>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -306,6 +309,17 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
             );
             results.ha = Some(ha::run(cfg).await?);
         }
+    }
+
+    if cfg.runs_item("healing") {
+        eprintln!(
+            "healing: a rack of {} held machines into maintenance",
+            cfg.heal_holds
+        );
+        let db = cluster.database("bench_healing").await?;
+        results.healing = healing::run(&db, cfg).await?;
+        db.setup.close().await;
+        drop_database(cluster, &db.name).await?;
     }
 
     if cfg.runs_item("sweep") {

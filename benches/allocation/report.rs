@@ -342,6 +342,32 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             if target { met(longest <= 100.0) } else { "" }
         );
     }
+    for dry_run in [false, true] {
+        let runs: Vec<f64> = results
+            .healing
+            .iter()
+            .filter(|r| r.dry_run == dry_run)
+            .map(|r| r.total_ms)
+            .collect();
+        let Some(first) = results.healing.iter().find(|r| r.dry_run == dry_run) else {
+            continue;
+        };
+        let _ = writeln!(
+            w,
+            "| 11 | healing (R15): a rack of {} held machines into maintenance in one status change, every hold moved to a spare of its spec among 20,000 other machines{} | median {:.0} ms (runs: {}) | | |",
+            first.holds,
+            if dry_run {
+                ", as a dry run (made and rolled back: the preview)"
+            } else {
+                ", committed"
+            },
+            median(&runs),
+            runs.iter()
+                .map(|t| format!("{t:.0}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if let Some(p) = &results.pages {
         for (i, (name, path, size, l)) in p.pages.iter().enumerate() {
             let alone = p.alone.get(i).copied().unwrap_or_default();

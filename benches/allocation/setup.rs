@@ -35,6 +35,8 @@ pub struct Config {
     pub growth_reserves: usize,
     /// Overdue held reservations the sweep expires.
     pub sweep_reservations: i64,
+    /// Item 11: holds on the rack put into maintenance at once.
+    pub heal_holds: i64,
     /// Machines of the organization whose pages are read, and its held reservations.
     pub page_machines: i64,
     pub page_held: i64,
@@ -99,6 +101,7 @@ impl Config {
             ),
             growth_reserves: env_or("BENCH_GROWTH_RESERVES", pick(quick, 400, 60)),
             sweep_reservations: env_or("BENCH_SWEEP", pick(quick, 100_000, 10_000)),
+            heal_holds: env_or("BENCH_HEAL", 100),
             page_machines: env_or("BENCH_PAGE_MACHINES", pick(quick, 50_000, 20_000)),
             page_held: env_or("BENCH_PAGE_HELD", 1_000),
             page_readers: env_or("BENCH_PAGE_READERS", 8),
@@ -111,6 +114,7 @@ impl Config {
                     "race",
                     "growth",
                     "sweep",
+                    "healing",
                     "pages",
                     "fill",
                     "pooler",
