@@ -15,6 +15,7 @@ pub mod embedded_pg;
 pub mod error;
 pub mod head;
 pub mod healing;
+pub mod holds;
 pub mod inventory;
 pub mod lease;
 pub mod metrics;

@@ -19,9 +19,9 @@ mod cpu;
 mod fill;
 mod growth;
 mod ha;
-mod healing;
 #[path = "../../tests/ha/cluster.rs"]
 mod ha_cluster;
+mod healing;
 mod notes;
 mod pages;
 mod pooler;
