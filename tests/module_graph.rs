@@ -16,6 +16,11 @@ const RUNGS: &[(&str, &[&str])] = &[
         "bottom: the database handle, settings, domain types, errors, metrics",
         &[
             "db",
+            "db::connect",
+            "db::errors",
+            "db::handle",
+            "db::migrations",
+            "db::read_only",
             "definitions",
             "domain",
             "embedded_pg",
