@@ -120,6 +120,7 @@ impl Metrics {
             Box::new(m.db_state.lease_holders.clone()),
             Box::new(m.db_state.pool_connections.clone()),
             Box::new(m.db_state.scrape_errors.clone()),
+            Box::new(m.db_state.reads.clone()),
             Box::new(m.sweep_period.clone()),
             Box::new(m.process.cpu.clone()),
             Box::new(m.process.resident.clone()),
@@ -432,9 +433,28 @@ impl Http {
 // What the database says, read at scrape time and cached
 // ---------------------------------------------------------------------------
 
-/// How long the database's numbers are reused: a scrape more often than
-/// this (several Prometheus servers, a person with curl) costs no query.
+/// How long the database's numbers are reused, by every replica: a scrape
+/// more often than this (several Prometheus servers, ten replicas, a person
+/// with curl) reads the shared snapshot, one row by its key.
 pub const DB_STATE_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// The advisory lock under which one replica reads the numbers for all
+/// ('pk' 'metr'); the others reuse the snapshot it writes.
+pub const SNAPSHOT_LOCK_KEY: i64 = 0x706b_6d65_7472;
+
+/// What one replica read, shared through `metrics_snapshot`. Instants are
+/// epoch seconds by the database clock, so that every replica computes the
+/// same ages from them whenever it reads the row.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+struct Snapshot {
+    machines: Vec<(String, String, String, i64)>,
+    holds_soon: i64,
+    holds_overdue: i64,
+    pending: i64,
+    oldest_pending_at: Option<f64>,
+    sweep_finished_at: Option<f64>,
+    leases: Vec<(String, i64)>,
+}
 
 /// At most this many (site, profile) pairs get their own labels; the rest
 /// are summed under `other`, as refusal labels are bounded.
@@ -463,7 +483,11 @@ pub struct DbState {
     pub lease_holders: IntGaugeVec,
     pub pool_connections: IntGaugeVec,
     pub scrape_errors: IntCounter,
-    read_at: std::sync::Arc<tokio::sync::Mutex<Option<Instant>>>,
+    /// Times this replica read the numbers for every replica.
+    pub reads: IntCounter,
+    /// One refresh at a time in this process; a concurrent scrape serves
+    /// what is there.
+    refreshing: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl DbState {
@@ -522,12 +546,19 @@ impl DbState {
                 "Scrapes whose database numbers could not be read (the previous numbers are served)",
             )
             .expect("static metric definition"),
-            read_at: Default::default(),
+            reads: IntCounter::new(
+                "poolkeeper_metrics_db_reads_total",
+                "Times this replica read the database's numbers for /metrics on behalf of every replica (the others reuse that snapshot)",
+            )
+            .expect("static metric definition"),
+            refreshing: Default::default(),
         }
     }
 
-    /// Reads the database's numbers unless read within `DB_STATE_MAX_AGE`.
-    /// One reader at a time: a concurrent scrape serves what is there.
+    /// The database's numbers: the shared snapshot when it is younger than
+    /// `DB_STATE_MAX_AGE`, or else read by this replica under
+    /// `SNAPSHOT_LOCK_KEY` and shared; a replica that finds the lock taken
+    /// serves the snapshot there is. One refresh at a time per process.
     pub async fn refresh(&self, pool: &Db, machines: &MachinesSql) {
         let (size, idle, max) = pool.pool_sizes();
         self.pool_connections
@@ -539,14 +570,11 @@ impl DbState {
         self.pool_connections
             .with_label_values(&["max"])
             .set(i64::from(max));
-        let Ok(mut read_at) = self.read_at.try_lock() else {
+        let Ok(_refreshing) = self.refreshing.try_lock() else {
             return;
         };
-        if read_at.is_some_and(|at| at.elapsed() < DB_STATE_MAX_AGE) {
-            return;
-        }
-        match tokio::time::timeout(Duration::from_secs(5), self.read(pool, machines)).await {
-            Ok(Ok(())) => *read_at = Some(Instant::now()),
+        match tokio::time::timeout(Duration::from_secs(5), self.shared(pool, machines)).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 self.scrape_errors.inc();
                 tracing::warn!(error = %e, "could not read the database's numbers for /metrics");
@@ -558,33 +586,106 @@ impl DbState {
         }
     }
 
-    async fn read(&self, pool: &Db, machines: &MachinesSql) -> Result<(), sqlx::Error> {
+    async fn shared(&self, pool: &Db, machines: &MachinesSql) -> Result<(), sqlx::Error> {
+        const SNAPSHOT: &str = "SELECT body, extract(epoch FROM now() - read_at)::float8,
+                                       extract(epoch FROM now())::float8
+                                  FROM metrics_snapshot";
+        let max_age = DB_STATE_MAX_AGE.as_secs_f64();
+        let seen: Option<(sqlx::types::Json<Snapshot>, f64, f64)> =
+            sqlx::query_as(SNAPSHOT).fetch_optional(pool).await?;
+        if let Some((body, age, now)) = &seen
+            && *age < max_age
+        {
+            self.apply(&body.0, *now, machines);
+            return Ok(());
+        }
+        let mut tx = pool.begin().await?;
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+            .bind(SNAPSHOT_LOCK_KEY)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !locked {
+            // Another replica is reading: serve the last snapshot.
+            drop(tx);
+            if let Some((body, _, now)) = &seen {
+                self.apply(&body.0, *now, machines);
+            }
+            return Ok(());
+        }
+        // Under the lock: another replica may have just written it.
+        let again: Option<(sqlx::types::Json<Snapshot>, f64, f64)> =
+            sqlx::query_as(SNAPSHOT).fetch_optional(&mut *tx).await?;
+        if let Some((body, age, now)) = &again
+            && *age < max_age
+        {
+            tx.commit().await?;
+            self.apply(&body.0, *now, machines);
+            return Ok(());
+        }
+        let snapshot = Self::read(&mut tx, machines).await?;
+        let now: f64 = sqlx::query_scalar(
+            "INSERT INTO metrics_snapshot (id, read_at, body) VALUES (true, now(), $1)
+             ON CONFLICT (id) DO UPDATE SET read_at = EXCLUDED.read_at, body = EXCLUDED.body
+             RETURNING extract(epoch FROM read_at)::float8",
+        )
+        .bind(sqlx::types::Json(&snapshot))
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.reads.inc();
+        self.apply(&snapshot, now, machines);
+        Ok(())
+    }
+
+    async fn read(
+        conn: &mut sqlx::PgConnection,
+        machines: &MachinesSql,
+    ) -> Result<Snapshot, sqlx::Error> {
         let rows: Vec<(String, String, String, i64)> =
             sqlx::query_as(sqlx::AssertSqlSafe(machines.sql.clone()))
-                .fetch_all(pool)
+                .fetch_all(&mut *conn)
                 .await?;
-        let (holds_soon, holds_overdue, pending, oldest, sweep_age): (i64, i64, i64, f64, Option<f64>) =
-            sqlx::query_as(
-                "SELECT (SELECT count(*) FROM reservations WHERE state = 'held'
-                           AND expires_at >= now() AND expires_at < now() + make_interval(secs => $1)),
-                        (SELECT count(*) FROM reservations WHERE state = 'held' AND expires_at < now()),
-                        (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'),
-                        coalesce((SELECT extract(epoch FROM now() - min(created_at))::float8
-                                    FROM webhook_deliveries WHERE state = 'pending'), 0),
-                        (SELECT extract(epoch FROM now() - max(finished_at))::float8 FROM sweep_runs)",
-            )
-            .bind(EXPIRING_SOON.as_secs_f64())
-            .fetch_one(pool)
-            .await?;
+        let (holds_soon, holds_overdue, pending, oldest_pending_at, sweep_finished_at): (
+            i64,
+            i64,
+            i64,
+            Option<f64>,
+            Option<f64>,
+        ) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM reservations WHERE state = 'held'
+                       AND expires_at >= now() AND expires_at < now() + make_interval(secs => $1)),
+                    (SELECT count(*) FROM reservations WHERE state = 'held' AND expires_at < now()),
+                    (SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'),
+                    (SELECT extract(epoch FROM min(created_at))::float8
+                       FROM webhook_deliveries WHERE state = 'pending'),
+                    (SELECT extract(epoch FROM max(finished_at))::float8 FROM sweep_runs)",
+        )
+        .bind(EXPIRING_SOON.as_secs_f64())
+        .fetch_one(&mut *conn)
+        .await?;
         let leases: Vec<(String, i64)> = sqlx::query_as(
             "SELECT k.key, count(l.key)
                FROM (VALUES ('sweep'), ('webhooks')) k (key)
                LEFT JOIN leases l ON l.key = k.key AND l.expires_at > now()
               GROUP BY k.key",
         )
-        .fetch_all(pool)
+        .fetch_all(&mut *conn)
         .await?;
+        Ok(Snapshot {
+            machines: rows,
+            holds_soon,
+            holds_overdue,
+            pending,
+            oldest_pending_at,
+            sweep_finished_at,
+            leases,
+        })
+    }
 
+    /// Sets the series from a snapshot; `now` is the database clock when
+    /// the snapshot was read from or written to the table.
+    fn apply(&self, snapshot: &Snapshot, now: f64, machines: &MachinesSql) {
+        let rows = snapshot.machines.clone();
         // Bounded: the largest pairs by machines keep their labels.
         let mut totals: std::collections::HashMap<(String, String), i64> = Default::default();
         for (site, profile, _, n) in &rows {
@@ -626,15 +727,22 @@ impl DbState {
                 .with_label_values(&[&site, &profile, &state])
                 .set(n);
         }
-        self.holds_expiring_soon.set(holds_soon);
-        self.holds_overdue.set(holds_overdue);
-        self.webhooks_pending.set(pending);
-        self.webhooks_oldest_pending.set(oldest);
-        self.sweep_age.set(sweep_age.unwrap_or(f64::INFINITY));
-        for (key, n) in leases {
-            self.lease_holders.with_label_values(&[&key]).set(n);
+        self.holds_expiring_soon.set(snapshot.holds_soon);
+        self.holds_overdue.set(snapshot.holds_overdue);
+        self.webhooks_pending.set(snapshot.pending);
+        self.webhooks_oldest_pending.set(
+            snapshot
+                .oldest_pending_at
+                .map_or(0.0, |at| (now - at).max(0.0)),
+        );
+        self.sweep_age.set(
+            snapshot
+                .sweep_finished_at
+                .map_or(f64::INFINITY, |at| (now - at).max(0.0)),
+        );
+        for (key, n) in &snapshot.leases {
+            self.lease_holders.with_label_values(&[key]).set(*n);
         }
-        Ok(())
     }
 }
 

@@ -105,8 +105,10 @@ async fn metrics(
 #[derive(Clone, Copy)]
 pub struct MetricsListener;
 
-pub async fn metrics_text(metrics: &Metrics, pool: &Db) -> HttpResponse {
-    let machines = crate::metrics::MachinesSql {
+/// The statement counting machines by site, profile and pool state for
+/// `/metrics` (the inventory's one classification, as the overview).
+pub fn machines_sql() -> crate::metrics::MachinesSql {
+    crate::metrics::MachinesSql {
         sql: format!(
             "SELECT m.site, m.profile, {state} AS state, count(*)
                FROM machines m {joins}
@@ -118,10 +120,13 @@ pub async fn metrics_text(metrics: &Metrics, pool: &Db) -> HttpResponse {
             .iter()
             .map(|s| s.as_str())
             .collect(),
-    };
+    }
+}
+
+pub async fn metrics_text(metrics: &Metrics, pool: &Db) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(metrics.scrape(pool, &machines).await)
+        .body(metrics.scrape(pool, &machines_sql()).await)
 }
 
 /// The OpenAPI document of the JSON API, kept beside the handlers it

@@ -211,6 +211,7 @@ pub const SERIES: &[&str] = &[
     "poolkeeper_sweep_period_seconds",
     "poolkeeper_lease_holders",
     "poolkeeper_metrics_db_errors_total",
+    "poolkeeper_metrics_db_reads_total",
     "poolkeeper_reserve_outcomes_total",
     "poolkeeper_reservations_refused_total",
     "poolkeeper_reservations_expired_total",

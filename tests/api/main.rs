@@ -24,6 +24,7 @@ mod inventory;
 mod lease;
 mod lost_commits;
 mod machines_list;
+mod metrics;
 mod migrations;
 mod openapi;
 mod orders;
