@@ -132,6 +132,14 @@ fn parse_tags(typed: &str) -> Result<Vec<AssetTag>, DashError> {
     Ok(tags)
 }
 
+/// The tags as the pages and the audit row write them: one line.
+fn joined(tags: &[AssetTag]) -> String {
+    tags.iter()
+        .map(AssetTag::as_str)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn parse_status(typed: &str) -> Result<MachineStatus, DashError> {
     MachineStatus::parse(typed.trim())
         .map_err(|e| DashError::bad_request(format!("{e}; nothing was changed.")))
@@ -222,11 +230,7 @@ pub(crate) async fn show(
         Ok(c) => c,
         Err(Refused::Unknown(t)) => return Err(unknown(&t)),
     };
-    let typed = tags
-        .iter()
-        .map(AssetTag::as_str)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let typed = joined(&tags);
     render(
         &req,
         &staff,
@@ -260,11 +264,7 @@ pub(crate) async fn apply(
         Ok(c) => c,
         Err(Refused::Unknown(t)) => return Err(unknown(&t)),
     };
-    let typed = tags
-        .iter()
-        .map(AssetTag::as_str)
-        .collect::<Vec<_>>()
-        .join(" ");
+    let typed = joined(&tags);
     let mut detail = format!("status {} for {typed}", status.as_str());
     for h in &changed.holds {
         detail.push_str("; ");

@@ -400,7 +400,7 @@ async fn app_get(app: &TestApp, path: &str) -> (StatusCode, Value) {
 
 /// The invariants of R1, R13 and R15 after every round: no machine held
 /// twice, no order partly held, every hold on a ready machine.
-async fn invariants(app: &TestApp, round: usize) {
+pub(crate) async fn invariants(app: &TestApp, round: usize) {
     let (twice, partly, off_ready): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT machine_id FROM reservations WHERE state = 'held'
                                         GROUP BY machine_id HAVING count(*) > 1) t),

@@ -9,6 +9,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
+use crate::healing::invariants;
 use crate::helpers::{TestApp, hidden_field, spawn_app};
 
 const SITE: &str = "par1";
@@ -71,23 +72,6 @@ async fn written(app: &TestApp) -> (i64, i64, i64, String) {
     .fetch_one(&app.pool)
     .await
     .expect("written")
-}
-
-/// The invariants of R1, R13 and R15: no machine held twice, no order
-/// partly held, every hold on a ready machine.
-async fn invariants(app: &TestApp, round: usize) {
-    let (twice, partly, off_ready): (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM (SELECT machine_id FROM reservations WHERE state = 'held'
-                                        GROUP BY machine_id HAVING count(*) > 1) t),
-                (SELECT count(*) FROM (SELECT order_ref FROM reservations GROUP BY org_id, order_ref
-                                        HAVING count(*) FILTER (WHERE state = 'held') NOT IN (0, max(quantity))) p),
-                (SELECT count(*) FROM reservations r JOIN machines m ON m.id = r.machine_id
-                  WHERE r.state = 'held' AND m.status <> 'ready')",
-    )
-    .fetch_one(&app.pool)
-    .await
-    .expect("invariants");
-    assert_eq!((twice, partly, off_ready), (0, 0, 0), "round {round}");
 }
 
 /// The rack of these tests: K-1 (dell epyc) under O-1's hold, with F-1 its
