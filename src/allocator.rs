@@ -39,6 +39,7 @@ use crate::db::Db;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::{Connection, PgConnection, PgExecutor};
+use tracing::Instrument;
 
 use crate::domain::{MachineStatus, OrderRef, ParseError, Profile, Site, Vendor};
 use crate::inventory::{Machine, MachineFilter};
@@ -521,18 +522,37 @@ pub async fn reserve_for_token(
     module_on: bool,
     req: &ReserveRequest,
 ) -> Result<Result<ReserveOutcome, CallerRefusal>, sqlx::Error> {
-    let rows: Vec<CallerRow<ReserveRow>> = sqlx::query_as(
-        "SELECT c.caller, (c.result).* FROM api_reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8) c",
-    )
-    .bind(token_hash)
-    .bind(module_on)
-    .bind(req.order_ref.as_str())
-    .bind(req.spec.site.as_str())
-    .bind(req.spec.profile.as_str())
-    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-    .bind(req.hold.get() as i32)
-    .bind(i32::from(req.quantity.get()))
-    .fetch_all(db)
+    const SQL: &str = "SELECT c.caller, (c.result).* FROM api_reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8) c";
+    // The statement is a child span of the request's; when that trace is
+    // sampled, its traceparent is a comment before the statement, so that
+    // it shows in pg_stat_activity and the PostgreSQL log. Such a statement
+    // is not kept prepared (its text is unique); the others are.
+    let span = tracing::info_span!(
+        "db.statement",
+        otel.kind = "client",
+        db.system = "postgresql",
+        db.operation = "api_reserve_order"
+    );
+    let rows: Vec<CallerRow<ReserveRow>> = async {
+        let traced = crate::telemetry::sampled_traceparent();
+        let sql = match &traced {
+            Some(tp) => format!("/* traceparent='{tp}' */ {SQL}"),
+            None => SQL.to_owned(),
+        };
+        sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .persistent(traced.is_none())
+            .bind(token_hash)
+            .bind(module_on)
+            .bind(req.order_ref.as_str())
+            .bind(req.spec.site.as_str())
+            .bind(req.spec.profile.as_str())
+            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+            .bind(req.hold.get() as i32)
+            .bind(i32::from(req.quantity.get()))
+            .fetch_all(db)
+            .await
+    }
+    .instrument(span)
     .await?;
     let caller = rows
         .first()

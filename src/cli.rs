@@ -97,7 +97,8 @@ enum TokenCommand {
 pub fn main() -> ExitCode {
     let _ = dotenvy::dotenv();
     let cli = Cli::parse();
-    crate::telemetry::init();
+    // Flushes the spans not yet exported when main returns.
+    let _telemetry = crate::telemetry::init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -181,7 +181,8 @@ pub struct Variable {
     apply: fn(&mut Settings, &'static str, String) -> Result<(), SettingsError>,
 }
 
-/// Read before the settings, by the logger (`telemetry`): listed for the
+/// Read before the settings, by the logger and the trace exporter
+/// (`telemetry`, the OpenTelemetry SDK): listed for the
 /// documentation and `--help`; nothing to parse here.
 fn read_by_the_logger(_: &mut Settings, _: &'static str, _: String) -> Result<(), SettingsError> {
     Ok(())
@@ -445,6 +446,36 @@ pub const VARIABLES: &[Variable] = &[
         name: "POOLKEEPER_LOG_FORMAT",
         default: "text",
         help: "json for one JSON object per log line",
+        apply: read_by_the_logger,
+    },
+    Variable {
+        name: "OTEL_EXPORTER_OTLP_ENDPOINT",
+        default: "unset",
+        help: "OTLP/HTTP collector (spans to <endpoint>/v1/traces); unset, no trace is exported",
+        apply: read_by_the_logger,
+    },
+    Variable {
+        name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        default: "unset",
+        help: "the full URL for spans, instead of the endpoint above",
+        apply: read_by_the_logger,
+    },
+    Variable {
+        name: "OTEL_SERVICE_NAME",
+        default: "poolkeeper",
+        help: "service.name of the exported spans",
+        apply: read_by_the_logger,
+    },
+    Variable {
+        name: "OTEL_TRACES_SAMPLER",
+        default: "parentbased_always_on",
+        help: "sampler, e.g. parentbased_traceidratio",
+        apply: read_by_the_logger,
+    },
+    Variable {
+        name: "OTEL_TRACES_SAMPLER_ARG",
+        default: "unset",
+        help: "the sampler's ratio, e.g. 0.01",
         apply: read_by_the_logger,
     },
 ];

@@ -108,11 +108,18 @@ impl Application {
                             Ok(r) => r.status().as_u16(),
                             Err(e) => e.as_response_error().status_code().as_u16(),
                         };
-                        http.observe(
-                            route.as_deref(),
-                            &method,
+                        let seconds = started.elapsed().as_secs_f64();
+                        http.observe(route.as_deref(), &method, status, seconds);
+                        // The access line, inside the request's span: it
+                        // carries the trace id (silence it with
+                        // RUST_LOG=info,poolkeeper::access=warn).
+                        tracing::info!(
+                            target: "poolkeeper::access",
+                            method = %method,
+                            route = route.as_deref().unwrap_or("unmatched"),
                             status,
-                            started.elapsed().as_secs_f64(),
+                            ms = (seconds * 1000.0).round(),
+                            "answered"
                         );
                         drop(guard);
                         res

@@ -1,19 +1,153 @@
-//! Structured logs with tracing. `RUST_LOG` filters (default `info`);
-//! `POOLKEEPER_LOG_FORMAT=json` prints one JSON object per line.
+//! Structured logs with tracing, and OpenTelemetry traces over OTLP.
+//!
+//! Logs: `RUST_LOG` filters (default `info`); `POOLKEEPER_LOG_FORMAT=json`
+//! prints one JSON object per line. A request's log lines carry its
+//! `trace_id` (tracing-actix-web's root span).
+//!
+//! Traces are off unless `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set: then spans are exported
+//! over OTLP/HTTP (protobuf), in batches from a thread of their own, to
+//! `<endpoint>/v1/traces`, sampled as `OTEL_TRACES_SAMPLER` and
+//! `OTEL_TRACES_SAMPLER_ARG` say (default: follow the caller's `traceparent`,
+//! else sample every trace), named `OTEL_SERVICE_NAME` (default
+//! `poolkeeper`). A `traceparent` header continues the caller's trace.
 
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer as _;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
-pub fn init() {
+/// The OTLP variables this process honours (the standard ones), for the
+/// configuration's one table (`settings::VARIABLES` lists them too).
+pub const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+pub const OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
+pub const SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+
+/// Keeps the exporter alive; dropping it flushes the spans not yet sent.
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// True when spans are exported.
+    pub fn exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Sends what is buffered and stops the exporter (on shutdown).
+    pub fn shutdown(&mut self) {
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("poolkeeper: flushing traces failed: {e}");
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Whether traces are to be exported, read from `lookup` (the environment).
+pub fn otlp_enabled(lookup: impl Fn(&str) -> Option<String>) -> bool {
+    [OTLP_ENDPOINT, OTLP_TRACES_ENDPOINT]
+        .iter()
+        .any(|v| lookup(v).is_some_and(|s| !s.trim().is_empty()))
+}
+
+fn tracer_provider() -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBuildError> {
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    // The endpoint, timeout and headers come from the standard variables.
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .build()?;
+    let name = std::env::var(SERVICE_NAME)
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "poolkeeper".to_owned());
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(name)
+                .build(),
+        )
+        .build())
+}
+
+/// Installs the global subscriber (logs, and the OpenTelemetry layer when
+/// traces are exported). Call once, before the runtime starts: the
+/// exporter's HTTP client is a blocking one, on the batch thread.
+pub fn init() -> Telemetry {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,actix_server=warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
     let json = std::env::var("POOLKEEPER_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    // try_init: tests may initialise more than once.
-    let _ = if json {
-        builder.json().try_init()
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = if json {
+        fmt.json().boxed()
     } else {
-        builder.compact().try_init()
+        fmt.compact().boxed()
     };
+    let provider = if otlp_enabled(|v| std::env::var(v).ok()) {
+        match tracer_provider() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("poolkeeper: traces are off: the OTLP exporter could not be built: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let otel = provider.as_ref().map(|p| {
+        opentelemetry::global::set_text_map_propagator(
+            opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+        );
+        opentelemetry::global::set_tracer_provider(p.clone());
+        tracing_opentelemetry::layer().with_tracer(p.tracer("poolkeeper"))
+    });
+    // try_init: tests may initialise more than once.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .try_init();
+    Telemetry { provider }
+}
+
+/// The W3C `traceparent` of the current span when it is sampled: written
+/// as a comment before a statement, so that the statement in
+/// `pg_stat_activity` or the PostgreSQL log leads back to its trace.
+/// `None` when the span is not sampled (then nothing of it is exported).
+pub fn sampled_traceparent() -> Option<String> {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let cx = tracing::Span::current().context();
+    let span = cx.span();
+    let sc = span.span_context();
+    (sc.is_valid() && sc.is_sampled()).then(|| format!("00-{}-{}-01", sc.trace_id(), sc.span_id()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traces_are_off_unless_an_endpoint_is_set() {
+        assert!(!otlp_enabled(|_| None));
+        assert!(!otlp_enabled(|_| Some("  ".to_owned())));
+        assert!(otlp_enabled(
+            |v| (v == OTLP_ENDPOINT).then(|| "http://127.0.0.1:4318".to_owned())
+        ));
+        assert!(otlp_enabled(
+            |v| (v == OTLP_TRACES_ENDPOINT).then(|| "http://127.0.0.1:4318/v1/traces".to_owned())
+        ));
+        // Without a subscriber layer, no span is sampled: no comment.
+        assert_eq!(sampled_traceparent(), None);
+    }
 }

@@ -8,6 +8,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, SubsecRound, Utc};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::api::json;
@@ -195,11 +196,39 @@ async fn reserve(
     let req = parsed(req, &token, &pool, &settings).await?;
     // F3: a lost connection once sent is `outcome_unknown`, and the replay
     // with this order_ref says what happened.
+    // The reserve's span: what was asked and what came of it.
+    let span = tracing::info_span!(
+        "reserve",
+        order_ref = req.order_ref.as_str(),
+        quantity = i64::from(req.quantity.get()),
+        outcome = tracing::field::Empty,
+        candidates = tracing::field::Empty,
+        candidates_locked_by_others = tracing::field::Empty,
+    );
     let outcome = write(&pool, Shape::Statement, async |conn| {
         allocator::reserve_for_token(conn, token.digest(), settings.datacenter_module, &req).await
     })
+    .instrument(span.clone())
     .await?
-    .map_err(caller_refused)?;
+    .map_err(|e| {
+        span.record("outcome", "refused");
+        caller_refused(e)
+    })?;
+    span.record("outcome", outcome.label());
+    match &outcome {
+        allocator::ReserveOutcome::Created { walk, .. } => {
+            span.record("candidates", walk.scanned as i64);
+            span.record("candidates_locked_by_others", walk.locked_by_others as i64);
+        }
+        allocator::ReserveOutcome::Contended { walk, candidates } => {
+            span.record("candidates", *candidates);
+            span.record("candidates_locked_by_others", walk.locked_by_others as i64);
+        }
+        allocator::ReserveOutcome::Unavailable { .. } => {
+            span.record("candidates", 0_i64);
+        }
+        allocator::ReserveOutcome::Existing { .. } => {}
+    }
     metrics
         .reservations
         .with_label_values(&[outcome.label()])

@@ -38,5 +38,6 @@ mod soak;
 mod status_changes;
 mod sweep;
 mod tls;
+mod traces;
 mod webhooks;
 mod writes;
