@@ -33,6 +33,7 @@ mod setup;
 mod stats;
 mod sweep;
 mod throughput;
+mod traced;
 mod wal;
 
 use std::time::Instant;
@@ -160,6 +161,8 @@ pub struct Results {
     pub ha: Option<ha::Result>,
     /// Item 11: a rack of holds healed in one status change (R15).
     pub healing: Vec<healing::Run>,
+    /// Item 12: item 1 at 8 clients, tracing off and on at a 1% sampler.
+    pub tracing: Option<traced::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -309,6 +312,15 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
             );
             results.ha = Some(ha::run(cfg).await?);
         }
+    }
+
+    if cfg.runs_item("tracing") {
+        eprintln!(
+            "tracing: {} clients, off and on at a 1% sampler, {} runs each",
+            traced::CLIENTS,
+            cfg.runs
+        );
+        results.tracing = Some(traced::run(cluster, cfg).await?);
     }
 
     if cfg.runs_item("healing") {

@@ -22,6 +22,16 @@ fn free_port() -> anyhow::Result<u16> {
 
 impl Server {
     pub async fn start(database_url: &str, dir: &Path, log: &str) -> anyhow::Result<Server> {
+        Self::start_with(database_url, dir, log, &[]).await
+    }
+
+    /// `start` with more environment (item 12: the OTLP variables).
+    pub async fn start_with(
+        database_url: &str,
+        dir: &Path,
+        log: &str,
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Server> {
         let port = free_port()?;
         let log_file = std::fs::File::create(dir.join(format!("server-{port}.log")))?;
         let child = Command::new(env!("CARGO_BIN_EXE_poolkeeper"))
@@ -37,6 +47,7 @@ impl Server {
             .stdout(log_file.try_clone()?)
             .stderr(log_file)
             .kill_on_drop(true)
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .spawn()
             .context("starting poolkeeper serve")?;
         let mut server = Server {

@@ -115,6 +115,7 @@ impl Config {
                     "growth",
                     "sweep",
                     "healing",
+                    "tracing",
                     "pages",
                     "fill",
                     "pooler",
