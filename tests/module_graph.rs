@@ -1,4 +1,4 @@
-//! The module graph is a ladder (issue 19): each module of `src/` sits on a
+//! The module graph is a ladder: each module of `src/` sits on a
 //! rung, imports only from its own rung or the rungs below, and no two
 //! modules import each other, even through others. The graph is drawn from
 //! the source text: `use` trees and paths that start with `crate::`,
@@ -151,7 +151,7 @@ fn module_graph_is_a_ladder() {
     assert!(faults.is_empty(), "{}", faults.join("\n"));
 }
 
-/// The graph sees what it claims to see: the circles of issue 19, drawn
+/// The graph sees what it claims to see: circles it must refuse, drawn
 /// from small sources, are found.
 #[test]
 fn the_graph_reader_sees_imports() {

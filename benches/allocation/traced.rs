@@ -36,7 +36,12 @@ impl Result {
 }
 
 /// A sink that accepts OTLP/HTTP exports and counts them.
-async fn sink() -> anyhow::Result<(u16, Arc<AtomicU64>, Arc<AtomicU64>, actix_web::dev::ServerHandle)> {
+async fn sink() -> anyhow::Result<(
+    u16,
+    Arc<AtomicU64>,
+    Arc<AtomicU64>,
+    actix_web::dev::ServerHandle,
+)> {
     let (requests, bytes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let (r, b) = (requests.clone(), bytes.clone());
     let server = HttpServer::new(move || {

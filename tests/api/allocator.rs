@@ -1309,7 +1309,7 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
     );
     eprintln!("candidate query: {indexed} buffers on indexes, {scanned} without");
 }
-/// A fresh deployment does not slow as it fills (issue 11): a plan cached
+/// A fresh deployment does not slow as it fills: a plan cached
 /// while `reservations` was analyzed empty must stay on the arbiter index
 /// once the table has grown. The connection takes the settings the
 /// allocator's functions declare (read from the catalog, so removing them

@@ -308,8 +308,7 @@ fn valid_reserve(body: &Value) -> bool {
         })
 }
 
-/// A JSON number that is a whole int64, in any of its forms (227 or 227.0,
-/// issue 13).
+/// A JSON number that is a whole int64, in any of its forms (227 or 227.0).
 fn whole(v: &Value) -> Option<i64> {
     v.as_i64().or_else(|| {
         v.as_f64()
@@ -821,8 +820,8 @@ fn dashboard_forms_refuse_bad_input_cleanly() {
 }
 
 /// Found by the property above: a login with a huge email (past the btree
-/// row limit of login_attempts' index) or a NUL in it was a 500. Since
-/// issue 23 the dashboard's input guard refuses both before the handler:
+/// row limit of login_attempts' index) or a NUL in it: the dashboard's
+/// input guard refuses both before the handler:
 /// a 400 naming the field, no password checked, so nothing to count for
 /// the throttle either (the answer tells nothing about the account).
 #[tokio::test]

@@ -528,7 +528,7 @@ async fn id_of(app: &crate::helpers::TestApp, order_ref: &str) -> i64 {
         .expect(order_ref)
 }
 
-/// Issue 12, items 1, 5 and 6: the demo's story seen in the browser, each
+/// The demo's story seen in the browser, each
 /// page checked by axe-core and at 375 px, with screenshots.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {

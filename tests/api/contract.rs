@@ -1,4 +1,4 @@
-//! The API contract under a property-based fuzzer (issue 13): requests are
+//! The API contract under a property-based fuzzer: requests are
 //! generated from the published OpenAPI document itself (every operation,
 //! every parameter, every body schema), valid and invalid by the schema, and
 //! sent to a real server. The oracle is the document too: a request whose
@@ -1435,7 +1435,7 @@ async fn following_the_links_of_a_reservation_walks_the_order_flow() {
 }
 
 // ---------------------------------------------------------------------------
-// The four disagreements of issue 13, as explicit regressions
+// Four disagreements the fuzzer found, as explicit regressions
 // ---------------------------------------------------------------------------
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The staff dashboard (issue 5): pages parsed with scraper, every link
+//! The staff dashboard: pages parsed with scraper, every link
 //! followed, forms driven as a browser would (cookies, CSRF), roles, tenant
 //! isolation, the R12 gate, and agreement with the allocator's reasons.
 
@@ -1406,7 +1406,7 @@ async fn a_cancellation_and_its_audit_row_commit_together() {
     assert_eq!(audited, 1);
 }
 
-/// Issue 12, item 2 (and BENCHMARKS item 5): 1,000 held reservations come
+/// (BENCHMARKS item 5 measures it) 1,000 held reservations come
 /// 100 a page, soonest deadline first, in under 60 kB of HTML; the "next"
 /// and "previous" links walk every row once and keep the filters.
 #[tokio::test]
@@ -1565,7 +1565,7 @@ async fn a_thousand_holds_come_a_hundred_a_page_under_60_kb_with_filters_kept() 
     }
 }
 
-/// Issue 12, item 2: the frozen reason moved to the reservation's page; a
+/// The frozen reason moved to the reservation's page; a
 /// hold under two minutes says so in words; the list says when it was read.
 #[tokio::test]
 async fn the_live_list_is_compact_and_says_urgency_in_words() {
@@ -1593,7 +1593,7 @@ async fn the_live_list_is_compact_and_says_urgency_in_words() {
     assert!(detail.contains("Why this machine (frozen at creation)"));
 }
 
-/// Issue 12, item 3: the summary comes first, in words, with the API's
+/// The summary comes first, in words, with the API's
 /// counts, and each group's link lists exactly that group.
 #[tokio::test]
 async fn why_not_summarises_by_reason_in_words_and_links_each_group() {
@@ -1662,7 +1662,7 @@ async fn why_not_summarises_by_reason_in_words_and_links_each_group() {
     );
 }
 
-/// Issue 12, item 1: `demo` tells every state with the real functions,
+/// `demo` tells every state with the real functions,
 /// once; a second run writes nothing; a later run tops the live holds up.
 #[tokio::test]
 async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
@@ -1806,7 +1806,7 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
 
 /// The overview's 24-hour chart counts each reservation created in the
 /// window and each one ended in it, by its end state, from one range of
-/// `reservations_recent_activity_idx` (issue 21): a reservation created
+/// `reservations_recent_activity_idx`: a reservation created
 /// before the window and ended in it counts once (its end), one created and
 /// ended in it twice, one wholly before it not at all, and another
 /// organization's never.

@@ -1,4 +1,4 @@
-//! The SQL definitions (sql/*.sql, issue 19): a database migrated as on
+//! The SQL definitions (sql/*.sql): a database migrated as on
 //! 2026-12-03, when the functions lived in the migrations, ends up with the
 //! same functions, views and triggers as one built with today's layout, and
 //! upgrades cleanly; a newer definition set is never overwritten by an
@@ -18,7 +18,7 @@ const LEGACY: &str = concat!(
     "/tests/fixtures/migrations-2026-12-03"
 );
 
-/// The migrations exactly as they were on main before issue 19, read at run
+/// The migrations exactly as they were before the functions moved to sql/, read at run
 /// time from the frozen fixture.
 fn legacy_migrator() -> Migrator {
     let mut migrations = Vec::new();
@@ -104,13 +104,13 @@ async fn migrations_table(db: &TestDb) -> Vec<(i64, String, bool, Vec<u8>)> {
     rows
 }
 
-/// The definition files as they were at version 1 (issue 19's move), frozen.
+/// The definition files as they were at version 1 (when they left the migrations), frozen.
 const V1: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/sql-definitions-v1"
 );
 
-/// The last migration of issue 19, the one that created `sql_definitions`.
+/// The migration that created `sql_definitions`, the last of the old layout.
 const LAYOUT_MIGRATION: i64 = 20261203000008;
 
 /// The definition set at version 1, read from the frozen fixture, in the
@@ -132,7 +132,7 @@ fn v1_set() -> DefinitionSet {
 }
 
 /// Database A migrated with the migrations of 2026-12-03; database B with
-/// today's migrations up to issue 19's and the definitions at version 1:
+/// today's migrations up to that one and the definitions at version 1:
 /// the same functions, views and triggers (the move changed nothing). Then
 /// A is upgraded by today's `migrate` (the legacy checksums rewritten, the
 /// later migrations and definitions installed): A equals C, a database
@@ -158,7 +158,7 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
     )
     .run(&mut conn)
     .await
-    .expect("the migrations of issue 19");
+    .expect("the migrations up to the layout");
     let v1 = v1_set();
     assert_eq!(v1.files.len(), 4, "the four files of version 1");
     poolkeeper::definitions::apply(&mut conn, &v1)
@@ -181,7 +181,7 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
     let legacy = definitions_of(&a).await;
     let moved = definitions_of(&b).await;
     let fresh = definitions_of(&c).await;
-    // Not vacuous: what issue 19 moved is there, including the copy of
+    // Not vacuous: what moved to sql/ is there, including the copy of
     // reservation_transition that runs (20261203000007's, `org_id + 0`).
     let functions = legacy.iter().filter(|l| l.starts_with("function ")).count();
     assert_eq!(functions, 12, "{legacy:#?}");

@@ -1,4 +1,4 @@
-//! Issue 15, lost demand: every `409 unavailable` and `409 contended` of the
+//! Lost demand: every `409 unavailable` and `409 contended` of the
 //! reserve API leaves one refusal row (and nothing else does), the
 //! dashboard reads them (overview, /demand), `/metrics` counts them with
 //! labels bounded by the inventory, and the sweep worker purges old rows

@@ -1,4 +1,4 @@
-//! The systemd unit of the repository (issue 14, item 5), checked by
+//! The systemd unit of the repository, checked by
 //! `systemd-analyze verify` (missing, the test fails: `helpers::needs`).
 
 use std::path::Path;

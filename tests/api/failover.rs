@@ -1,4 +1,4 @@
-//! Failover (issue 20, F1-F4): poolkeeper on a Patroni cluster in strict
+//! Failover (F1-F4): poolkeeper on a Patroni cluster in strict
 //! synchronous mode behind HAProxy (`tests/ha/cluster.rs`), under load from
 //! 16 clients through two `poolkeeper serve` processes, while the leader's
 //! postmaster is killed, a switchover is run, the leader is frozen past

@@ -1,4 +1,4 @@
-//! Issue 6, guardrails: the access matrix of every dashboard route and API
+//! Guardrails: the access matrix of every dashboard route and API
 //! call, the R12 switches against raw requests, sessions, throttling across
 //! two processes, security headers, limits, admin pages and the audit log;
 //! HEAD on every GET route.
@@ -50,7 +50,7 @@ const WHO: [Who; 5] = [
 /// 303 for anonymous is always to /login. POST /login here is a crafted
 /// POST without the login form's token (the form itself is tested apart).
 /// Every GET cell is also asked with HEAD, which must answer the same
-/// status and headers with no body (issue 15).
+/// status and headers with no body.
 #[rustfmt::skip]
 const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     //                                             anon viewer support admin other
@@ -383,7 +383,7 @@ impl Answer {
         }
     }
 
-    /// Issue 15, part 3: HEAD answers with the GET's status and headers
+    /// HEAD answers with the GET's status and headers
     /// (the Content-Length of the GET's body included) and no body. Only
     /// the date and the values of fresh cookies may differ.
     async fn same_as_head(&self, head: reqwest::Response) -> Result<(), String> {

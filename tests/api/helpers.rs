@@ -407,7 +407,7 @@ pub async fn insert_held_reservation(
     .expect("insert reservation")
 }
 
-// ---- Dashboard helpers (issue 5) ----
+// ---- Dashboard helpers ----
 
 /// The password every dashboard test user gets.
 pub const STAFF_PASSWORD: &str = "correct horse battery";

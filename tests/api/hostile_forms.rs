@@ -1,4 +1,4 @@
-//! Issue 23: no input a person can type makes a page fail. The demo's
+//! No input a person can type makes a page fail. The demo's
 //! search prefixes, a NUL in a token's name, the database's own refusal of
 //! a value (the second net), and a crawler that finds every form reachable
 //! from the overview as viewer, support and admin and submits each one with

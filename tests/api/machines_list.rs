@@ -1,4 +1,4 @@
-//! Issue 23, part 2: the machines list says what each machine is doing
+//! The machines list says what each machine is doing
 //! (sellable, held, sold, not ready) with links and counts; the filters
 //! are selects of the organization's inventory; CSV exports hold what the
 //! pages list, with their filters.

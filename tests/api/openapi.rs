@@ -656,7 +656,7 @@ async fn real_answers_validate_against_the_documented_schemas() {
         c.check(END, "post", r).await;
     }
 
-    // The webhook (issue 15): absent, created, changed, refused, removed.
+    // The webhook: absent, created, changed, refused, removed.
     const W: &str = "/api/v1/webhook";
     let hook = |m: &str, body: Option<Value>| {
         let mut req = http

@@ -1,5 +1,5 @@
 //! PgBouncer 1.18 (Debian 12) in front of the test cluster, as a real child
-//! process (issue 14, item 1).
+//! process.
 //!
 //! What sqlx 0.9 does (sqlx-postgres 0.9.0, connection/executor.rs): a
 //! query with arguments is prepared in one round trip (Parse, Describe,

@@ -1,4 +1,4 @@
-//! Least privilege (issue 14, item 2): migrations as the owner role, the
+//! Least privilege: migrations as the owner role, the
 //! server as a role that owns nothing and has only DML grants, created with
 //! the SQL docs/production.md gives.
 

@@ -1,4 +1,4 @@
-//! `poolkeeper serve` as real processes, for the deployment tests (issue 14).
+//! `poolkeeper serve` as real processes, for the deployment tests.
 
 use std::path::PathBuf;
 use std::process::Stdio;

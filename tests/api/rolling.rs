@@ -1,4 +1,4 @@
-//! Rolling restart with no failed request (issue 14, item 4): two `serve`
+//! Rolling restart with no failed request: two `serve`
 //! processes behind a round-robin client that, like a load balancer, sends
 //! only to replicas whose `/readyz` answers 200. SIGTERM one while 16
 //! clients order: `/readyz` says "shutting down" first, an in-flight request

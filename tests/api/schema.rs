@@ -122,7 +122,7 @@ async fn time_defaults_use_the_real_clock() {
 
 /// R2: the states a reservation and an event may name are the rows of
 /// reservation_states. Each column checks them with a CHECK (no lock on the
-/// table's rows per write, issue 21); the CHECKs are read from the catalog
+/// table's rows per write); the CHECKs are read from the catalog
 /// and compared with the table, so a state added to one and not the other
 /// fails here.
 #[tokio::test]
@@ -184,8 +184,8 @@ fn states_listed(text: &str) -> Vec<String> {
     out
 }
 
-/// A reservation's organization is its machine's (issue 21 replaced the
-/// two separate keys by one on the machine of the organization): a row
+/// A reservation's organization is its machine's (one key on the machine
+/// of the organization, not two separate keys): a row
 /// naming another organization's machine is refused by the database.
 #[tokio::test]
 async fn a_reservation_names_a_machine_of_its_own_organization() {

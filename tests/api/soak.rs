@@ -1,4 +1,4 @@
-//! Reliability (issue 8): per-connection timeouts, a pool that answers 503
+//! Reliability: per-connection timeouts, a pool that answers 503
 //! instead of hanging, and the soak: three `poolkeeper serve` replicas on a
 //! private PostgreSQL, 32 clients, and faults (backends terminated, a
 //! PostgreSQL restart, the sweep's lease holder killed, a replica paused past

@@ -1,4 +1,4 @@
-//! TLS to PostgreSQL (issue 14, item 3): a cluster of its own, listening on
+//! TLS to PostgreSQL: a cluster of its own, listening on
 //! 127.0.0.1 with `ssl = on` and a certificate signed by a CA made here.
 
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Issue 15, part 2: reservation events for the order service. A real HTTP
+//! Reservation events for the order service. A real HTTP
 //! receiver on 127.0.0.1 (actix-web, recording every request, answering 500
 //! on demand), the real delivery worker (in-process, or inside real
 //! `poolkeeper serve` processes), the real database.

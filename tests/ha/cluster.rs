@@ -1,5 +1,5 @@
 //! A highly available PostgreSQL for the failover test and its bench item
-//! (issue 20), from Debian 12's packages: Patroni 3.0.2 managing three
+//! from Debian 12's packages: Patroni 3.0.2 managing three
 //! PostgreSQL 15 nodes in strict synchronous mode, one etcd 3.4 member as
 //! its DCS (the v2 API: see `patroni_yml`), and HAProxy 2.6 in front routing to the node whose Patroni
 //! answers `GET /primary` with 200. Every part listens on 127.0.0.1 on its
