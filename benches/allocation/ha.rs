@@ -1,4 +1,4 @@
-//! Item 10 (issue 20): what durable, replicated commits cost. The 8-client
+//! Item 10: what durable, replicated commits cost. The 8-client
 //! reserve+cancel cycle of item 8 (the API handlers' own calls, one pool of
 //! 8) through HAProxy to a Patroni leader whose every commit waits for its
 //! synchronous standby (`synchronous_mode_strict`), beside the database's

@@ -116,140 +116,109 @@ const HOW: &str = "## How it is measured
   `COMMIT` count, `DEALLOCATE` is not tracked). Round trips are not
   counted by the database; by the protocol, a lone statement is one round
   trip direct or cached, and four pinned (`BEGIN; DEALLOCATE ALL`, prepare,
-  execute, `COMMIT`).";
+  execute, `COMMIT`).
+- **11. Healing (R15).** A rack of 100 machines, each under a live hold,
+  with 100 spares of the same site and profile among 20,000 other
+  machines. One status change puts the rack into maintenance through
+  `poolkeeper::healing::change_status` (what the API and the dashboard
+  call): the trigger moves every hold to a spare in the same transaction.
+  Timed from the first statement to the commit; the dry run (the same change
+  rolled back, the dashboard's preview) beside it. Each run reloads the holds.
+- **12. Tracing.** Item 1's cycle at 8 clients against two servers that
+  take turns, run after run, on one database: tracing off (no OTLP
+  variable), and OpenTelemetry on at a 1% sampler
+  (`parentbased_traceidratio`, 0.01; the clients send no `traceparent`),
+  exporting over OTLP/HTTP to a sink the bench runs on loopback. Each server
+  is started fresh and stopped in order (which flushes its spans).";
 
 const THROUGHPUT: &str = "### What limits item 1 (HTTP API against the database's ceiling)
 
-Since issue 21 the cluster is durable. Every reserve and every cancel is a
-transaction whose commit waits until its WAL is on disk (one 8 kB write and
-its fdatasync take about 0.15 ms on this machine's disk, by
-`pg_test_fsync`); transactions that commit at the same moment share one
-sync (group commit), which the syncs per cycle of the table show. The
-ceiling runs on the same cluster, the same database and the same tables
-as the API, so both write the same rows: their WAL records per cycle are
-within a record of each other in the table. The issue's first figures (27
-records against 10) compared the API with a ceiling that wrote lighter
-rows; here the ratio is what the HTTP path costs beyond the same database
-work, and the section below says what that work was cut to.
+The cluster is durable: every reserve and every cancel is a transaction
+whose commit waits until its WAL is on disk (one 8 kB write and its
+fdatasync take about 0.15 ms on this machine's disk, by `pg_test_fsync`);
+transactions that commit together share one sync (group commit), which the
+syncs per cycle show. The ceiling runs on the same cluster, database and
+tables as the API and writes the same rows (their WAL records per cycle
+are within a record of each other), so the ratio is what the HTTP path
+costs beyond the same database work.
 
-What the HTTP path adds is CPU: the server (its CPU per request is in the
-table), the clients' HTTP, and more PostgreSQL CPU per cycle than the
-ceiling's for the same two statements (the CPU columns). Most of that
-PostgreSQL part is the functions. Measured on 2026-12-04 (item 1's
-database on a private cluster, pgbench, 8 connections, prepared
-statements, the two pairs alternating), `api_reserve_order` +
-`api_transition` ran at 0.53 to 0.65 times the rate of the ceiling's pair
-(1,028 against 1,925 cycles/s, 1,125 against 1,774, 986 against 1,506), not
-the 0.8 to 0.9 of 2026-12-03: orders of several machines (R13) added frames
-to the path of an order of one. Where the time goes, at one connection
-with asynchronous commit (CPU only; pg_stat_statements with `track = all`
-over 4,726 cycles): inside PostgreSQL `api_reserve_order` took 0.58 ms a
-call against 0.30 ms for `bench_reserve`, `api_transition` 0.29 ms against
-0.19 ms for `bench_cancel`. Of the reserve's 0.29 ms more: pass one through
-`machine_verdicts` (R7's one definition of a verdict, its probes as
-lateral joins) 0.07 ms against the ceiling's plain query 0.03; the bodies
-of `reserve_order` and the walk 0.20 ms against 0.10 (the R9 ask, the
-verdict checked again under the lock, the reason's words, the counters);
-the result row built by `reserve_result_of` 0.03; the token check 0.03; the
-frames of `api_reserve_order` and `reserve_order_walk` 0.05; the wider
-insert and event 0.02. No one part dominates. A function's `SET` clauses
-cost 1.3 to 2 µs a call (100,000 calls of an empty function with and
-without three of them), not what matters, and calling the walk directly
-for an order of one without its `SET` clauses left the ratio within the
-noise (API over ceiling per cycle, 1 connection, 6 alternations each:
-median ×1.58 against ×1.62), so it was not shipped. What would close the
-gap: less work per call in the functions, a few hundredths of a
-millisecond at a time (a pass one that asks only for candidates instead of
-every verdict, the result row built in place, one frame for an order of
+What the HTTP path adds is CPU: the server's (per request, in the table),
+the clients' HTTP, and more PostgreSQL CPU per cycle than the ceiling's for
+the same two decisions. Most of the PostgreSQL part is the functions:
+inside the database `api_reserve_order` costs about twice the ceiling's
+`bench_reserve` (0.58 against 0.30 ms a call at one connection, CPU only),
+`api_transition` about 1.5 times `bench_cancel` (0.29 against 0.19 ms),
+measured with pg_stat_statements (`track = all`). The reserve's extra is
+spread: pass one through `machine_verdicts` (R7's one definition of a
+verdict) 0.04 ms more than a plain query, the walk's bodies 0.10 ms (the
+R9 lookup, the verdict checked again under the lock, the reason's words,
+the counters), the result row 0.03, the token check 0.03, the function
+frames 0.05, the wider insert and event 0.02. No part dominates. What
+would close the gap: less work per call in the functions, a few
+hundredths of a millisecond at a time (a pass one that asks only for
+candidates, the result row built in place, one frame for an order of
 one), with every concurrency test unchanged in what it asserts.
-The rest comes with the pool: a request goes to whichever pooled connection is
-free, so successive statements wake different backends (sqlx hands idle
-connections out in turn), and each backend sleeps and wakes between
-requests while the HTTP exchange happens. At 1 client on a quiet machine
-(2026-12-03 20:49, load average 0.4) PostgreSQL's CPU per cycle was 1.03 to
-1.06 ms over HTTP with the default pool against 0.52 to 0.59 ms in the
-ceiling, and 0.92 to 0.99 ms with a pool of 2: the rotation through idle
-connections is a small part; the rest is per request (waking the backend
-for each statement, the wider result row the API returns, the functions'
-extra work above). On the loaded machine of the afternoon the same
-figure was 1.75 ms: a backend woken after a wait for a CPU costs more.
 
-The pool, measured at 8 clients on the durable cluster
-(`POOLKEEPER_DB_MAX_CONNECTIONS`, quick runs of 2026-12-03 with a load
-average of 6 to 14 from other work): with 8 connections PostgreSQL's CPU
-per cycle fell from 1.2-1.3 ms to 0.9-1.05 ms, but the rate moved within
-the noise; with 4 connections the syncs per cycle rose from 0.65 to 1.1
-and the rate fell by half or more: with fewer connections than requests in
-flight, commits stop sharing syncs and requests queue for a connection
-while a commit waits for the disk. Under durable commits the pool should
-hold at least as many connections as requests in flight; the default (20)
-stays, and docs/configuration.md says why.
+The rest comes with the pool: a request goes to whichever pooled
+connection is free, so successive statements wake different backends, and
+each backend sleeps and wakes between requests while the HTTP exchange
+happens. On a quiet machine PostgreSQL's CPU per cycle at 1 client is
+about 1.05 ms over HTTP against 0.55 ms in the ceiling, and 0.95 ms with a
+pool of 2: the rotation through idle connections is a small part, the rest
+is per request. A backend woken after waiting for a CPU costs more, so the
+figure grows with the load.
 
-`commit_delay` (a committing backend waits that long for others to join
-its sync when at least `commit_siblings` other transactions are active):
-with `BENCH_PG_SET='commit_delay=200'` the ceiling's syncs per cycle fell
-from 0.55 to 0.44, the API's stayed at 0.64. The API's transactions are
-seldom five at once inside the database (the rest of each request is HTTP
-and the server), so the condition rarely holds and the delay buys nothing
-for it. Not recommended from these figures; docs/testing.md says so.
+The pool must hold at least as many connections as requests in flight:
+with 4 connections for 8 clients, commits stop sharing syncs (syncs per
+cycle 0.65 to 1.1) and requests queue for a connection while a commit
+waits for the disk, and the rate falls by half; 8 connections change the
+rate within the noise. The default (20) stays; docs/configuration.md says
+why. `commit_delay` buys nothing for the API: its transactions are seldom
+five at once inside the database (the rest of each request is HTTP and the
+server), so the delay's condition rarely holds; docs/testing.md says so.
 
-The first version of the bench (2026-12-02) found the HTTP path at 16% of
-the ceiling at 8 clients, from round trips: a reserve+cancel cycle was 24
-round trips to PostgreSQL. Each decision is now one statement (item 7
-counts them): the reserve is `api_reserve`, the cancel and the convert
-`api_transition`, with the token check in the same statement; the rules
-are in `sql/allocator.sql` and `sql/transitions.sql`, tied to their
-numbers, and
-`src/allocator.rs` says where each one lives. The ceiling is still the
-bench's own pair of functions, never the shipped path.";
+Each decision is one statement (item 7 counts them): the reserve is
+`api_reserve_order`, the cancel and the convert `api_transition`, with
+the token checked in the same statement; the rules are in
+`sql/allocator.sql` and `sql/transitions.sql`, tied to their numbers. The
+ceiling is the bench's own pair of functions, never the shipped path.";
 
-const LATENCY8: &str = "The p99 at 8 clients. In the runs of 2026-12-03 (quick runs and
-one item-1 run, load average 6 to 14 from other work on 2 CPUs) the API's
-reserve p99 ranged from 17 to 100 ms and the ceiling's from 11 to 56 ms,
-moving together with the load; single calls of 150 to 230 ms appeared on
-both sides. The tail is mostly time spent waiting for a CPU: 8 clients,
-the server's threads and 8 or more backends share 2 CPUs with whatever else
-runs. The API's tail is longer than the ceiling's because a request is
-three processes in turn (client, server, backend), each of which can wait
-for a CPU, against two. One stall the bench itself caused is gone: it
-loaded its data (10,000 machines, 20,000 ended reservations, VACUUM
-ANALYZE) and measured at once, so the checkpoint owed for the load (4,319
-buffers, 1.1 s of fsync over 456 files, in the server's log) landed in
-the first runs; the bench now runs CHECKPOINT before the server starts. A
-timed checkpoint (`checkpoint_timeout`, 5 minutes) still falls in some runs
-of a full bench, as it would in production; the full-page images per cycle
-show it. At 32 clients the 3 or 4 clients of each site walk past each
-other's locked first candidates (the lock waits of that row are a cancel
-waiting for an order that locked the same machine in its walk); over HTTP
-the server's pool of 20 connections queues the requests.";
+const LATENCY8: &str = "The p99 at 8 clients is mostly time spent waiting for a CPU: 8 clients,
+the server's threads and 8 or more backends share 2 CPUs with whatever
+else runs, and a request is three processes in turn (client, server,
+backend), each of which can wait, against two in the ceiling, so the API's
+tail is the longer and both move with the load average. The bench runs
+CHECKPOINT after loading its data, so that the checkpoint owed for the
+load does not land in the first runs; a timed checkpoint
+(`checkpoint_timeout`, 5 minutes) may still fall in a run, as in
+production, and the full-page images per cycle show it. At 32 clients the
+3 or 4 clients of each site walk past each other's locked first
+candidates, and over HTTP the server's pool of 20 connections queues the
+requests.";
 
-const WRITES: &str = "### What each cycle writes (issue 21)
+const WRITES: &str = "### What each cycle writes
 
 Measured with `pg_walinspect` (`pg_get_wal_stats` between two LSNs) on a
 durable cluster of this machine, 8 connections calling the shipped
 `api_reserve` + `api_transition` through pgbench, per reserve+cancel cycle
-(the bench's ceiling writes the same rows and measured the same counts):
+(the bench's ceiling writes the same rows and measures the same counts):
 
-| | before (2026-12-03, migrations up to 20261203000007) | after (20261203200001_hot_path_locks.sql) |
-| --- | --- | --- |
-| WAL records | 33.1 | 22.9 |
-| WAL bytes | 3.4 kB | 2.7 kB |
-| btree insertions (Btree/INSERT_LEAF) | 15.0 | 12.0 |
-| row locks (Heap/LOCK) | 8.1 | 4.1 |
-| MultiXacts created (MultiXact/CREATE_ID) | 3.2 | 0 |
-| heap inserts, updates, commits | 3, 1, 2 | 3, 1, 2 |
+| per reserve+cancel cycle | |
+| --- | --- |
+| WAL records | 22.9 |
+| WAL bytes | 2.7 kB |
+| btree insertions (Btree/INSERT_LEAF) | 12.0 |
+| row locks (Heap/LOCK) | 4.1 |
+| MultiXacts created (MultiXact/CREATE_ID) | 0 |
+| heap inserts, updates, commits | 3, 1, 2 |
 
-Where the difference came from:
+Why it is no more than that:
 
-- **Foreign key checks on rows every order shares.** A foreign key check
-  locks the row it finds (`FOR KEY SHARE`): a WAL record and a write to that
-  row's page. Half the row locks of a cycle were such checks on rows that
-  every order touches whatever its machine: the organization's row (each
-  reserve) and the rows `held` and `cancelled` of `reservation_states`
-  (each reserve, each cancel, each event). With several orders at once
-  each new locker of such a row creates a MultiXact (3.2 per cycle): orders
-  for different machines met on one page. Now a reservation names \"the
-  machine of the organization\" with one key, `(machine_id, org_id)` to
+- **No foreign key check on rows every order shares.** A foreign key
+  check locks the row it finds (`FOR KEY SHARE`): a WAL record, and with
+  several orders at once a MultiXact on a page every order meets (the
+  organization's row, the rows of `reservation_states`). A reservation
+  names \"the machine of the organization\" with one key, `(machine_id, org_id)` to
   `machines (id, org_id)`, whose check finds the machine row already locked
   `FOR UPDATE` by the allocator or the transition and writes nothing (it is
   stricter too: a reservation's organization is its machine's), and the
@@ -269,12 +238,12 @@ Where the difference came from:
 | `reservations_one_holder_per_machine` (partial: held) | R1's arbiter, the allocator's held probe | 1 |
 | `reservations_held_by_deadline_idx` (partial: held) | the sweep (R11) | 1 |
 | `reservations_by_machine_idx` (machine_id, created_at) | the machine's page: its reservations, newest first | 2 |
-| `reservations_recent_activity_idx` (org_id, later of created_at and ended_at) | the overview's 24-hour chart; it replaces `reservations_created_recently_idx` and `reservations_ended_recently_idx` (3 entries per cycle) | 2 |
-| `reservation_events_pkey` (reservation_id, id) | the reservation's page (its events in order); it replaces the primary key on id and `reservation_events_by_reservation_idx` (4 entries per cycle): nothing reads an event by its id alone, and the outbox names an event by the pair | 2 |
+| `reservations_recent_activity_idx` (org_id, later of created_at and ended_at) | the overview's 24-hour chart, both of its series | 2 |
+| `reservation_events_pkey` (reservation_id, id) | the reservation's page (its events in order); nothing reads an event by its id alone, and the outbox names an event by the pair | 2 |
 
-  The two chart indexes became one because a reservation created or ended
-  since an instant is exactly one whose later time is since that instant:
-  one range of one index holds both series (`src/dashboard/overview.rs`;
+  One chart index serves both series because a reservation created or
+  ended since an instant is exactly one whose later time is since that
+  instant: one range of one index holds both (`src/dashboard/overview.rs`;
   EXPLAIN with 1,000,000 ended reservations and 50,000 machines: a bitmap
   scan of that index, generic plan included).
 
@@ -285,41 +254,25 @@ reservation rewriting its whole row (about 530 bytes of its 2.7 kB: the
 frozen reason and machine snapshot are copied into the new row version).
 What would shrink that last part: the frozen account in a table of its own,
 written once at creation, so that the row that changes state is narrow;
-that changes every reader of a reservation and was not done here.";
+that changes every reader of a reservation.";
 
 const FILL: &str = "### Item 6 (a fresh deployment filling up)
 
-The first bench saw the HTTP rate fall run after run on a database whose
-`reservations` table had been analyzed empty: each connection keeps the
-plans of its statements for its whole life, and the generic plan of the
-allocator's held probe, made while the table was a page or two, was a
-sequential scan of `reservations` (auto_explain: 4 to 5 ms per call after
-12,000 rows), until autoanalyze came by. It pre-loaded a history to hide it.
-The cause is fixed in the schema, not in the bench: the allocator's and the
-transitions' functions carry `SET enable_seqscan = off`, so a plan made on
-an empty-looking table cannot be a sequential scan, and each probe has
-exactly one index that answers it with an index condition (the held probe's
-predicate is exactly the arbiter's, `reservations_one_holder_per_machine`;
-the sweep's deadline index is declared `WHERE state = 'held' AND expires_at
-IS NOT NULL`, which the sweep's own `expires_at <= ...` implies and the
-probe does not, so it cannot be picked to walk every held reservation). A
-test caches the plans on an analyzed-empty table, adds 5,000 reservations
-and checks the plans; it fails without the functions' setting. Item 6 runs
-with no pre-loaded history: the rate of its last tenth against its first is
-the measure.
-
-A later look (bench item 8 on a small fresh database, 2026-12-03) found two
-more lookups that a plan cached on an empty table sent through the wrong
-index: on such a table every index led by `org_id` costs the same, and the
-R9 lookup by order_ref took the overview's `(org_id, created_at)` index,
-the transitions' lookups by id the order_ref index, each reading the
-organization's whole history on every call. Migration
-`20261203000007_lookups_by_key.sql` made the overview's index partial and
-keeps the organization out of those lookups' index conditions; a test
-checks the buffers a reserve and a cancel read. The first tenth of item 6
-got faster with it (1397/s in the 13:18 run, 1099/s at 12:52 before the
-fix), so the ratio of the last tenth to the first is smaller than before
-(×1.05 against ×1.51): the slow start it measured is gone.";
+Each connection keeps the plans of its statements for its whole life, so a
+plan made while `reservations` looked empty must stay good as the table
+grows. The allocator's and the transitions' functions carry `SET
+enable_seqscan = off`, so such a plan cannot be a sequential scan, and each
+probe has exactly one index that answers it with an index condition (the
+held probe's predicate is exactly the arbiter's,
+`reservations_one_holder_per_machine`; the sweep's deadline index is
+declared `WHERE state = 'held' AND expires_at IS NOT NULL`, which the
+sweep's own condition implies and the probe's does not). The lookups by
+order ref and by id keep the organization out of their index conditions,
+so that no index led by `org_id` can be taken for them on an empty-looking
+table. Tests cache the plans on an analyzed-empty table, add 5,000
+reservations, and check the plans and the buffers a reserve and a cancel
+read. Item 6 runs with no pre-loaded history: the rate of its last tenth
+against its first is the measure.";
 
 const GROWTH: &str = "### Item 3 (growth)
 
@@ -342,79 +295,53 @@ const SWEEP: &str = "### What limits item 4 (the sweep)
 
 A batch of 500 is one statement: find 500 overdue rows in deadline order on
 the partial index of held reservations, update them, write 500 `expired`
-events, and return the count. EXPLAIN (ANALYZE, BUFFERS) of one batch:
-the scan and locking take under 1 ms; the rest is per row. Each expired
+events, and return the count. EXPLAIN (ANALYZE, BUFFERS) of one batch: the
+scan and locking take under 1 ms; the rest is per row. Each expired
 reservation is a non-HOT update (its state is in the arbiter's predicate,
-`ended_at` in the recent-activity key) so 4 index insertions (primary key,
-order, machine, recent activity), plus an event row with 1 index insertion
-and 1 foreign key check (its reservation, already locked by the update, so
-it writes nothing). Before issue 21 it was 5 index insertions, 2 for the
-event, and 4 foreign key checks (the states against `reservation_states`
-are CHECK constraints now; see item 1's section). On a durable cluster each
-batch's commit also waits for its WAL to reach the disk. That is 30 to 45 µs per reservation on one CPU of this machine, hence about
-3 to 4.5 s for 100,000 one batch at a time, depending on what else runs.
-The batch itself stays short (the longest batch is in the table).
+`ended_at` in the recent-activity key), so 4 index insertions (primary
+key, order, machine, recent activity), plus an event row with 1 index
+insertion and 1 foreign key check (its reservation, already locked by the
+update, so it writes nothing); the webhook outbox trigger runs once per
+statement (about 5% of the sweep's time). On a durable cluster each
+batch's commit also waits for its WAL. That is 30 to 45 µs per
+reservation on one CPU of this machine.
 
-The statement uses one CPU; the database has more. The shipped sweep runs
-two batch statements at a time on the worker's two connections
-(`sweep::expire_two_batches`): `SKIP LOCKED` gives them disjoint rows. Each
-batch still checks the fence
-in the same statement. The one-at-a-time row is there for comparison. A
-larger `BATCH_SIZE` would not help: the cost
-is per row, and a batch of 2,000 would hold its locks four times as long.
-
-Two at a time first scaled poorly (run of 2026-12-02 16:43: 40.4 µs against
-38.0 µs per reservation): each batch statement also added its count to the
-run's `sweep_runs` row and held that row lock until it committed, so the two
-statements took turns. The count is now added up by the worker and written
-once by `finish_run`; with that, `BENCH_ONLY=sweep` measured 2.2 to 2.4 s
-for 100,000 two at a time, against 3.6 to 3.9 s before. The margin under the
-3 s target is thin on this 2-CPU machine and varies between runs.
-
-Since 2026-12-03 every expired reservation also costs the webhook outbox
-trigger (one call per batch statement: it reads the statement's new events
-and, when no organization has a webhook, probes the empty `webhooks` table
-once). Measured alone in psql (100,000 expiries in batches of 500), the
-trigger costs about 5%. The overview's chart index that came with it
-(about 3%) is gone again: the chart's two indexes are one since issue 21.
-What would widen the margin further: a third batch statement at a time.";
+The shipped sweep runs two batch statements at a time on the worker's two
+connections (`sweep::expire_two_batches`): `SKIP LOCKED` gives them
+disjoint rows, each checks the fence in the same statement, and the run's
+count is added up by the worker and written once by `finish_run`, so the
+two never wait for each other. The one-at-a-time row is there for
+comparison. A larger `BATCH_SIZE` would not help: the cost is per row, and
+a batch of 2,000 would hold its locks four times as long. On 2 CPUs the
+margin under the 3 s target is thin and moves with the machine's speed;
+what would widen it: a third batch statement at a time where there is a
+CPU for it, or fewer index entries per expired reservation.";
 
 const PAGES: &str = "### What limits item 5 (pages)
 
-Measured with pg_stat_statements (2026-12-04, 50,000 machines, site
-filter): a `/machines` view ran the counts per pool state (2.5 to 3 ms
-alone in psql, 4 to 4.7 ms a view from the server, one reader; index-only on `machines_pool_counts_idx` and
-`machines_pool_probe_idx`; 7.8 ms before those indexes), the page of
-machines (0.8 to 1 ms), the filters' selects (0.3 ms) and the session check
-(0.06 ms). Until issue 23's follow-up the session check was an UPDATE of
-`last_seen_at` on every view: a durable commit per page, and the 8 readers,
-who share one session, queued on its row (5.2 ms mean under load); it now
-writes at most once per tenth of the idle timeout. Each statement is
-written for the filters the page sets, with its limit written in (the
-page's size, a constant of the code), so that PostgreSQL can keep one
-plan: with `($2 IS NULL OR m.site = $2)` it planned the counts and the
-list again at every view (0.8 ms each), and a `LIMIT $n`, which a generic
-plan takes for a tenth of the rows, kept the order spec's list of
-verdicts (`allocator::explain`) planned at every view (0.77 ms of planning
-for 0.87 ms of execution; now 0.78 ms and no planning). Some statements
-are still planned at every view because their custom plans, which see the
-values, always cost less than a generic one: the list with a site and a
-status (0.7 ms of planning), and the counts with a site and a profile
-(0.6 ms) on this skewed inventory (4 machines in 5 of one profile). The column \"one reader, no load\" is the page's
-own time. Under load, the rest is waiting for a CPU: 8 readers in a closed
-loop, 8 ordering clients, the server and PostgreSQL share 2 CPUs, so a
-page's latency is about the work of every request in flight over 2, and
-the readers take CPU from the orders as much as the reverse (the
-allocation rate during the page runs is in the table). The CPU speed check
-in the machine table says how fast the machine was: the same loop took
-1.6 times as long within one hour on this shared machine, and the page
-times follow it. What would lower the p99 further in the pages: the counts
-are the largest part left (they read every machine of the filter, index
-only); a count kept per site and state would make them constant, at the
-price of a write on every reserve and cancel, which the hot path does not
-pay today. The live page (`src/dashboard/reservations.rs`, 100 rows a
-page) counts every hold of the organization for its header (0.65 ms at
-1,000 holds).";
+Measured with pg_stat_statements (50,000 machines, site filter): a
+`/machines` view runs the counts per pool state (2.5 to 3 ms alone in
+psql, 4 to 4.7 ms a view from the server, index-only on
+`machines_pool_counts_idx` and `machines_pool_probe_idx`), the page of
+machines (0.8 to 1 ms), the filters' selects (0.3 ms) and the session
+check (0.06 ms; the session's `last_seen_at` is written at most once per
+tenth of the idle timeout, so readers sharing a session do not queue on
+its row). Each statement is written for the filters the page sets, with
+its limit written in (the page's size, a constant of the code), so that
+PostgreSQL keeps one plan; a few are planned at every view because their
+custom plans always cost less than a generic one (the list with a site and
+a status, 0.7 ms of planning; the counts with a site and a profile,
+0.6 ms, on this skewed inventory). The column \"one reader, no load\" is
+the page's own time. Under load the rest is waiting for a CPU: 8 readers
+in a closed loop, 8 ordering clients, the server and PostgreSQL share 2
+CPUs, so a page's latency is about the work of every request in flight
+over 2, and the page times follow the machine's speed (the CPU speed
+check in the machine table). What would lower the p99: the counts are the
+largest part left (they read every machine of the filter, index only); a
+count kept per site and state would make them constant, at the price of a
+write on every reserve and cancel, which the hot path does not pay today.
+The live page (100 rows a page) counts every hold of the organization for
+its header (0.65 ms at 1,000 holds).";
 
 /// For each target of item 1 this run missed: by how much, why, and what
 /// would close it (from the figures of the run and the notes above).
@@ -456,7 +383,7 @@ fn missed(results: &Results) -> String {
             if t.clients == 1 {
                 "One client waits for every commit alone (no group commit on either side), so the rate is one over the time of a cycle: the HTTP exchange and the server's work add to each of the two commits' waits. What would close it: less CPU per request in the server, the client and above all PostgreSQL (the CPU columns: inside the database the API's functions cost about twice the ceiling's, see above for where), not less WAL."
             } else {
-                "The machine is busy during both runs, so the ratio is about CPU per cycle. What would close it: less PostgreSQL CPU per call, first from the functions (pgbench puts the API's pair at 0.53 to 0.65 times the ceiling's rate inside the database, see above for where), then fewer backend wake-ups per request (a pool that hands out the most recently used connection first, which sqlx's pool cannot be told to do) and less server CPU per request."
+                "The machine is busy during both runs, so the ratio is about CPU per cycle. What would close it: less PostgreSQL CPU per call, first from the functions (inside the database the API's functions cost about twice the ceiling's, see above for where), then fewer backend wake-ups per request (a pool that hands out the most recently used connection first, which sqlx's pool cannot be told to do) and less server CPU per request."
             }
         );
     }
@@ -476,7 +403,7 @@ fn missed(results: &Results) -> String {
             any = true;
             let _ = writeln!(
                 w,
-                "- **CPU per reservation at 8 clients (issue 11's target): ×{:.2} the ceiling's, against ≤ ×2.** Server {:.2} ms and PostgreSQL {:.2} ms per cycle against PostgreSQL {:.2} ms in the ceiling: the PostgreSQL part is most of it (the functions' work per call first, then the backends woken per request, see above). What would close it: less work per call in the allocator's functions (see above for where; not done here), and the pool handing out its most recently used connection first.",
+                "- **CPU per reservation at 8 clients: ×{:.2} the ceiling's, against ≤ ×2.** Server {:.2} ms and PostgreSQL {:.2} ms per cycle against PostgreSQL {:.2} ms in the ceiling: the PostgreSQL part is most of it (the functions' work per call first, then the backends woken per request, see above). What would close it: less work per call in the allocator's functions (see above for where; not done here), and the pool handing out its most recently used connection first.",
                 cpu_http / t8.db_cpu.postgres_ms.max(1e-9),
                 t8.http_cpu.server_ms,
                 t8.http_cpu.postgres_ms,
@@ -602,20 +529,15 @@ pub fn notes(results: &Results) -> String {
     out
 }
 
-/// The run of 2026-12-03 21:48 UTC (Intel Xeon, 2 CPUs), which met the
-/// sweep's target (1.73 s): its database ceiling at 1 connection.
-const REFERENCE_CEILING_1: f64 = 1048.0;
-
-/// How fast this run's machine was, against the reference run, by a yardstick
-/// that no change of ours moves: the database's ceiling at one connection
-/// (PL/pgSQL created by the bench, on the same cluster settings).
+/// How fast this run's machine was: its own yardstick, the CPU speed check
+/// and the database's ceiling at one connection (PL/pgSQL that no change of
+/// the server touches), both in the table.
 fn speed(results: &Results) -> String {
-    let Some(t) = results.throughput.iter().find(|t| t.clients == 1) else {
-        return "(No 1-client ceiling in this run to compare the machine's speed with.)".to_owned();
-    };
-    format!(
-        "The database's own ceiling at 1 connection ran {:.0}/s in this run, against {REFERENCE_CEILING_1:.0}/s in the run of 2026-12-03 21:48 UTC (Intel Xeon; the sweep 1.73 s, the pages' p99 49.6 to 60.7 ms): PL/pgSQL that no change of ours touches, so the machine did the same work ×{:.2} as fast (see the CPU model and the CPU speed check in the machine table).",
-        t.db_cycles_per_s,
-        t.db_cycles_per_s / REFERENCE_CEILING_1,
-    )
+    match results.throughput.iter().find(|t| t.clients == 1) {
+        Some(t) => format!(
+            "The database's own ceiling at 1 connection ran {:.0}/s in this run, and the CPU speed check is in the machine table: on a slower or busier machine the same work takes proportionally longer.",
+            t.db_cycles_per_s
+        ),
+        None => "The CPU speed check in the machine table says how fast the machine was.".to_owned(),
+    }
 }

@@ -518,9 +518,9 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
 
 fn throughput_rows(w: &mut String, t: &Throughput, cfg: &Config) {
     let is8 = t.clients == 8;
-    // Issue 21's targets, on a durable cluster: the ratio per client count
-    // and reserve p99 at 8 clients; issue 11's CPU per reservation (server +
-    // PostgreSQL) at most twice the ceiling's.
+    // The targets, on a durable cluster: the ratio per client count and
+    // reserve p99 at 8 clients; CPU per reservation (server + PostgreSQL)
+    // at most twice the ceiling's.
     let ratio_target = match t.clients {
         1 => Some(0.35),
         8 | 32 => Some(0.5),
