@@ -538,6 +538,8 @@ fn speed(results: &Results) -> String {
             "The database's own ceiling at 1 connection ran {:.0}/s in this run, and the CPU speed check is in the machine table: on a slower or busier machine the same work takes proportionally longer.",
             t.db_cycles_per_s
         ),
-        None => "The CPU speed check in the machine table says how fast the machine was.".to_owned(),
+        None => {
+            "The CPU speed check in the machine table says how fast the machine was.".to_owned()
+        }
     }
 }

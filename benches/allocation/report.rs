@@ -342,27 +342,6 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             if target { met(longest <= 100.0) } else { "" }
         );
     }
-    if let Some(t) = &results.tracing {
-        let med = |runs: &[crate::throughput::Run], f: fn(&crate::throughput::Run) -> f64| {
-            median(&runs.iter().map(f).collect::<Vec<_>>())
-        };
-        let ratio = t.ratio();
-        let _ = writeln!(
-            w,
-            "| 12 | tracing: item 1 at {} clients, OpenTelemetry on at a 1% sampler (OTLP/HTTP to a local sink) over off, servers alternating run by run | ×{:.3}: {:.0}/s against {:.0}/s; reserve p50 {:.2} / {:.2} ms, p99 {:.2} / {:.2} ms (on / off); {} exports, {} bytes | ≥ ×0.95 | {} |",
-            crate::traced::CLIENTS,
-            ratio,
-            med(&t.on, |r| r.cycles_per_s),
-            med(&t.off, |r| r.cycles_per_s),
-            med(&t.on, |r| r.reserve.p50_ms),
-            med(&t.off, |r| r.reserve.p50_ms),
-            med(&t.on, |r| r.reserve.p99_ms),
-            med(&t.off, |r| r.reserve.p99_ms),
-            t.exports,
-            t.exported_bytes,
-            met(ratio >= 0.95)
-        );
-    }
     for dry_run in [false, true] {
         let runs: Vec<f64> = results
             .healing
@@ -387,6 +366,27 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
                 .map(|t| format!("{t:.0}"))
                 .collect::<Vec<_>>()
                 .join(", ")
+        );
+    }
+    if let Some(t) = &results.tracing {
+        let med = |runs: &[crate::throughput::Run], f: fn(&crate::throughput::Run) -> f64| {
+            median(&runs.iter().map(f).collect::<Vec<_>>())
+        };
+        let ratio = t.ratio();
+        let _ = writeln!(
+            w,
+            "| 12 | tracing: item 1 at {} clients, OpenTelemetry on at a 1% sampler (OTLP/HTTP to a local sink) over off, servers alternating run by run | ×{:.3}: {:.0}/s against {:.0}/s; reserve p50 {:.2} / {:.2} ms, p99 {:.2} / {:.2} ms (on / off); {} exports, {} bytes | ≥ ×0.95 | {} |",
+            crate::traced::CLIENTS,
+            ratio,
+            med(&t.on, |r| r.cycles_per_s),
+            med(&t.off, |r| r.cycles_per_s),
+            med(&t.on, |r| r.reserve.p50_ms),
+            med(&t.off, |r| r.reserve.p50_ms),
+            med(&t.on, |r| r.reserve.p99_ms),
+            med(&t.off, |r| r.reserve.p99_ms),
+            t.exports,
+            t.exported_bytes,
+            met(ratio >= 0.95)
         );
     }
     if let Some(p) = &results.pages {

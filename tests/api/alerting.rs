@@ -113,15 +113,10 @@ fn exported(text: &str) -> Vec<String> {
 #[tokio::test]
 async fn metrics_export_the_kit_with_route_templates_and_pool_numbers() {
     let app = spawn_app().await;
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         VALUES ($1, 'a1', 'fra1', 'dell', 'm5', 'ready'),
-                ($1, 'a2', 'fra1', 'dell', 'm5', 'broken')",
-    )
-    .bind(app.org.id)
-    .execute(&app.pool)
-    .await
-    .expect("machines");
+    app.insert_machine(app.org.id, "a1", "fra1", "dell", "m5", "ready")
+        .await;
+    app.insert_machine(app.org.id, "a2", "fra1", "dell", "m5", "broken")
+        .await;
     // A raw path with an id: the label must be its template.
     let r = app
         .http

@@ -4,95 +4,17 @@
 
 use std::sync::Arc;
 
-use poolkeeper::allocator::{
-    self, Exclusion, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest, WalkStats,
-    Walked,
-};
-use poolkeeper::db::Db;
-use poolkeeper::domain::{OrderRef, Profile, ServiceRef, Site, Vendor};
+use poolkeeper::allocator::{self, Exclusion, Quantity, ReserveOutcome, WalkStats, Walked};
+use poolkeeper::domain::ServiceRef;
 use poolkeeper::inventory::MachineFilter;
 use poolkeeper::reservations::{self, TransitionError};
 use sqlx::Connection;
 use tokio::sync::Barrier;
 
-use crate::helpers::{TestDb, create_org, migrated_db};
-
-/// A connection with the application's lock and statement timeouts, so that
-/// a test that would wait on a lock fails instead of hanging.
-pub async fn limited_connection(db: &TestDb) -> sqlx::PgConnection {
-    sqlx::PgConnection::connect_with(&poolkeeper::db::with_session_limits(db.options.clone()))
-        .await
-        .expect("connect to the test database")
-}
-
-pub const SITE: &str = "par1";
-pub const PROFILE: &str = "epyc-9354-256g";
-
-pub fn spec(vendor: Option<&str>) -> OrderSpec {
-    OrderSpec {
-        site: Site::parse(SITE).expect("site"),
-        profile: Profile::parse(PROFILE).expect("profile"),
-        vendor: vendor.map(|v| Vendor::parse(v).expect("vendor")),
-    }
-}
-
-pub fn request(order_ref: &str, vendor: Option<&str>) -> ReserveRequest {
-    request_for(order_ref, PROFILE, vendor)
-}
-
-pub fn request_for(order_ref: &str, profile: &str, vendor: Option<&str>) -> ReserveRequest {
-    ReserveRequest {
-        order_ref: OrderRef::parse(order_ref).expect("order ref"),
-        spec: OrderSpec {
-            site: Site::parse(SITE).expect("site"),
-            profile: Profile::parse(profile).expect("profile"),
-            vendor: vendor.map(|v| Vendor::parse(v).expect("vendor")),
-        },
-        hold: HoldSeconds::new(900).expect("hold"),
-        quantity: Quantity::ONE,
-        actor: "test".to_owned(),
-    }
-}
-
-/// Inserts a machine directly; returns its id.
-pub async fn machine(
-    pool: &Db,
-    org_id: i64,
-    tag: &str,
-    site: &str,
-    vendor: &str,
-    profile: &str,
-    status: &str,
-) -> i64 {
-    sqlx::query_scalar(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-    )
-    .bind(org_id)
-    .bind(tag)
-    .bind(site)
-    .bind(vendor)
-    .bind(profile)
-    .bind(status)
-    .fetch_one(pool)
-    .await
-    .expect("insert machine")
-}
-
-pub async fn reserved(
-    pool: &Db,
-    org_id: i64,
-    order_ref: &str,
-    vendor: Option<&str>,
-) -> reservations::Reservation {
-    match allocator::reserve(pool, org_id, &request(order_ref, vendor))
-        .await
-        .expect("reserve")
-    {
-        ReserveOutcome::Created { reservation, .. } => reservation,
-        other => panic!("expected a new reservation for {order_ref}, got {other:?}"),
-    }
-}
+use crate::helpers::{
+    Generated, PROFILE, SITE, check_round, create_org, decoys, generated_machines, held_directly,
+    limited_connection, literal, machine, migrated_db, race, request, request_for, reserved, spec,
+};
 
 #[tokio::test]
 async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
@@ -221,196 +143,6 @@ async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
         sqlx::PgConnection::connect,
     );
     let _ = TransitionError::NotFound;
-}
-
-/// A held reservation written directly (a decoy, or a competitor that
-/// committed behind the allocator's back).
-pub async fn held_directly(pool: &Db, org_id: i64, machine_id: i64, order_ref: &str) -> i64 {
-    sqlx::query_scalar(
-        "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
-         VALUES ($1, $2, $3, '{}', '{}', 'written by a test', 900, clock_timestamp() + interval '15 minutes')
-         RETURNING id",
-    )
-    .bind(org_id)
-    .bind(order_ref)
-    .bind(machine_id)
-    .fetch_one(pool)
-    .await
-    .expect("insert a held reservation")
-}
-
-/// A live service link on `machine_id`, with the converted reservation it came from.
-pub async fn in_service_directly(pool: &Db, org_id: i64, machine_id: i64, order_ref: &str) {
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
-                                   hold_seconds, expires_at, ended_at, ended_by)
-         VALUES ($1, $2, $3, 'converted', '{}', '{}', 'written by a test', 900,
-                 clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test')
-         RETURNING id",
-    )
-    .bind(org_id)
-    .bind(order_ref)
-    .bind(machine_id)
-    .fetch_one(pool)
-    .await
-    .expect("insert a converted reservation");
-    sqlx::query("INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref) VALUES ($1, $2, $3, $4)")
-        .bind(org_id)
-        .bind(machine_id)
-        .bind(id)
-        .bind(format!("SRV-{order_ref}"))
-        .execute(pool)
-        .await
-        .expect("insert a service link");
-}
-
-/// One decoy of every exclusion kind for `request(_, Some("dell"))`:
-/// wrong site, wrong vendor, wrong profile, not ready, in service, held.
-pub async fn decoys(pool: &Db, org_id: i64) {
-    machine(pool, org_id, "X-site", "ams1", "dell", PROFILE, "ready").await;
-    machine(pool, org_id, "X-vendor", SITE, "hpe", PROFILE, "ready").await;
-    machine(
-        pool,
-        org_id,
-        "X-profile",
-        SITE,
-        "dell",
-        "xeon-6430-128g",
-        "ready",
-    )
-    .await;
-    machine(pool, org_id, "X-notready", SITE, "dell", PROFILE, "broken").await;
-    let sold = machine(pool, org_id, "X-service", SITE, "dell", PROFILE, "ready").await;
-    in_service_directly(pool, org_id, sold, "DECOY-SOLD").await;
-    let held = machine(pool, org_id, "X-held", SITE, "dell", PROFILE, "ready").await;
-    held_directly(pool, org_id, held, "DECOY-HELD").await;
-}
-
-/// Runs `reserve` for each order on its own connection, all released
-/// together by a barrier.
-pub(crate) async fn race(
-    pool: &Db,
-    org_id: i64,
-    orders: Vec<ReserveRequest>,
-) -> Vec<ReserveOutcome> {
-    let barrier = Arc::new(Barrier::new(orders.len()));
-    let mut tasks = Vec::new();
-    for req in orders {
-        let mut conn = pool.acquire().await.expect("a connection per order");
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let outcome = allocator::reserve_on(&mut *conn, org_id, &req)
-                .await
-                .expect("reserve");
-            // Pinned (behind a transaction-mode pooler) the connection is a
-            // transaction: keep what it wrote.
-            conn.finish().await.expect("commit");
-            outcome
-        }));
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("task"));
-    }
-    out
-}
-
-/// Checks one round of N orders on `eligible` machines among decoys.
-pub(crate) async fn check_round(
-    pool: &Db,
-    org_id: i64,
-    outcomes: &[ReserveOutcome],
-    eligible: i64,
-    round: usize,
-) {
-    let created = outcomes
-        .iter()
-        .filter(|o| matches!(o, ReserveOutcome::Created { .. }))
-        .count() as i64;
-    assert_eq!(
-        created,
-        eligible.min(outcomes.len() as i64),
-        "round {round}: {outcomes:#?}"
-    );
-    let total_machines: i64 = sqlx::query_scalar("SELECT count(*) FROM machines WHERE org_id = $1")
-        .bind(org_id)
-        .fetch_one(pool)
-        .await
-        .expect("count");
-    for o in outcomes {
-        match o {
-            ReserveOutcome::Created { reservation, .. } => {
-                assert!(
-                    reservation.machine.asset_tag.starts_with("OK-"),
-                    "round {round}: a decoy was chosen"
-                );
-            }
-            ReserveOutcome::Unavailable { excluded } => {
-                // Honest only when nothing was left: every eligible machine
-                // is held by now, next to the held decoy.
-                assert_eq!(excluded.candidates, 0, "round {round}");
-                assert_eq!(excluded.held, eligible + 1, "round {round}: {excluded:?}");
-                assert_eq!(
-                    (
-                        excluded.wrong_site,
-                        excluded.wrong_vendor,
-                        excluded.wrong_profile,
-                        excluded.not_ready,
-                        excluded.in_service
-                    ),
-                    (1, 1, 1, 1, 1),
-                    "round {round}"
-                );
-                let sum = excluded.wrong_site
-                    + excluded.wrong_vendor
-                    + excluded.wrong_profile
-                    + excluded.not_ready
-                    + excluded.in_service
-                    + excluded.held;
-                assert_eq!(
-                    sum, total_machines,
-                    "round {round}: every machine has one reason"
-                );
-            }
-            ReserveOutcome::Contended { walk, .. } => {
-                assert!(
-                    walk.scanned >= 1 && walk.scanned <= allocator::MAX_SCANNED,
-                    "round {round}"
-                );
-            }
-            ReserveOutcome::Existing { .. } => {
-                panic!("round {round}: distinct orders cannot replay")
-            }
-        }
-    }
-    // The invariants, in SQL: one holder per machine, all on eligible machines.
-    let (held, machines, on_eligible): (i64, i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(DISTINCT r.machine_id), count(*) FILTER (WHERE m.asset_tag LIKE 'OK-%')
-           FROM reservations r JOIN machines m ON m.id = r.machine_id
-          WHERE r.org_id = $1 AND r.state = 'held' AND r.order_ref LIKE 'ORD-%'",
-    )
-    .bind(org_id)
-    .fetch_one(pool)
-    .await
-    .expect("invariants");
-    assert_eq!(
-        (held, machines, on_eligible),
-        (eligible, eligible, eligible),
-        "round {round}"
-    );
-    let events: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
-          WHERE r.org_id = $1 AND e.kind = 'created'",
-    )
-    .bind(org_id)
-    .fetch_one(pool)
-    .await
-    .expect("events");
-    assert_eq!(
-        events, eligible,
-        "round {round}: one created event per reservation"
-    );
 }
 
 /// R7: the explanation, the `unavailable` counts and the candidate query
@@ -1183,17 +915,19 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
     let pool = db.pool().await;
     let org = create_org(&pool, "history", true).await;
     // 20 candidates, and 2,000 machines of other sites and profiles.
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'M-' || g, CASE WHEN g <= 20 THEN 'par1' ELSE 'ams1' END, 'dell',
-                CASE WHEN g <= 20 THEN 'epyc-9354-256g' ELSE 'xeon-6430-128g' END,
-                CASE WHEN g % 7 = 0 AND g > 20 THEN 'broken' ELSE 'ready' END
-           FROM generate_series(1, 2020) g",
+    generated_machines(
+        &pool,
+        org.id,
+        2020,
+        Generated {
+            tag: "'M-' || g",
+            site: "CASE WHEN g <= 20 THEN 'par1' ELSE 'ams1' END",
+            vendor: "'dell'",
+            profile: "CASE WHEN g <= 20 THEN 'epyc-9354-256g' ELSE 'xeon-6430-128g' END",
+            status: "CASE WHEN g % 7 = 0 AND g > 20 THEN 'broken' ELSE 'ready' END",
+        },
     )
-    .bind(org.id)
-    .execute(&pool)
-    .await
-    .expect("machines");
+    .await;
     // 50,000 ended reservations, most of them on the candidates.
     sqlx::query(
         "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason, hold_seconds,
@@ -1321,16 +1055,20 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
     let pool = db.pool().await;
     let org = create_org(&pool, "fresh", true).await;
     let first = machine(&pool, org.id, "F-0001", SITE, "dell", PROFILE, "ready").await;
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'F-' || lpad(g::text, 5, '0'), $2, 'dell', $3, 'ready' FROM generate_series(2, 5000) g",
+    // F-00002 to F-05000, after the first.
+    generated_machines(
+        &pool,
+        org.id,
+        4999,
+        Generated {
+            tag: "'F-' || lpad((g + 1)::text, 5, '0')",
+            site: &literal(SITE),
+            vendor: "'dell'",
+            profile: &literal(PROFILE),
+            status: "'ready'",
+        },
     )
-    .bind(org.id)
-    .bind(SITE)
-    .bind(PROFILE)
-    .execute(&pool)
-    .await
-    .expect("machines");
+    .await;
     sqlx::query("ANALYZE")
         .execute(&pool)
         .await

@@ -1301,17 +1301,19 @@ async fn overdue_reservations_are_marked_in_text() {
 #[tokio::test]
 async fn the_machines_page_pages_through_50000_machines_quickly() {
     let app = spawn_app().await;
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'M-' || lpad(i::text, 6, '0'), (ARRAY['par1','par2','ams1','fra1'])[1 + i % 4],
-                (ARRAY['dell','hpe'])[1 + i % 2], (ARRAY['epyc','xeon'])[1 + (i / 2) % 2],
-                CASE WHEN i % 10 = 0 THEN 'maintenance' ELSE 'ready' END
-           FROM generate_series(1, 50000) AS i",
+    crate::helpers::generated_machines(
+        &app.pool,
+        app.org.id,
+        50_000,
+        crate::helpers::Generated {
+            tag: "'M-' || lpad(g::text, 6, '0')",
+            site: "(ARRAY['par1','par2','ams1','fra1'])[1 + g % 4]",
+            vendor: "(ARRAY['dell','hpe'])[1 + g % 2]",
+            profile: "(ARRAY['epyc','xeon'])[1 + (g / 2) % 2]",
+            status: "CASE WHEN g % 10 = 0 THEN 'maintenance' ELSE 'ready' END",
+        },
     )
-    .bind(app.org.id)
-    .execute(&app.pool)
-    .await
-    .expect("50,000 machines");
+    .await;
     sqlx::query("ANALYZE machines")
         .execute(&app.pool)
         .await
@@ -1417,16 +1419,19 @@ async fn a_thousand_holds_come_a_hundred_a_page_under_60_kb_with_filters_kept() 
     // hold on each: the first 300 with 4 to 6 minutes left, the rest 40
     // minutes or more, so the 15-minute filter keeps exactly 300 (150 at
     // par1) however slowly the test runs.
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'PK-' || lpad(i::text, 5, '0'), CASE WHEN i % 2 = 0 THEN 'par1' ELSE 'ams1' END,
-                'dell', 'epyc-9354-256g', 'ready'
-           FROM generate_series(1, 1000) i",
+    crate::helpers::generated_machines(
+        &app.pool,
+        org,
+        1000,
+        crate::helpers::Generated {
+            tag: "'PK-' || lpad(g::text, 5, '0')",
+            site: "CASE WHEN g % 2 = 0 THEN 'par1' ELSE 'ams1' END",
+            vendor: "'dell'",
+            profile: "'epyc-9354-256g'",
+            status: "'ready'",
+        },
     )
-    .bind(org)
-    .execute(&app.pool)
-    .await
-    .expect("machines");
+    .await;
     sqlx::query(
         "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
                                    hold_seconds, expires_at)
@@ -1910,7 +1915,7 @@ async fn orders_of_several_and_extensions_on_the_dashboard() {
     }
     let req = poolkeeper::allocator::ReserveRequest {
         quantity: Quantity::new(3).expect("three"),
-        ..crate::allocator::request_for("ORD-TRIO", "epyc", None)
+        ..crate::helpers::request_for("ORD-TRIO", "epyc", None)
     };
     let order = match allocator::reserve(&app.pool, app.org.id, &req)
         .await

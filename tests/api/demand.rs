@@ -260,14 +260,7 @@ async fn the_known_set_is_read_once_and_again_on_refresh() {
         labels.labels(&pool, "par1", "r650").await,
         ("par1".to_owned(), "r650".to_owned())
     );
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         VALUES ($1, 'new-1', 'ams1', 'dell', 'gpu', 'ready')",
-    )
-    .bind(org)
-    .execute(&pool)
-    .await
-    .expect("a new site");
+    crate::helpers::machine(&pool, org, "new-1", "ams1", "dell", "gpu", "ready").await;
     // Within LABELS_MAX_AGE the set is not read again: no query per refusal.
     assert_eq!(
         labels.labels(&pool, "ams1", "gpu").await,

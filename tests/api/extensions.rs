@@ -14,7 +14,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::allocator::{PROFILE, SITE, machine};
+use crate::helpers::{PROFILE, SITE, machine};
 use crate::helpers::{create_org, migrated_db, spawn_app, spawn_app_with};
 use crate::orders_of_several::order;
 

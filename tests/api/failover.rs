@@ -685,24 +685,25 @@ async fn run(rounds: usize) {
         .await
         .expect("the test's pool");
     let org = crate::helpers::create_org(&pool, "ha", true).await;
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'ha-' || g, 'par1', 'dell', 'r650', 'ready' FROM generate_series(1, $2) g",
-    )
-    .bind(org.id)
-    .bind(MACHINES)
-    .execute(&pool)
-    .await
-    .expect("machines");
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'ha-o-' || g, 'par1', 'dell', 'r760', 'ready' FROM generate_series(1, $2) g",
-    )
-    .bind(org.id)
-    .bind(ORDER_MACHINES)
-    .execute(&pool)
-    .await
-    .expect("machines for orders of several");
+    for (n, tag, profile) in [
+        (MACHINES, "'ha-' || g", "'r650'"),
+        // For orders of several.
+        (ORDER_MACHINES, "'ha-o-' || g", "'r760'"),
+    ] {
+        crate::helpers::generated_machines(
+            &pool,
+            org.id,
+            n,
+            crate::helpers::Generated {
+                tag,
+                site: "'par1'",
+                vendor: "'dell'",
+                profile,
+                status: "'ready'",
+            },
+        )
+        .await;
+    }
 
     let env = serve_env(&cluster);
     let env_ref: Vec<(&str, String)> = env.iter().map(|(k, v)| (*k, v.clone())).collect();

@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::allocator::{PROFILE, SITE};
+use crate::helpers::{PROFILE, SITE};
 use crate::helpers::{TestApp, spawn_app};
 
 async fn post(app: &TestApp, path: &str, body: Value) -> (StatusCode, Value) {

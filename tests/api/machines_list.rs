@@ -363,17 +363,19 @@ async fn csv_exports_hold_what_the_pages_list_with_their_filters() {
 async fn the_list_stays_on_indexes_at_50000_machines() {
     let app = spawn_app().await;
     let org = app.org.id;
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'M-' || lpad(i::text, 6, '0'), 's' || lpad((i % 10)::text, 2, '0'),
-                (ARRAY['dell','hpe'])[1 + i % 2], (ARRAY['epyc','xeon'])[1 + (i / 2) % 2],
-                CASE WHEN i % 7 = 3 THEN 'maintenance' ELSE 'ready' END
-           FROM generate_series(1, 50000) AS i",
+    crate::helpers::generated_machines(
+        &app.pool,
+        org,
+        50_000,
+        crate::helpers::Generated {
+            tag: "'M-' || lpad(g::text, 6, '0')",
+            site: "'s' || lpad((g % 10)::text, 2, '0')",
+            vendor: "(ARRAY['dell','hpe'])[1 + g % 2]",
+            profile: "(ARRAY['epyc','xeon'])[1 + (g / 2) % 2]",
+            status: "CASE WHEN g % 7 = 3 THEN 'maintenance' ELSE 'ready' END",
+        },
     )
-    .bind(org)
-    .execute(&app.pool)
-    .await
-    .expect("50,000 machines");
+    .await;
     // 1,000 held and 1,000 sold, spread over the pool.
     sqlx::query(
         "WITH held AS (

@@ -1,5 +1,6 @@
 //! One integration binary: every test gets its own freshly migrated database
-//! on one private PostgreSQL per run (see helpers.rs).
+//! on one private PostgreSQL per run (see helpers/mod.rs); the fixtures
+//! every file uses are in helpers/fixtures.rs.
 
 mod alerting;
 mod allocator;

@@ -7,7 +7,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::allocator::{PROFILE, SITE, decoys, machine};
+use crate::helpers::{PROFILE, SITE, decoys, machine};
 use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 
 fn reserve_body(order_ref: &str) -> Value {

@@ -13,7 +13,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::allocator::{PROFILE, SITE, decoys, machine, race, request};
+use crate::helpers::{PROFILE, SITE, decoys, machine, race, request};
 use crate::helpers::{create_org, migrated_db, spawn_app};
 
 /// `request` for an order of `n` machines.

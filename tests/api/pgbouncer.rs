@@ -509,24 +509,24 @@ async fn two_replicas_through(mode: &str) {
     // R3 through the pooler: 8 orders, 3 eligible machines, 5 rounds.
     for round in 0..5 {
         let org = create_org(&through, &format!("bouncer-{round}"), true).await;
-        crate::allocator::decoys(&through, org.id).await;
+        crate::helpers::decoys(&through, org.id).await;
         for i in 0..3 {
-            crate::allocator::machine(
+            crate::helpers::machine(
                 &through,
                 org.id,
                 &format!("OK-{i}"),
-                crate::allocator::SITE,
+                crate::helpers::SITE,
                 "dell",
-                crate::allocator::PROFILE,
+                crate::helpers::PROFILE,
                 "ready",
             )
             .await;
         }
         let reqs = (0..8)
-            .map(|i| crate::allocator::request(&format!("ORD-{i}"), Some("dell")))
+            .map(|i| crate::helpers::request(&format!("ORD-{i}"), Some("dell")))
             .collect();
-        let outcomes = crate::allocator::race(&through, org.id, reqs).await;
-        crate::allocator::check_round(&through, org.id, &outcomes, 3, round).await;
+        let outcomes = crate::helpers::race(&through, org.id, reqs).await;
+        crate::helpers::check_round(&through, org.id, &outcomes, 3, round).await;
     }
 
     let direct = db.pool().await;
@@ -553,13 +553,13 @@ async fn two_replicas_through(mode: &str) {
     // 8 orders on 3 machines over HTTP, alternating replicas, released
     // together: 3 reservations on 3 machines, 5 refusals.
     for i in 0..3 {
-        crate::allocator::machine(
+        crate::helpers::machine(
             &direct,
             org.id,
             &format!("H-{i}"),
-            crate::allocator::SITE,
+            crate::helpers::SITE,
             "dell",
-            crate::allocator::PROFILE,
+            crate::helpers::PROFILE,
             "ready",
         )
         .await;
@@ -574,8 +574,8 @@ async fn two_replicas_through(mode: &str) {
             let r = http
                 .post(format!("{url}/api/v1/reservations"))
                 .bearer_auth(&token)
-                .json(&json!({"order_ref": format!("HTTP-{i}"), "site": crate::allocator::SITE,
-                               "profile": crate::allocator::PROFILE, "vendor": "dell", "hold_seconds": 600}))
+                .json(&json!({"order_ref": format!("HTTP-{i}"), "site": crate::helpers::SITE,
+                               "profile": crate::helpers::PROFILE, "vendor": "dell", "hold_seconds": 600}))
                 .send()
                 .await
                 .expect("answer");
@@ -632,17 +632,17 @@ async fn two_replicas_through(mode: &str) {
     )
     .await;
     assert!(new_fence > fence, "{new_holder}: {new_fence} after {fence}");
-    let late = crate::allocator::machine(
+    let late = crate::helpers::machine(
         &direct,
         org.id,
         "LATE-1",
         "ams1",
         "dell",
-        crate::allocator::PROFILE,
+        crate::helpers::PROFILE,
         "ready",
     )
     .await;
-    let overdue = crate::allocator::held_directly(&direct, org.id, late, "LATE-ORDER").await;
+    let overdue = crate::helpers::held_directly(&direct, org.id, late, "LATE-ORDER").await;
     sqlx::query(
         "UPDATE reservations SET created_at = clock_timestamp() - interval '1 hour',
                 expires_at = clock_timestamp() - interval '1 minute' WHERE id = $1",
@@ -672,17 +672,17 @@ async fn two_replicas_through(mode: &str) {
 
     // statement_timeout through the pooler: a cancel stuck behind a foreign
     // row lock ends with the honest 503 of RELIABILITY.md, writes nothing.
-    let m = crate::allocator::machine(
+    let m = crate::helpers::machine(
         &direct,
         org.id,
         "STUCK-1",
         "fra1",
         "dell",
-        crate::allocator::PROFILE,
+        crate::helpers::PROFILE,
         "ready",
     )
     .await;
-    let stuck = crate::allocator::held_directly(&direct, org.id, m, "STUCK-ORDER").await;
+    let stuck = crate::helpers::held_directly(&direct, org.id, m, "STUCK-ORDER").await;
     let fence: i64 = sqlx::query_scalar("SELECT fence FROM reservations WHERE id = $1")
         .bind(stuck)
         .fetch_one(&direct)

@@ -141,7 +141,7 @@ async fn migrate_as_owner_then_serve_as_a_role_with_only_dml_grants() {
     .await
     .expect("staff");
     for i in 0..4 {
-        crate::allocator::machine(
+        crate::helpers::machine(
             &admin,
             org.id,
             &format!("PK-{i}"),

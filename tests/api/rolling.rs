@@ -177,17 +177,22 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
     let db = migrated_db().await;
     let direct = db.pool().await;
     let org = create_org(&direct, "acme", true).await;
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'RR-' || g, 'par1', 'dell', 'epyc', 'ready' FROM generate_series(1, 64) g",
+    crate::helpers::generated_machines(
+        &direct,
+        org.id,
+        64,
+        crate::helpers::Generated {
+            tag: "'RR-' || g",
+            site: "'par1'",
+            vendor: "'dell'",
+            profile: "'epyc'",
+            status: "'ready'",
+        },
     )
-    .bind(org.id)
-    .execute(&direct)
-    .await
-    .expect("machines");
+    .await;
     // A machine of another site for the in-flight request.
     let slow_machine =
-        crate::allocator::machine(&direct, org.id, "SLOW-1", "fra1", "dell", "epyc", "ready").await;
+        crate::helpers::machine(&direct, org.id, "SLOW-1", "fra1", "dell", "epyc", "ready").await;
 
     let mut replicas = [
         Replica::start("rolling-a1", &env(&db.url())).await,
@@ -232,7 +237,7 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
 
         // An in-flight request on the victim: a cancel waiting on a row lock.
         let (slow_id, slow_fence) = {
-            let id = crate::allocator::held_directly(
+            let id = crate::helpers::held_directly(
                 &direct,
                 org.id,
                 slow_machine,

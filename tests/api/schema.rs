@@ -197,14 +197,7 @@ async fn a_reservation_names_a_machine_of_its_own_organization() {
     .fetch_all(&pool)
     .await
     .expect("orgs");
-    let machine: i64 = sqlx::query_scalar(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         VALUES ($1, 'fk-1', 's1', 'dell', 'p', 'ready') RETURNING id",
-    )
-    .bind(orgs[0])
-    .fetch_one(&pool)
-    .await
-    .expect("machine");
+    let machine = crate::helpers::machine(&pool, orgs[0], "fk-1", "s1", "dell", "p", "ready").await;
     let insert = |org: i64| {
         let pool = pool.clone();
         async move {

@@ -529,17 +529,19 @@ async fn run_soak(load: Duration) -> SoakReport {
         .await
         .expect("pool");
     let org = create_org(&setup, "soak", true).await;
-    sqlx::query(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'SOAK-' || lpad(g::text, 3, '0'), 'par1', 'dell',
-                CASE WHEN g % 2 = 0 THEN 'soak-small' ELSE 'soak-large' END, 'ready'
-           FROM generate_series(1, $2) g",
+    crate::helpers::generated_machines(
+        &setup,
+        org.id,
+        MACHINES,
+        crate::helpers::Generated {
+            tag: "'SOAK-' || lpad(g::text, 3, '0')",
+            site: "'par1'",
+            vendor: "'dell'",
+            profile: "CASE WHEN g % 2 = 0 THEN 'soak-small' ELSE 'soak-large' END",
+            status: "'ready'",
+        },
     )
-    .bind(org.id)
-    .bind(MACHINES)
-    .execute(&setup)
-    .await
-    .expect("machines");
+    .await;
     setup.close().await;
 
     let mut fleet = Fleet {

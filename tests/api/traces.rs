@@ -100,15 +100,7 @@ async fn world() -> (crate::helpers::TestDb, String, poolkeeper::db::Db) {
     let pool = db.pool().await;
     let org = create_org(&pool, "traced", true).await;
     for tag in ["TR-1", "TR-2"] {
-        sqlx::query(
-            "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-             VALUES ($1, $2, 'par1', 'dell', 'epyc', 'ready')",
-        )
-        .bind(org.id)
-        .bind(tag)
-        .execute(&pool)
-        .await
-        .expect("machine");
+        crate::helpers::machine(&pool, org.id, tag, "par1", "dell", "epyc", "ready").await;
     }
     (db, org.token, pool)
 }

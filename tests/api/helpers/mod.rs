@@ -3,6 +3,9 @@
 //! starts the server on port 0 against it.
 #![allow(dead_code)]
 
+mod fixtures;
+pub use fixtures::*;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
@@ -369,16 +372,19 @@ pub async fn seed_org_with_machines(
             .fetch_one(pool)
             .await
             .expect("insert organization");
-    let ids: Vec<i64> = sqlx::query_scalar(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         SELECT $1, 'm-' || g, 'par1', 'dell', 'r650', 'ready' FROM generate_series(1, $2) g
-         RETURNING id",
+    let ids = generated_machines(
+        pool,
+        org,
+        machines,
+        Generated {
+            tag: "'m-' || g",
+            site: "'par1'",
+            vendor: "'dell'",
+            profile: "'r650'",
+            status: "'ready'",
+        },
     )
-    .bind(org)
-    .bind(machines)
-    .fetch_all(pool)
-    .await
-    .expect("insert machines");
+    .await;
     (org, ids)
 }
 
@@ -550,19 +556,7 @@ impl TestApp {
         profile: &str,
         status: &str,
     ) -> i64 {
-        sqlx::query_scalar(
-            "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-             VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-        )
-        .bind(org_id)
-        .bind(tag)
-        .bind(site)
-        .bind(vendor)
-        .bind(profile)
-        .bind(status)
-        .fetch_one(&self.pool)
-        .await
-        .expect("insert machine")
+        machine(&self.pool, org_id, tag, site, vendor, profile, status).await
     }
 
     /// A held reservation written directly in SQL, with its 'created'
