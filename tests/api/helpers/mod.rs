@@ -158,10 +158,18 @@ impl TestDb {
         }
     }
 
+    /// A pool of 40 for the test's own work. It waits up to 30 s for a
+    /// connection (not the server's 2 s): on a loaded 2-CPU machine opening
+    /// one can take seconds, and a test of a rule must not fail on that.
+    /// Tests of the 503 on an exhausted pool build their own.
     pub async fn pool(&self) -> Db {
-        poolkeeper::db::connect(self.options.clone(), 40)
-            .await
-            .expect("connect to the test database")
+        poolkeeper::db::connect_with_acquire_timeout(
+            self.options.clone(),
+            40,
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("connect to the test database")
     }
 
     pub async fn connection(&self) -> PgConnection {
