@@ -91,64 +91,27 @@ async fn confirm(
     })
 }
 
-pub(crate) async fn confirm_cancel(
-    req: HttpRequest,
-    staff: Staff,
-    settings: web::Data<Settings>,
-    pool: web::Data<Db>,
-    id: web::Path<i64>,
-    q: web::Query<FenceQuery>,
-) -> Result<HttpResponse, DashError> {
-    confirm(
-        req,
-        staff,
-        settings,
-        pool,
-        id.into_inner(),
-        q.fence,
-        "cancel",
-    )
-    .await
+/// The three confirmation pages: one handler each for the route table,
+/// the same page for its action.
+macro_rules! confirm_page {
+    ($($name:ident => $action:literal),+ $(,)?) => {$(
+        pub(crate) async fn $name(
+            req: HttpRequest,
+            staff: Staff,
+            settings: web::Data<Settings>,
+            pool: web::Data<Db>,
+            id: web::Path<i64>,
+            q: web::Query<FenceQuery>,
+        ) -> Result<HttpResponse, DashError> {
+            confirm(req, staff, settings, pool, id.into_inner(), q.fence, $action).await
+        }
+    )+};
 }
 
-pub(crate) async fn confirm_extend(
-    req: HttpRequest,
-    staff: Staff,
-    settings: web::Data<Settings>,
-    pool: web::Data<Db>,
-    id: web::Path<i64>,
-    q: web::Query<FenceQuery>,
-) -> Result<HttpResponse, DashError> {
-    confirm(
-        req,
-        staff,
-        settings,
-        pool,
-        id.into_inner(),
-        q.fence,
-        "extend",
-    )
-    .await
-}
-
-pub(crate) async fn confirm_convert(
-    req: HttpRequest,
-    staff: Staff,
-    settings: web::Data<Settings>,
-    pool: web::Data<Db>,
-    id: web::Path<i64>,
-    q: web::Query<FenceQuery>,
-) -> Result<HttpResponse, DashError> {
-    confirm(
-        req,
-        staff,
-        settings,
-        pool,
-        id.into_inner(),
-        q.fence,
-        "convert",
-    )
-    .await
+confirm_page! {
+    confirm_cancel => "cancel",
+    confirm_convert => "convert",
+    confirm_extend => "extend",
 }
 
 /// Fields are strings with defaults so that a missing CSRF token is a 403,
