@@ -30,14 +30,12 @@ fn tool(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn needs_prometheus(name: &str) -> Option<PathBuf> {
-    let found = tool(name);
-    crate::helpers::needs(
+fn needs_prometheus(name: &str) -> PathBuf {
+    crate::helpers::required(
         "prometheus",
-        found.is_some(),
+        tool(name),
         "apt-get install -y --no-install-recommends prometheus",
-    );
-    found
+    )
 }
 
 /// The alert names of the shipped rules.
@@ -51,9 +49,7 @@ fn alerts() -> Vec<String> {
 
 #[test]
 fn promtool_checks_the_rules_and_their_unit_tests_pass() {
-    let Some(promtool) = needs_prometheus("promtool") else {
-        return;
-    };
+    let promtool = needs_prometheus("promtool");
     for args in [
         ["check", "rules", "poolkeeper.rules.yml"],
         ["test", "rules", "poolkeeper.rules.test.yml"],
@@ -331,9 +327,7 @@ async fn query(http: &reqwest::Client, prom: &str, q: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
-    let Some(prometheus) = needs_prometheus("prometheus") else {
-        return;
-    };
+    let prometheus = needs_prometheus("prometheus");
     let app = spawn_app().await;
     let mut settings = app.settings.clone();
     settings.sweep_period = Duration::from_secs(1);
@@ -575,9 +569,7 @@ async fn every_dashboard_expression_names_exported_or_recorded_series() {
     }
 
     // Every expression is valid PromQL: promtool checks them as rules.
-    let Some(promtool) = needs_prometheus("promtool") else {
-        return;
-    };
+    let promtool = needs_prometheus("promtool");
     let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
     for (i, expr) in exprs.iter().enumerate() {
         rules.push_str(&format!(

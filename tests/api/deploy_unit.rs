@@ -21,17 +21,13 @@ fn the_systemd_unit_is_hardened_and_verifies() {
             "{directive} missing"
         );
     }
-    let analyze = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file());
-    crate::helpers::needs(
+    let analyze = crate::helpers::required(
         "systemd-analyze",
-        analyze.is_some(),
+        ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"]
+            .into_iter()
+            .find(|p| Path::new(p).is_file()),
         "apt-get install -y --no-install-recommends systemd",
     );
-    let Some(analyze) = analyze else {
-        return;
-    };
     // verify checks that ExecStart's binary exists: point it at the one
     // cargo built, in a copy of the unit with the same name.
     let dir = std::env::temp_dir().join(format!("poolkeeper-unit-{:08x}", rand::random::<u32>()));

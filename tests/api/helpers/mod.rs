@@ -667,6 +667,14 @@ pub fn needs(component: &str, present: bool, install: &str) {
     );
 }
 
+/// `needs` for a component that is found as a value (its path, say): the
+/// value, or the test fails as `needs` says, so a caller has no early
+/// `return` that would report a missing component as `ok`.
+pub fn required<T>(component: &str, found: Option<T>, install: &str) -> T {
+    needs(component, found.is_some(), install);
+    found.expect("needs fails the test when the component is missing")
+}
+
 /// A missing component fails the test, naming how to install it.
 #[test]
 fn a_missing_component_fails_naming_its_install_command() {
@@ -686,4 +694,24 @@ fn a_missing_component_fails_naming_its_install_command() {
     assert!(msg.contains("apt-get install -y no-such-package"), "{msg}");
     assert!(msg.contains("--skip"), "{msg}");
     needs("present-component", true, "unused");
+}
+
+/// `required` fails the same way, and gives what was found.
+#[test]
+fn a_required_component_is_given_or_the_test_fails() {
+    let failure = std::panic::catch_unwind(|| {
+        required::<PathBuf>(
+            "no-such-component",
+            None,
+            "apt-get install -y no-such-package",
+        )
+    })
+    .expect_err("a missing component fails");
+    let msg = failure
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(msg.contains("scripts/test"), "{msg}");
+    assert!(msg.contains("apt-get install -y no-such-package"), "{msg}");
+    assert_eq!(required("present-component", Some(7), "unused"), 7);
 }
