@@ -6,8 +6,9 @@
 //! cluster, runs alternating; the ratio is the application's share. The
 //! cluster is the failover test's (`tests/ha/cluster.rs`: Patroni 3.0.2,
 //! etcd 3.4, HAProxy 2.6, PostgreSQL 15, two nodes here: a leader and its
-//! synchronous standby), fsync off on both nodes as for every bench
-//! cluster: the cost measured is the standby's round trip, not a disk's.
+//! synchronous standby), with fsync off on both nodes, as the failover
+//! test runs it (unlike the other items' durable cluster): the cost
+//! measured is the standby's round trip, not a disk's.
 
 use std::sync::Arc;
 use std::time::Duration;
