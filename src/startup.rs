@@ -127,7 +127,7 @@ impl Application {
                 })
                 // Innermost: the log line still says HEAD.
                 .wrap(actix_web::middleware::from_fn(crate::head::head_as_get))
-                .wrap(tracing_actix_web::TracingLogger::default())
+                .wrap(tracing_actix_web::TracingLogger::<crate::telemetry::RootSpan>::new())
                 .wrap(crate::security_headers::default_headers())
                 .configure(configure(state.clone()))
         })

@@ -25,6 +25,81 @@ pub const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
 pub const OTLP_TRACES_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT";
 pub const SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
 
+/// Whether this process exports spans (set once by `init`).
+static EXPORTING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// True when spans are exported: then a request's trace id is its span's.
+pub fn exporting() -> bool {
+    EXPORTING.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The request's root span. Exporting, tracing-actix-web's own: it
+/// continues the caller's `traceparent` and records our `trace_id`.
+/// Not exporting, no trace is made here, so no `trace_id` is invented (the
+/// default would log one of zeros): the log line carries the caller's
+/// trace id from its `traceparent`, when it sent one, as `trace_id`.
+pub struct RootSpan;
+
+impl tracing_actix_web::RootSpanBuilder for RootSpan {
+    fn on_request_start(request: &actix_web::dev::ServiceRequest) -> tracing::Span {
+        use actix_web::HttpMessage as _;
+        use tracing_actix_web::DefaultRootSpanBuilder;
+        if exporting() {
+            return DefaultRootSpanBuilder::on_request_start(request);
+        }
+        let method = request.method().as_str();
+        let route = request
+            .match_pattern()
+            .unwrap_or_else(|| "default".to_owned());
+        let request_id = request
+            .extensions()
+            .get::<tracing_actix_web::RequestId>()
+            .map(|id| id.to_string())
+            .unwrap_or_default();
+        let caller = request
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(caller_trace_id);
+        tracing::info_span!(
+            "HTTP request",
+            http.method = %method,
+            http.route = %route,
+            http.target = %request.uri().path(),
+            http.status_code = tracing::field::Empty,
+            otel.name = %format!("{method} {route}"),
+            otel.kind = "server",
+            otel.status_code = tracing::field::Empty,
+            trace_id = caller.as_deref(),
+            request_id = %request_id,
+            exception.message = tracing::field::Empty,
+            exception.details = tracing::field::Empty,
+        )
+    }
+
+    fn on_request_end<B: actix_web::body::MessageBody>(
+        span: tracing::Span,
+        outcome: &Result<actix_web::dev::ServiceResponse<B>, actix_web::Error>,
+    ) {
+        tracing_actix_web::DefaultRootSpanBuilder::on_request_end(span, outcome);
+    }
+}
+
+/// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`),
+/// when it is one and not all zeros.
+fn caller_trace_id(header: &str) -> Option<String> {
+    let mut parts = header.trim().split('-');
+    let (version, trace, span, flags) =
+        (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (hex(version, 2)
+        && hex(trace, 32)
+        && hex(span, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0'))
+    .then(|| trace.to_ascii_lowercase())
+}
+
 /// Keeps the exporter alive; dropping it flushes the spans not yet sent.
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
@@ -104,6 +179,7 @@ pub fn init() -> Telemetry {
     } else {
         None
     };
+    EXPORTING.store(provider.is_some(), std::sync::atomic::Ordering::Relaxed);
     let otel = provider.as_ref().map(|p| {
         opentelemetry::global::set_text_map_propagator(
             opentelemetry_sdk::propagation::TraceContextPropagator::new(),
@@ -149,5 +225,22 @@ mod tests {
         ));
         // Without a subscriber layer, no span is sampled: no comment.
         assert_eq!(sampled_traceparent(), None);
+    }
+
+    #[test]
+    fn only_a_well_formed_traceparent_gives_a_trace_id() {
+        assert_eq!(
+            caller_trace_id("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        for bad in [
+            "",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "zz-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(caller_trace_id(bad), None, "{bad}");
+        }
     }
 }

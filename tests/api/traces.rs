@@ -251,5 +251,9 @@ async fn without_an_endpoint_nothing_is_exported() {
     assert!(status.success(), "{status}\n{log}");
     assert_eq!(*rx.requests.lock().expect("requests"), 0);
     assert!(!log.contains("OTLP"), "{log}");
+    // No trace id made up (the default would log one of zeros); the
+    // caller's, from its traceparent, is in the request's line.
+    assert!(!log.contains("00000000000000000000000000000000"), "{log}");
+    assert!(log.contains(TRACE), "{log}");
     rx.handle.stop(false).await;
 }
