@@ -108,6 +108,21 @@ impl DashError {
         DashError::Forbidden(message.into())
     }
 
+    /// F3 for a staff action: an error of its transaction's commit. A lost
+    /// connection there may or may not have committed, so the page says so
+    /// and offers `again` (a link and its words), whose answer then tells;
+    /// any other error is as `From` maps it.
+    pub fn of_commit(e: sqlx::Error, again: (String, String)) -> DashError {
+        if crate::db::is_outcome_unknown(&e) {
+            DashError::OutcomeUnknown {
+                again,
+                source: e.into(),
+            }
+        } else {
+            e.into()
+        }
+    }
+
     fn heading(&self) -> String {
         match self {
             DashError::LoginRequired => "Please log in".into(),

@@ -285,21 +285,17 @@ pub(crate) async fn apply(
     )
     .await?;
     tx.commit().await.map_err(|e| {
-        if crate::db::is_outcome_unknown(&e) {
-            DashError::OutcomeUnknown {
-                again: (
-                    format!(
-                        "/status-changes?tags={}&status={}",
-                        typed.replace(' ', "+"),
-                        status.as_str()
-                    ),
-                    "Review the change again".to_owned(),
+        DashError::of_commit(
+            e,
+            (
+                format!(
+                    "/status-changes?tags={}&status={}",
+                    typed.replace(' ', "+"),
+                    status.as_str()
                 ),
-                source: e.into(),
-            }
-        } else {
-            e.into()
-        }
+                "Review the change again".to_owned(),
+            ),
+        )
     })?;
     render(
         &req,

@@ -285,17 +285,13 @@ async fn settle_action<T>(
 ) -> Result<T, DashError> {
     let commit = async |tx: sqlx::Transaction<'static, sqlx::Postgres>| {
         tx.commit().await.map_err(|e| {
-            if crate::db::is_outcome_unknown(&e) {
-                DashError::OutcomeUnknown {
-                    again: (
-                        format!("/reservations/{id}/{action}"),
-                        "Do the same again".to_owned(),
-                    ),
-                    source: e.into(),
-                }
-            } else {
-                e.into()
-            }
+            DashError::of_commit(
+                e,
+                (
+                    format!("/reservations/{id}/{action}"),
+                    "Do the same again".to_owned(),
+                ),
+            )
         })
     };
     match outcome {
