@@ -94,6 +94,44 @@ async fn rack(app: &TestApp) -> (Value, Value) {
     (one, two)
 }
 
+/// One round of a race: a hold of order `order` on a fresh machine, and a
+/// spare of the same spec that comes into the pool after it. The held
+/// machine's tag, the spare's, and the reserve's answer.
+async fn hold_with_spare(app: &TestApp, prefix: &str, order: &str) -> (String, String, Value) {
+    let (held, spare) = (format!("{prefix}-held"), format!("{prefix}-spare"));
+    machine(app, &held, "dell", EPYC, "ready").await;
+    let hold = reserve(app, order, EPYC, 1).await;
+    machine(app, &spare, "dell", EPYC, "ready").await;
+    (held, spare, hold)
+}
+
+/// The status change of `tag` to broken, through the API, once `barrier`
+/// releases it.
+fn break_after(
+    app: &Arc<TestApp>,
+    barrier: &Arc<Barrier>,
+    tag: &str,
+) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let (app, barrier, tag) = (app.clone(), barrier.clone(), tag.to_owned());
+    tokio::spawn(async move {
+        barrier.wait().await;
+        post(
+            &app,
+            "/api/v1/status-changes",
+            json!({"asset_tags": [tag], "status": "broken"}),
+        )
+        .await
+    })
+}
+
+/// Every machine still ready leaves the pool: the next round starts clean.
+async fn retire_the_round(app: &TestApp) {
+    sqlx::query("UPDATE machines SET status = 'retired' WHERE status = 'ready'")
+        .execute(&app.pool)
+        .await
+        .expect("retire");
+}
+
 #[tokio::test]
 async fn a_rack_into_maintenance_heals_every_hold_at_once_and_a_dry_run_writes_nothing() {
     let app = spawn_app().await;
@@ -347,10 +385,8 @@ async fn the_status_form_previews_the_holds_that_will_move_then_says_what_moved(
 async fn a_status_change_racing_an_extension_loses_neither() {
     let app = Arc::new(spawn_app().await);
     for round in 0..15 {
-        let (held_tag, spare) = (format!("E{round}-held"), format!("E{round}-spare"));
-        machine(&app, &held_tag, "dell", EPYC, "ready").await;
-        let hold = reserve(&app, &format!("X-{round}"), EPYC, 1).await;
-        machine(&app, &spare, "dell", EPYC, "ready").await;
+        let (held_tag, spare, hold) =
+            hold_with_spare(&app, &format!("E{round}"), &format!("X-{round}")).await;
         let id = hold["id"].as_i64().expect("id");
         let barrier = Arc::new(Barrier::new(2));
         let extend = {
@@ -365,18 +401,7 @@ async fn a_status_change_racing_an_extension_loses_neither() {
                 .await
             })
         };
-        let change = {
-            let (app, barrier, tag) = (app.clone(), barrier.clone(), held_tag.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                post(
-                    &app,
-                    "/api/v1/status-changes",
-                    json!({"asset_tags": [tag], "status": "broken"}),
-                )
-                .await
-            })
-        };
+        let change = break_after(&app, &barrier, &held_tag);
         let (code, extended) = extend.await.expect("extend task");
         assert_eq!(code, StatusCode::OK, "round {round}: {extended}");
         let (code, changed) = change.await.expect("change task");
@@ -399,10 +424,7 @@ async fn a_status_change_racing_an_extension_loses_neither() {
             "round {round}"
         );
         assert!(deadline_matches, "round {round}: the extension was lost");
-        sqlx::query("UPDATE machines SET status = 'retired' WHERE status = 'ready'")
-            .execute(&app.pool)
-            .await
-            .expect("retire");
+        retire_the_round(&app).await;
     }
 }
 
@@ -429,10 +451,8 @@ async fn a_status_change_racing_the_sweep_at_the_deadline_expires_the_hold_once(
     };
     let (mut moved, mut not_moved) = (0, 0);
     for round in 0..20 {
-        let (held_tag, spare) = (format!("W{round}-held"), format!("W{round}-spare"));
-        machine(&app, &held_tag, "dell", EPYC, "ready").await;
-        let hold = reserve(&app, &format!("D-{round}"), EPYC, 1).await;
-        machine(&app, &spare, "dell", EPYC, "ready").await;
+        let (held_tag, _spare, hold) =
+            hold_with_spare(&app, &format!("W{round}"), &format!("D-{round}")).await;
         let id = hold["id"].as_i64().expect("id");
         // The deadline, by the database clock, a moment from now: some
         // rounds the change comes first, some the deadline.
@@ -469,18 +489,7 @@ async fn a_status_change_racing_the_sweep_at_the_deadline_expires_the_hold_once(
                 }
             })
         };
-        let change = {
-            let (app, barrier, tag) = (app.clone(), barrier.clone(), held_tag.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                post(
-                    &app,
-                    "/api/v1/status-changes",
-                    json!({"asset_tags": [tag], "status": "broken"}),
-                )
-                .await
-            })
-        };
+        let change = break_after(&app, &barrier, &held_tag);
         let (code, changed) = change.await.expect("change task");
         assert_eq!(code, StatusCode::OK, "round {round}: {changed}");
         sweep.await.expect("sweep task");
@@ -512,10 +521,7 @@ async fn a_status_change_racing_the_sweep_at_the_deadline_expires_the_hold_once(
             other => panic!("round {round}: {other:?}"),
         }
         invariants(&app, round).await;
-        sqlx::query("UPDATE machines SET status = 'retired' WHERE status = 'ready'")
-            .execute(&app.pool)
-            .await
-            .expect("retire");
+        retire_the_round(&app).await;
     }
     // Not vacuous: the rounds whose deadline is the release itself always
     // find the hold overdue; the others may go either way.
