@@ -26,25 +26,14 @@ async fn load(db: &Db, org_id: i64) -> anyhow::Result<()> {
     db.exec("TRUNCATE reservation_events, service_links, reservations CASCADE")
         .await?;
     db.exec("UPDATE machines SET status = 'ready'").await?;
-    sqlx::query(
-        "WITH ins AS (
-            INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                      hold_seconds, created_at, expires_at)
-            SELECT $1, 'rack-' || m.id, m.id,
-                   jsonb_build_object('site', m.site, 'profile', m.profile, 'vendor', NULL, 'hold_seconds', 900),
-                   jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
-                                      'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
-                   m.asset_tag || ' matched site ' || m.site || ', profile ' || m.profile
-                       || ', any vendor: candidate 1 of 25 in pass one; held for 900 s',
-                   900, clock_timestamp(), clock_timestamp() + interval '15 minutes'
-              FROM machines m WHERE m.org_id = $1 AND m.asset_tag LIKE 'rack-%'
-            RETURNING id, created_at
-         )
-         INSERT INTO reservation_events (reservation_id, at, kind, from_state, to_state, actor, detail)
-         SELECT id, created_at, 'created', NULL, 'held', 'checkout', 'order rack-' || id FROM ins",
+    setup::held(
+        db,
+        org_id,
+        "SELECT * FROM machines WHERE org_id = $1 AND asset_tag LIKE 'rack-%'",
+        "rack",
+        "t.at",
+        "t.at + interval '15 minutes'",
     )
-    .bind(org_id)
-    .execute(&db.setup)
     .await?;
     db.exec("VACUUM ANALYZE").await?;
     Ok(())

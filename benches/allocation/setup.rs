@@ -332,6 +332,43 @@ pub async fn machines(
     Ok(())
 }
 
+/// Held reservations written in one statement, one per machine of
+/// `machines` (a subquery over `machines` naming `org_id` as $1), each with
+/// its `created` event: order refs `<prefix>-<machine id>`, created and
+/// due at `created` and `expires` (SQL over `m`, the machine, and `t.at`,
+/// one reading of the clock).
+pub async fn held(
+    db: &Db,
+    org_id: i64,
+    machines: &str,
+    prefix: &str,
+    created: &str,
+    expires: &str,
+) -> anyhow::Result<()> {
+    let sql = format!(
+        "WITH ins AS (
+            INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                      hold_seconds, created_at, expires_at)
+            SELECT $1, '{prefix}-' || m.id, m.id,
+                   jsonb_build_object('site', m.site, 'profile', m.profile, 'vendor', NULL, 'hold_seconds', 900),
+                   jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
+                                      'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
+                   m.asset_tag || ' matched site ' || m.site || ', profile ' || m.profile
+                       || ', any vendor: candidate 1 of 25 in pass one; held for 900 s',
+                   900, {created}, {expires}
+              FROM ({machines}) m, (SELECT clock_timestamp() AS at) t
+            RETURNING id, created_at
+         )
+         INSERT INTO reservation_events (reservation_id, at, kind, from_state, to_state, actor, detail)
+         SELECT id, created_at, 'created', NULL, 'held', 'checkout', 'order {prefix}-' || id FROM ins"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .execute(&db.setup)
+        .await?;
+    Ok(())
+}
+
 /// What the bench sets on its cluster beyond PostgreSQL's defaults, and
 /// why. Durability settings are left as shipped (or turned off by
 /// `EmbeddedPostgres` for a throwaway cluster).

@@ -27,28 +27,14 @@ pub struct Run {
 async fn load(db: &Db, org_id: i64, n: i64) -> anyhow::Result<()> {
     db.exec("TRUNCATE reservation_events, service_links, reservations, sweep_runs CASCADE")
         .await?;
-    sqlx::query(
-        "WITH ins AS (
-            INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                      hold_seconds, created_at, expires_at)
-            SELECT $1, 'due-' || m.id, m.id,
-                   jsonb_build_object('site', m.site, 'profile', m.profile, 'vendor', NULL, 'hold_seconds', 900),
-                   jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
-                                      'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
-                   m.asset_tag || ' matched site ' || m.site || ', profile ' || m.profile
-                       || ', any vendor: candidate 1 of 25 in pass one; held for 900 s',
-                   900, t.at - interval '20 minutes' - m.id * interval '1 millisecond',
-                   t.at - interval '5 minutes' - m.id * interval '1 millisecond'
-              FROM (SELECT * FROM machines WHERE org_id = $1 ORDER BY id LIMIT $2) m,
-                   (SELECT clock_timestamp() AS at) t
-            RETURNING id, created_at
-         )
-         INSERT INTO reservation_events (reservation_id, at, kind, from_state, to_state, actor, detail)
-         SELECT id, created_at, 'created', NULL, 'held', 'checkout', 'order due-' || id FROM ins",
+    setup::held(
+        db,
+        org_id,
+        &format!("SELECT * FROM machines WHERE org_id = $1 ORDER BY id LIMIT {n}"),
+        "due",
+        "t.at - interval '20 minutes' - m.id * interval '1 millisecond'",
+        "t.at - interval '5 minutes' - m.id * interval '1 millisecond'",
     )
-    .bind(org_id)
-    .bind(n)
-    .execute(&db.setup)
     .await?;
     db.exec("VACUUM ANALYZE").await?;
     Ok(())
