@@ -129,7 +129,21 @@ pub async fn expire_batch<'c>(
          )
          SELECT (SELECT count(*) FROM lease) AS live, (SELECT count(*) FROM expired) AS expired"
     );
-    let (live, expired): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    fenced(db, sql, replica, fence, limit).await
+}
+
+/// Runs one of the worker's fenced statements: `$1` the sweep's key, `$2`
+/// the replica, `$3` its fence, `$4` the batch's limit; it answers whether
+/// the mandate was live in the statement and how many rows it did. `Lost`
+/// when it was not (and then it did nothing).
+async fn fenced<'c>(
+    db: impl PgExecutor<'c>,
+    sql: String,
+    replica: &str,
+    fence: i64,
+    limit: i64,
+) -> Result<u64, SweepError> {
+    let (live, done): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(SWEEP_KEY)
         .bind(replica)
         .bind(fence)
@@ -139,7 +153,7 @@ pub async fn expire_batch<'c>(
     if live == 0 {
         return Err(SweepError::Lost);
     }
-    Ok(expired as u64)
+    Ok(done as u64)
 }
 
 /// Closes a run with its count; `Lost` (and the run left open) unless the
@@ -272,17 +286,7 @@ pub async fn warn_batch<'c>(
          )
          SELECT (SELECT count(*) FROM lease) AS live, (SELECT count(*) FROM warned) AS warned"
     );
-    let (live, warned): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(SWEEP_KEY)
-        .bind(replica)
-        .bind(fence)
-        .bind(limit)
-        .fetch_one(db)
-        .await?;
-    if live == 0 {
-        return Err(SweepError::Lost);
-    }
-    Ok(warned as u64)
+    fenced(db, sql, replica, fence, limit).await
 }
 
 /// One complete sweep on behalf of the mandate (`replica`, `fence`): a run,
