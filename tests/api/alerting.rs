@@ -122,15 +122,7 @@ async fn metrics_export_the_kit_with_route_templates_and_pool_numbers() {
         .await
         .expect("request");
     assert_eq!(r.status().as_u16(), 404);
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
+    let text = app.metrics_text().await;
     let names = exported(&text);
     for series in SERIES {
         assert!(
@@ -496,15 +488,7 @@ async fn every_dashboard_expression_names_exported_or_recorded_series() {
         .send()
         .await
         .expect("healthz");
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.address))
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
+    let text = app.metrics_text().await;
     let mut known: Vec<String> = exported(&text);
     known.extend(SERIES.iter().map(|s| s.to_string()));
     let histograms: Vec<String> = text

@@ -173,15 +173,7 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
     // The metric counted the three refusals by reason, site and profile.
     assert_eq!(refused(&app.metrics, "unavailable", "par1", "epyc"), 2);
     assert_eq!(refused(&app.metrics, "contended", "par1", "epyc"), 1);
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = app.metrics_text().await;
     assert!(
         text.contains(
             r#"poolkeeper_reservations_refused_total{profile="epyc",reason="unavailable",site="par1"} 2"#
@@ -226,15 +218,7 @@ async fn metric_labels_are_bounded_by_the_inventory() {
     assert_eq!(refused(&app.metrics, "unavailable", "par1", OTHER), 1);
     assert_eq!(refused(&app.metrics, "unavailable", "par1", "epyc"), 1);
     assert_eq!(refused(&app.metrics, "unavailable", "fra1", "xeon"), 1);
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("GET /metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = app.metrics_text().await;
     let series = text
         .lines()
         .filter(|l| l.starts_with("poolkeeper_reservations_refused_total{"))

@@ -223,14 +223,6 @@ async fn health_and_readiness() {
             .status(),
         200
     );
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("request")
-        .text()
-        .await
-        .expect("text");
+    let metrics = app.metrics_text().await;
     assert!(metrics.contains("poolkeeper_sweeps_total"), "{metrics}");
 }

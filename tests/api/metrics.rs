@@ -23,15 +23,7 @@ fn samples(text: &str) -> BTreeMap<String, f64> {
 }
 
 async fn scrape(app: &crate::helpers::TestApp) -> BTreeMap<String, f64> {
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .expect("scrape")
-        .text()
-        .await
-        .expect("body");
+    let text = app.metrics_text().await;
     samples(&text)
 }
 

@@ -308,6 +308,18 @@ impl TestApp {
         format!("{}{}", self.address, path)
     }
 
+    /// The text of this server's `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("GET /metrics")
+            .text()
+            .await
+            .expect("the metrics text")
+    }
+
     /// PUT a machine with the full token of `org`.
     pub async fn put_machine(
         &self,
