@@ -1,27 +1,38 @@
--- R15: a held machine is always a ready machine. When a machine under a
--- live hold leaves `ready`, in the same transaction (a trigger, so that the
--- API, the dashboard and any other writer of machines.status all pass
--- through it) the hold moves to an equivalent machine of the order's frozen
--- spec, found by the allocator's walk; or, when there is none, the whole
--- order is cancelled, in words, by whoever changed the status.
+-- R15: a held machine is always a ready machine that matches its order.
+-- When a machine under a live hold leaves `ready`, or its hardware changes
+-- so that it no longer matches the order's frozen spec (site, profile, the
+-- vendor the order named), in the same transaction (a trigger, so that the
+-- API, the dashboard and any other writer of machines pass through it) the
+-- hold moves to an equivalent machine of the order's frozen spec, found by
+-- the allocator's walk; or, when there is none, the whole order is
+-- cancelled, in words, by whoever changed the machine.
 --
 -- The actor is read from the transaction's setting `poolkeeper.actor` (set
 -- by the writer with set_config(..., true)); a writer that sets none is
 -- recorded as 'machine status change'.
 --
--- Locks: the changed machine's row is locked by the UPDATE that fired us.
--- Then every reservation row of its order, in slot order (two status
--- changes of two machines of one order queue there instead of
--- deadlocking), then candidates one at a time with SKIP LOCKED (R3/R4:
--- never a wait on another order's machine).
+-- Locks, in the lock order of sql/locks.sql: the changed machine's row is
+-- locked by the UPDATE that fired us (a rack's, all of them, in id order
+-- before it: src/healing.rs); then the rows of every order with a live hold
+-- on it, in id order (lock_orders_on); then candidates one at a time with
+-- SKIP LOCKED (R3/R4: never a wait on another order's machine).
+
+-- R15's match: machine p_m can carry a hold of spec p_spec.
+CREATE OR REPLACE FUNCTION machine_fits_hold(p_m machines, p_spec jsonb) RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_m.status = 'ready' AND p_m.site = p_spec->>'site' AND p_m.profile = p_spec->>'profile'
+           AND (p_spec->>'vendor' IS NULL OR p_m.vendor = p_spec->>'vendor')
+$$;
 
 -- How many candidates the walk looks at, at most (R7: bounded).
 CREATE OR REPLACE FUNCTION healing_walk_limit() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 32 $$;
 
--- Moves live hold p_hold (locked) off machine p_old to an equivalent ready
+-- Moves live hold p_hold (locked) off machine p_old (as it is now; p_went
+-- says what happened to it, machine_change_words) to an equivalent ready
 -- machine; returns the new machine's verdict, or NULL when none is free.
-CREATE OR REPLACE FUNCTION heal_hold(p_hold reservations, p_old machines, p_actor text)
+DROP FUNCTION IF EXISTS heal_hold(reservations, machines, text);
+CREATE OR REPLACE FUNCTION heal_hold(p_hold reservations, p_old machines, p_went text, p_actor text)
 RETURNS machine_verdict
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -39,36 +50,37 @@ BEGIN
         -- someone else is skipped. Status re-checked on the newest version.
         PERFORM 1 FROM machines WHERE id = v_cand.id AND status = 'ready' FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
-        -- A fresh reading under the lock: no live link, no live holder.
+        -- A fresh reading under the lock: no live link, no holder at all.
+        -- An overdue holder (the sweep's to expire, R11) is skipped too: the
+        -- arbiter (R1) would refuse the move onto it. Nothing else can put a
+        -- hold on this machine while we hold its row (every writer of a
+        -- hold locks the machine first), so the UPDATE below cannot meet a
+        -- unique violation and needs no subtransaction of its own.
         SELECT * INTO v_now FROM machine_verdicts(p_hold.org_id, v_site, v_profile, v_vendor) v
          WHERE v.id = v_cand.id;
         CONTINUE WHEN NOT FOUND OR v_now.exclusion IS NOT NULL;
-        v_reason := format('%s (%s, %s, %s, %s) matched site %s, profile %s, %s: replaced %s, which went %s',
+        CONTINUE WHEN EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = v_cand.id AND r.state = 'held');
+        v_reason := format('%s (%s, %s, %s, %s) matched site %s, profile %s, %s: replaced %s, which %s',
                            v_now.asset_tag, v_now.site, v_now.vendor, v_now.profile, v_now.status,
                            v_site, v_profile,
                            CASE WHEN v_vendor IS NULL THEN 'any vendor' ELSE 'vendor ' || v_vendor END,
-                           p_old.asset_tag, p_old.status);
+                           p_old.asset_tag,
+                           CASE WHEN p_old.status <> 'ready' THEN 'went ' || p_went ELSE p_went END);
         IF p_hold.quantity > 1 THEN
             v_reason := v_reason || format('; machine %s of %s of the order', p_hold.slot, p_hold.quantity);
         END IF;
         v_reason := v_reason || format('; held for %s s', p_hold.hold_seconds);
-        BEGIN
-            -- R1: the arbiter stays the unique index; an overdue holder of
-            -- the candidate (the sweep's to expire) makes this one taken.
-            UPDATE reservations r
-               SET machine_id = v_now.id,
-                   machine_snapshot = jsonb_build_object('asset_tag', v_now.asset_tag, 'site', v_now.site,
-                                                         'vendor', v_now.vendor, 'profile', v_now.profile,
-                                                         'status', v_now.status, 'updated_at', v_now.updated_at),
-                   reason = v_reason
-             WHERE r.id = p_hold.id;
-        EXCEPTION WHEN unique_violation THEN
-            CONTINUE;
-        END;
+        UPDATE reservations r
+           SET machine_id = v_now.id,
+               machine_snapshot = jsonb_build_object('asset_tag', v_now.asset_tag, 'site', v_now.site,
+                                                     'vendor', v_now.vendor, 'profile', v_now.profile,
+                                                     'status', v_now.status, 'updated_at', v_now.updated_at),
+               reason = v_reason
+         WHERE r.id = p_hold.id;
         INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail,
                                         replaced_machine_id)
         VALUES (p_hold.id, 'machine_replaced', 'held', 'held', p_actor,
-                format('machine %s %s; moved to %s (was: %s)', p_old.asset_tag, p_old.status, v_now.asset_tag,
+                format('machine %s %s; moved to %s (was: %s)', p_old.asset_tag, p_went, v_now.asset_tag,
                        p_hold.reason),
                 p_old.id);
         RETURN v_now;
@@ -77,7 +89,23 @@ BEGIN
 END
 $$;
 
--- AFTER UPDATE OF status ON machines, for a machine that left `ready`.
+-- What happened to machine p_new (was p_old), in words that follow its
+-- tag: "maintenance" (its new status), "changed (site par1 to ams9, vendor
+-- dell to hpe)", or "maintenance and changed (...)".
+CREATE OR REPLACE FUNCTION machine_change_words(p_old machines, p_new machines) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN changes IS NULL THEN p_new.status
+                WHEN p_new.status <> 'ready' THEN format('%s and changed (%s)', p_new.status, changes)
+                ELSE format('changed (%s)', changes) END
+      FROM (SELECT nullif(concat_ws(', ',
+                   CASE WHEN p_old.site <> p_new.site THEN format('site %s to %s', p_old.site, p_new.site) END,
+                   CASE WHEN p_old.vendor <> p_new.vendor THEN format('vendor %s to %s', p_old.vendor, p_new.vendor) END,
+                   CASE WHEN p_old.profile <> p_new.profile
+                        THEN format('profile %s to %s', p_old.profile, p_new.profile) END), '') AS changes) c
+$$;
+
+-- AFTER UPDATE OF status, site, vendor, profile ON machines, for a machine
+-- that left `ready` or whose hardware changed.
 CREATE OR REPLACE FUNCTION machines_heal_holds() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -85,28 +113,27 @@ DECLARE
     v_hold   reservations;
     v_member reservations;
     v_moved  machine_verdict;
+    v_went   text;
     v_words  text;
 BEGIN
+    -- The rows of the order (lock order: after the machine, in id order),
+    -- then our member again under the lock.
+    PERFORM lock_orders_on(ARRAY[NEW.id]);
     SELECT * INTO v_hold FROM reservations r
      WHERE r.machine_id = NEW.id AND r.state = 'held' AND r.expires_at > clock_timestamp();
     IF NOT FOUND THEN
         RETURN NULL;  -- no live hold (an overdue one is the sweep's, R11)
     END IF;
-    -- The whole order, in slot order, then our member again under the lock.
-    PERFORM 1 FROM reservations r
-      WHERE r.org_id = v_hold.org_id AND r.order_ref = v_hold.order_ref
-      ORDER BY r.slot FOR UPDATE;
-    SELECT * INTO v_hold FROM reservations r
-     WHERE r.id = v_hold.id AND r.machine_id = NEW.id AND r.state = 'held' AND r.expires_at > clock_timestamp();
-    IF NOT FOUND THEN
-        RETURN NULL;
+    IF machine_fits_hold(NEW, v_hold.spec) THEN
+        RETURN NULL;  -- still ready and still what the order asked (a vendor it did not name changed)
     END IF;
-    v_moved := heal_hold(v_hold, NEW, v_actor);
+    v_went := machine_change_words(OLD, NEW);
+    v_moved := heal_hold(v_hold, NEW, v_went, v_actor);
     IF v_moved.id IS NOT NULL THEN
         RETURN NULL;
     END IF;
     -- R13: no equivalent machine; the order stays whole by ending whole.
-    v_words := format('machine %s %s; no equivalent machine in %s', NEW.asset_tag, NEW.status, v_hold.spec->>'site');
+    v_words := format('machine %s %s; no equivalent machine in %s', NEW.asset_tag, v_went, v_hold.spec->>'site');
     FOR v_member IN SELECT * FROM reservations r
                      WHERE r.org_id = v_hold.org_id AND r.order_ref = v_hold.order_ref AND r.state = 'held'
                      ORDER BY r.slot
@@ -119,7 +146,9 @@ $$;
 
 DROP TRIGGER IF EXISTS machines_heal_holds ON machines;
 CREATE TRIGGER machines_heal_holds
-    AFTER UPDATE OF status ON machines
+    AFTER UPDATE OF status, site, vendor, profile ON machines
     FOR EACH ROW
-    WHEN (OLD.status = 'ready' AND NEW.status <> 'ready')
+    WHEN ((OLD.status = 'ready' AND NEW.status <> 'ready')
+          OR (OLD.status = 'ready' AND (OLD.site, OLD.vendor, OLD.profile)
+                                       IS DISTINCT FROM (NEW.site, NEW.vendor, NEW.profile)))
     EXECUTE FUNCTION machines_heal_holds();

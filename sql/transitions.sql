@@ -4,11 +4,10 @@
 -- they guarantee; the API calls them through api_cancel / api_convert with
 -- the token check in the same statement.
 --
--- Lock order, as everywhere a machine and its reservation are both written:
--- the machine row first, then the reservation row. The allocator locks the
--- machine (pass two) before it may expire an overdue reservation at the
--- point of use; a transition does the same, so the two never deadlock and a
--- new order can never slip in while a conversion is half done.
+-- Locks: the lock order of sql/locks.sql (machines, then reservations,
+-- each in id order), through lock_holds. The allocator never waits for a
+-- machine (SKIP LOCKED), so it cannot deadlock with a transition, and while
+-- a transition holds a machine no new order can take it (R10).
 
 CREATE OR REPLACE FUNCTION transition_result_of(p_outcome text, p_row reservations,
                                      p_link service_links DEFAULT NULL)
@@ -88,17 +87,11 @@ BEGIN
     END IF;
     -- R10: the machine row is the allocator's lock too; while we hold it no
     -- new order can lock this machine, and an order that holds it finishes
-    -- first. The machine of a held reservation changes only by healing
-    -- (R15, sql/healing.sql), which locks the reservation row after the
-    -- machine's: a hold moved while we waited is read below on its new
-    -- machine, and a status change of that machine waits for this row.
-    -- org_id + 0: not an index condition, so only the primary key can
-    -- answer these two lookups by id, whatever the statistics say.
-    PERFORM 1 FROM machines
-      WHERE id = (SELECT r.machine_id FROM reservations r WHERE r.id = p_id AND r.org_id + 0 = p_org)
-      FOR UPDATE;
+    -- first. lock_holds takes it, then the reservation row (the lock
+    -- order); a hold that healing moved meanwhile is read on its new
+    -- machine, locked (R15, sql/healing.sql).
     -- R11: the deadline is judged by the database's clock, after the locks.
-    SELECT * INTO v_row FROM reservations r WHERE r.id = p_id AND r.org_id + 0 = p_org FOR UPDATE;
+    SELECT * INTO v_row FROM lock_holds(p_org, ARRAY[p_id]);
     IF NOT FOUND THEN
         RETURN transition_result_of('not_found', NULL);
     END IF;
@@ -125,10 +118,11 @@ BEGIN
     IF p_action = 'cancel' THEN
         RETURN transition_result_of('ok', reservation_end(p_id, 'cancelled', p_actor, p_text));
     END IF;
-    -- R15: never sell a machine that is not ready. The machine row is
-    -- locked (above), so a status change either committed before this
-    -- reading or waits for our commit.
-    IF NOT EXISTS (SELECT 1 FROM machines m WHERE m.id = v_row.machine_id AND m.status = 'ready') THEN
+    -- R15: never sell a machine that is not ready or no longer matches the
+    -- order's frozen spec. The machine row is locked (above), so a status or
+    -- hardware change either committed before this reading or waits for
+    -- our commit.
+    IF NOT EXISTS (SELECT 1 FROM machines m WHERE m.id = v_row.machine_id AND machine_fits_hold(m, v_row.spec)) THEN
         RETURN transition_result_of('machine_not_ready', v_row);
     END IF;
     -- R10, promote, never release-then-write: the link is written first,
@@ -218,12 +212,10 @@ $$;
 -- ('hold_cap': the new deadline would be more than p_cap seconds after
 -- creation). Returns one row per reservation, in slot order.
 --
--- Locks: every machine of the order, in machine id order, then the
--- reservation rows. Every transaction that waits for machine rows takes
--- them in id order (this one; a single transition and the end of a service
--- take one), and the allocator never waits for one (SKIP LOCKED), so none
--- of them deadlock; holding the machines, no new order can take one of
--- them while the order is converted (R10) or extended.
+-- Locks: every machine of the order, then its reservation rows, in the
+-- lock order (lock_holds, sql/locks.sql); holding the machines, no new
+-- order can take one of them while the order is converted (R10) or
+-- extended.
 --
 -- Extension (R14): the deadline becomes p_until, or without it p_seconds
 -- from now by the database's clock; asking for no later than the deadline
@@ -271,13 +263,12 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- R10: the machine rows first, in id order (see above).
-    PERFORM 1 FROM machines m
-      WHERE m.id IN (SELECT r.machine_id FROM reservations r WHERE r.org_id = p_org AND r.order_ref = v_ref)
-      ORDER BY m.id
-      FOR UPDATE;
-    v_rows := ARRAY(SELECT r FROM reservations r WHERE r.org_id = p_org AND r.order_ref = v_ref
-                     ORDER BY r.slot FOR UPDATE);
+    -- R10: the machine rows first, then the reservations (see above). An
+    -- order's reservations are all written when it is created (R13), so
+    -- their ids, read here without a lock, do not change.
+    v_rows := ARRAY(SELECT h FROM lock_holds(p_org, ARRAY(SELECT r.id FROM reservations r
+                                                           WHERE r.org_id = p_org AND r.order_ref = v_ref)) h
+                     ORDER BY h.slot);
     IF cardinality(v_rows) = 0 THEN
         RETURN NEXT transition_result_of('not_found', NULL);
         RETURN;
@@ -353,9 +344,10 @@ BEGIN
                       ORDER BY r.slot;
         RETURN;
     END IF;
-    -- R15: no member is sold unless every machine is ready (all locked).
+    -- R15: no member is sold unless every machine is ready and matches the
+    -- order's spec (all locked).
     SELECT r.* INTO v_row FROM unnest(v_rows) r JOIN machines m ON m.id = r.machine_id
-     WHERE m.status <> 'ready' ORDER BY r.slot LIMIT 1;
+     WHERE NOT machine_fits_hold(m, r.spec) ORDER BY r.slot LIMIT 1;
     IF FOUND THEN
         RETURN NEXT transition_result_of('machine_not_ready', v_row);
         RETURN;

@@ -30,6 +30,7 @@ use sqlx::{Connection, PgConnection};
 /// checked when it is created; PL/pgSQL bodies only when they run).
 pub const FILES: &[(&str, &str)] = &[
     ("api_callers.sql", include_str!("../sql/api_callers.sql")),
+    ("locks.sql", include_str!("../sql/locks.sql")),
     ("allocator.sql", include_str!("../sql/allocator.sql")),
     ("transitions.sql", include_str!("../sql/transitions.sql")),
     (

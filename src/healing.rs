@@ -73,10 +73,10 @@ struct EventRow {
 }
 
 /// Makes the change on `conn`, which must be inside a transaction (the
-/// caller commits, or rolls back for a preview). Machines are locked in id
-/// order before any is written, so that two changes of overlapping sets
-/// queue instead of deadlocking; the trigger then locks each order's rows
-/// after its machine, as a convert does (R10).
+/// caller commits, or rolls back for a preview). Everything it will wait
+/// for is locked in the lock order before any machine is written, so that
+/// two changes of overlapping racks, or of racks that share orders, queue
+/// instead of deadlocking, with each other and with the transitions.
 pub async fn change_status(
     conn: &mut PgConnection,
     change: &StatusChange<'_>,
@@ -87,9 +87,7 @@ pub async fn change_status(
         .execute(&mut *conn)
         .await?;
     let locked: Vec<Locked> = sqlx::query_as(
-        "SELECT id, asset_tag FROM machines
-          WHERE org_id = $1 AND asset_tag = ANY($2)
-          ORDER BY id FOR UPDATE",
+        "SELECT id, asset_tag FROM machines WHERE org_id = $1 AND asset_tag = ANY($2) ORDER BY id",
     )
     .bind(change.org_id)
     .bind(&tags)
@@ -106,6 +104,15 @@ pub async fn change_status(
         return Ok(Err(Refused::Unknown(unknown)));
     }
     let ids: Vec<i64> = locked.iter().map(|m| m.id).collect();
+    // The lock order (sql/locks.sql): every machine of the change, then the
+    // rows of every order with a live hold on one of them, each in id order,
+    // before any is written. Two changes of racks that share orders (rack A
+    // with O's and P's machines, rack B with P's and O's others) then queue
+    // on the first order's rows instead of each locking one order and
+    // waiting for the other's.
+    for step in ["SELECT lock_machines($1)", "SELECT lock_orders_on($1)"] {
+        sqlx::query(step).bind(&ids).execute(&mut *conn).await?;
+    }
     // Every member of every order with a live hold on these machines: the
     // only rows the trigger can move or cancel.
     let members: Vec<i64> = sqlx::query_scalar(

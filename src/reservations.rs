@@ -14,6 +14,7 @@
 //! token check in the same statement.
 
 use crate::db::Db;
+use crate::db::lock_order::Savepoint;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
@@ -327,16 +328,24 @@ async fn transition_on(
     actor: &str,
     what: Transition<'_>,
 ) -> Result<(Reservation, Option<ServiceLink>), TransitionError> {
-    let row: TransitionRow =
-        sqlx::query_as("SELECT * FROM reservation_transition($1, $2, $3, $4, $5, $6)")
-            .bind(org_id)
-            .bind(id)
-            .bind(fence)
-            .bind(actor)
-            .bind(what.action())
-            .bind(what.text())
-            .fetch_one(conn)
-            .await?;
+    let mut run = 1;
+    let row: TransitionRow = loop {
+        let mut savepoint = Savepoint::begin(&mut *conn).await?;
+        let outcome =
+            sqlx::query_as("SELECT * FROM reservation_transition($1, $2, $3, $4, $5, $6)")
+                .bind(org_id)
+                .bind(id)
+                .bind(fence)
+                .bind(actor)
+                .bind(what.action())
+                .bind(what.text())
+                .fetch_one(savepoint.conn())
+                .await;
+        match savepoint.end(outcome, run).await? {
+            Some(row) => break row,
+            None => run += 1,
+        }
+    };
     row.into_result()
 }
 
@@ -712,22 +721,31 @@ pub async fn order_transition_changed_on(
     what: OrderAction<'_>,
 ) -> Result<(OrderAfter, bool), TransitionError> {
     let (seconds, cap) = what.seconds();
-    let rows: Vec<TransitionRow> = sqlx::query_as(
-        "SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
-    .bind(org_id)
-    .bind(order_ref)
-    .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
-    .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
-    .bind(what.texts())
-    .bind(actor)
-    .bind(what.action())
-    .bind(what.reason())
-    .bind(seconds)
-    .bind(cap)
-    .bind(what.until())
-    .fetch_all(conn)
-    .await?;
+    let (ids, fences): (Vec<i64>, Vec<i64>) = named.iter().map(|n| (n.id, n.fence)).unzip();
+    let mut run = 1;
+    let rows: Vec<TransitionRow> = loop {
+        let mut savepoint = Savepoint::begin(&mut *conn).await?;
+        let outcome = sqlx::query_as(
+            "SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(org_id)
+        .bind(order_ref)
+        .bind(&ids)
+        .bind(&fences)
+        .bind(what.texts())
+        .bind(actor)
+        .bind(what.action())
+        .bind(what.reason())
+        .bind(seconds)
+        .bind(cap)
+        .bind(what.until())
+        .fetch_all(savepoint.conn())
+        .await;
+        match savepoint.end(outcome, run).await? {
+            Some(rows) => break rows,
+            None => run += 1,
+        }
+    };
     let changed = rows
         .first()
         .is_some_and(|r| r.outcome.as_deref() != Some("unchanged"));

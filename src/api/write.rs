@@ -7,7 +7,9 @@
 //!   `503 outcome_unknown` with `Retry-After`, and the same request again
 //!   answers what happened (RELIABILITY.md's table, one row per write);
 //! - SQLSTATE class 40 (a deadlock, a serialization failure: rolled back,
-//!   nothing written): `503 unavailable` with `Retry-After`, never `500`.
+//!   nothing written): `503 unavailable` with `Retry-After`, never `500`;
+//!   but a one-statement write that met a hold moved under it while it
+//!   took its locks (`db::HOLD_MOVED`, the lock order) runs again first.
 //!
 //! A handler that writes gets its connection only here: the test
 //! `writes::every_write_route_answers_outcome_unknown_when_its_backend_dies`
@@ -35,12 +37,12 @@ pub enum Shape {
 pub async fn write<T>(
     db: &Db,
     shape: Shape,
-    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    mut work: impl AsyncFnMut(&mut PgConnection) -> Result<T, sqlx::Error>,
 ) -> Result<T, ApiError> {
     match shape {
         Shape::Statement => {
             let mut conn = db.acquire().await.map_err(unsent)?;
-            let outcome = work(&mut conn).await;
+            let outcome = crate::db::lock_order::rerun(async || work(&mut conn).await).await;
             finish(conn, outcome).await
         }
         Shape::Transaction => {

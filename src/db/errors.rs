@@ -121,3 +121,14 @@ pub fn is_outcome_unknown(err: &(dyn StdError + 'static)) -> bool {
     }
     false
 }
+
+/// SQLSTATE of `lock_holds` (sql/locks.sql) when a hold moved to another
+/// machine while a transition was taking its locks: nothing was written,
+/// and the same work run again (from a savepoint, or as a new statement)
+/// reads the hold on its new machine (`retry_when_hold_moved`).
+pub const HOLD_MOVED: &str = "40PK1";
+
+/// Whether `err` is `HOLD_MOVED`.
+pub fn is_hold_moved(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db) if db.code().as_deref() == Some(HOLD_MOVED))
+}

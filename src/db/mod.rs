@@ -1,5 +1,6 @@
 //! The database, by concern: `connect` (the pools and their session
-//! limits, the role checks), `handle` (`Db`: statements as sqlx runs them,
+//! limits, the role checks), `lock_order` (a transition run again when a
+//! hold moved while it took its locks), `handle` (`Db`: statements as sqlx runs them,
 //! or pinned in transactions for a transaction-mode pooler), `read_only`
 //! (F2: never a connection to a server that cannot write), `migrations`
 //! (the migrations, the SQL definitions and the lease purge under one
@@ -10,6 +11,7 @@
 mod connect;
 mod errors;
 mod handle;
+pub mod lock_order;
 mod migrations;
 mod read_only;
 

@@ -399,7 +399,8 @@ async fn app_get(app: &TestApp, path: &str) -> (StatusCode, Value) {
 }
 
 /// The invariants of R1, R13 and R15 after every round: no machine held
-/// twice, no order partly held, every hold on a ready machine.
+/// twice, no order partly held, every hold on a ready machine that matches
+/// the order's frozen spec.
 pub(crate) async fn invariants(app: &TestApp, round: usize) {
     let (twice, partly, off_ready): (i64, i64, i64) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT machine_id FROM reservations WHERE state = 'held'
@@ -407,7 +408,9 @@ pub(crate) async fn invariants(app: &TestApp, round: usize) {
                 (SELECT count(*) FROM (SELECT order_ref FROM reservations GROUP BY org_id, order_ref
                                         HAVING count(*) FILTER (WHERE state = 'held') NOT IN (0, max(quantity))) p),
                 (SELECT count(*) FROM reservations r JOIN machines m ON m.id = r.machine_id
-                  WHERE r.state = 'held' AND m.status <> 'ready')",
+                  WHERE r.state = 'held'
+                    AND (m.status <> 'ready' OR m.site <> r.spec->>'site' OR m.profile <> r.spec->>'profile'
+                         OR m.vendor <> coalesce(r.spec->>'vendor', m.vendor)))",
     )
     .fetch_one(&app.pool)
     .await
@@ -542,5 +545,146 @@ async fn two_status_changes_of_one_order_keep_it_whole() {
             .execute(&app.pool)
             .await
             .expect("retire");
+    }
+}
+
+/// The hold and the machine under it, with the last event of the hold.
+async fn hold_now(app: &TestApp, id: &Value) -> (String, String, String, String) {
+    sqlx::query_as(
+        "SELECT m.asset_tag, r.state, e.kind, coalesce(e.detail, '')
+           FROM reservations r JOIN machines m ON m.id = r.machine_id
+           JOIN LATERAL (SELECT kind, detail FROM reservation_events
+                          WHERE reservation_id = r.id ORDER BY id DESC LIMIT 1) e ON true
+          WHERE r.id = $1",
+    )
+    .bind(id.as_i64().expect("id"))
+    .fetch_one(&app.pool)
+    .await
+    .expect("hold")
+}
+
+async fn reserve_spec(app: &TestApp, order: &str, vendor: Option<&str>) -> Value {
+    let (status, held) = post(
+        app,
+        "/api/v1/reservations",
+        json!({"order_ref": order, "site": SITE, "profile": PROFILE, "vendor": vendor}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{held}");
+    held
+}
+
+/// R15 for hardware: a PUT that changes a held machine's site, profile or
+/// the vendor its order named moves the hold to an equivalent machine, as
+/// a status change does, and the order converts there; with no equivalent
+/// machine the order is cancelled whole, in words; a change the order does
+/// not care about (a vendor it did not name) leaves the hold where it is.
+#[tokio::test]
+async fn a_hold_whose_machine_changes_hardware_moves_or_its_order_is_cancelled() {
+    let app = spawn_app().await;
+    webhook(&app).await;
+    ready(&app, "PK-03").await;
+    let held = reserve_spec(&app, "ORD-1", Some("dell")).await;
+    ready(&app, "PK-04").await;
+    let r = app
+        .put_machine(&app.org.token, "PK-03", "ams9", "hpe", "tiny-vm", "ready")
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let (tag, state, kind, detail) = hold_now(&app, &held["id"]).await;
+    assert_eq!(
+        (tag.as_str(), state.as_str(), kind.as_str()),
+        ("PK-04", "held", "machine_replaced")
+    );
+    assert!(
+        detail.contains(&format!(
+            "machine PK-03 changed (site {SITE} to ams9, vendor dell to hpe, profile {PROFILE} to tiny-vm); moved to PK-04"
+        )),
+        "{detail}"
+    );
+    assert_eq!(
+        deliveries(&app, &held["id"])
+            .await
+            .last()
+            .map(|d| d.0.as_str()),
+        Some("reservation.machine_replaced"),
+    );
+    let (code, sold) = post(
+        &app,
+        &format!("/api/v1/reservations/{}/convert", held["id"]),
+        json!({"fence": held["fence"], "service_ref": "svc-1"}),
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{sold}");
+    assert_eq!(sold["machine"]["asset_tag"], "PK-04", "{sold}");
+
+    // No equivalent machine: the order is cancelled whole, by the PUT's token.
+    ready(&app, "PK-05").await;
+    let alone = reserve_spec(&app, "ORD-2", Some("dell")).await;
+    let r = app
+        .put_machine(&app.org.token, "PK-05", SITE, "hpe", PROFILE, "ready")
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let (tag, state, kind, detail) = hold_now(&app, &alone["id"]).await;
+    assert_eq!(
+        (tag.as_str(), state.as_str(), kind.as_str()),
+        ("PK-05", "cancelled", "cancelled")
+    );
+    assert!(
+        detail.contains(&format!(
+            "machine PK-05 changed (vendor dell to hpe); no equivalent machine in {SITE}"
+        )),
+        "{detail}"
+    );
+
+    // Any vendor: the new vendor still matches, so nothing moves.
+    set_status(&app, "PK-05", "retired").await;
+    ready(&app, "PK-06").await;
+    let any = reserve_spec(&app, "ORD-3", None).await;
+    let before = written(&app).await;
+    let r = app
+        .put_machine(&app.org.token, "PK-06", SITE, "hpe", PROFILE, "ready")
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let (tag, state, kind, _) = hold_now(&app, &any["id"]).await;
+    assert_eq!(
+        (tag.as_str(), state.as_str(), kind.as_str()),
+        ("PK-06", "held", "created")
+    );
+    assert_eq!(written(&app).await, before);
+    invariants(&app, 0).await;
+}
+
+/// Convert's own check, with healing off (as for a writer that would
+/// bypass it): a machine that no longer matches the order's spec is not
+/// sold, `409 machine_not_ready`, and nothing is written.
+#[tokio::test]
+async fn converting_a_machine_that_no_longer_matches_the_order_is_refused() {
+    let app = spawn_app().await;
+    healing_off(&app).await;
+    ready(&app, "D-1").await;
+    let held = reserve_spec(&app, "O-1", Some("dell")).await;
+    for (site, vendor, profile) in [
+        ("ams9", "dell", PROFILE),
+        (SITE, "hpe", PROFILE),
+        (SITE, "dell", "tiny-vm"),
+    ] {
+        let r = app
+            .put_machine(&app.org.token, "D-1", site, vendor, profile, "ready")
+            .await;
+        assert_eq!(r.status(), StatusCode::OK);
+        let before = written(&app).await;
+        let (code, body) = post(
+            &app,
+            &format!("/api/v1/reservations/{}/convert", held["id"]),
+            json!({"fence": held["fence"], "service_ref": "svc-1"}),
+        )
+        .await;
+        assert_eq!(
+            code,
+            StatusCode::CONFLICT,
+            "{site} {vendor} {profile}: {body}"
+        );
+        assert_eq!(body["error"], "machine_not_ready", "{body}");
+        assert_eq!(written(&app).await, before, "{site} {vendor} {profile}");
     }
 }

@@ -23,6 +23,7 @@ mod helpers;
 mod hostile_forms;
 mod inventory;
 mod lease;
+mod lock_order;
 mod lost_commits;
 mod machines_list;
 mod metrics;
