@@ -1567,6 +1567,22 @@ async fn admins_create_and_revoke_tokens_and_a_revoked_token_is_refused_at_once(
         .post_form("/tokens", &[("csrf", &csrf), ("name", "noscope")])
         .await;
     assert_eq!(r.status(), 400);
+    // The metrics scope reads every organization's series: an operator's,
+    // not offered here, and a crafted field does not grant it.
+    let (_, page) = admin.page("/tokens").await;
+    assert!(!page.contains("name=\"metrics\""), "{page}");
+    let r = admin
+        .post_form(
+            "/tokens",
+            &[("csrf", &csrf), ("name", "scraper"), ("metrics", "on")],
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(
+        app.count("SELECT count(*) FROM api_tokens WHERE name = 'scraper'")
+            .await,
+        0
+    );
 
     let id: i64 = sqlx::query_scalar("SELECT id FROM api_tokens WHERE name = 'billing'")
         .fetch_one(&app.pool)
