@@ -85,7 +85,8 @@ enum TokenCommand {
     Add {
         #[arg(long)]
         org: String,
-        /// orders, inventory, or both separated by a comma.
+        /// orders, inventory, or both separated by a comma; or metrics alone
+        /// (reads /metrics, every organization's pool numbers: an operator's token).
         #[arg(long)]
         scope: String,
         /// A name for logs and for `ended_by` (default: derived from the token).

@@ -224,6 +224,10 @@ impl Role {
 pub enum Scope {
     Orders,
     Inventory,
+    /// `/metrics` on the main listener: an operator's credential, since the
+    /// pool gauges cover every organization; never combined with the
+    /// others (the database refuses it too).
+    Metrics,
 }
 
 impl Scope {
@@ -231,25 +235,33 @@ impl Scope {
         match self {
             Scope::Orders => "orders",
             Scope::Inventory => "inventory",
+            Scope::Metrics => "metrics",
         }
     }
-    /// Parses `orders[,inventory]`.
+    /// Parses `orders[,inventory]`, or `metrics` alone.
     pub fn parse_list(s: &str) -> Result<Vec<Scope>, ParseError> {
         let mut scopes = Vec::new();
         for part in s.split(',').map(str::trim) {
             let scope = match part {
                 "orders" => Scope::Orders,
                 "inventory" => Scope::Inventory,
+                "metrics" => Scope::Metrics,
                 _ => {
                     return Err(parse_error(
                         "scope",
-                        "must be orders, inventory, or both separated by a comma",
+                        "must be orders, inventory, or both separated by a comma; or metrics",
                     ));
                 }
             };
             if !scopes.contains(&scope) {
                 scopes.push(scope);
             }
+        }
+        if scopes.contains(&Scope::Metrics) && scopes.len() > 1 {
+            return Err(parse_error(
+                "scope",
+                "metrics is an operator's scope: give it a token of its own",
+            ));
         }
         Ok(scopes)
     }
@@ -314,5 +326,7 @@ mod tests {
             Ok(2)
         );
         assert!(Scope::parse_list("orders,admin").is_err());
+        assert_eq!(Scope::parse_list("metrics"), Ok(vec![Scope::Metrics]));
+        assert!(Scope::parse_list("orders,metrics").is_err());
     }
 }

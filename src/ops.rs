@@ -1,12 +1,16 @@
-//! Operations endpoints, without a token: liveness, readiness, metrics, and
-//! the OpenAPI document of the JSON API.
+//! Operations endpoints: liveness, readiness and the OpenAPI document of
+//! the JSON API without a token; metrics with a `metrics` token (or on a
+//! listener of their own, `POOLKEEPER_METRICS_BIND`, without one).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::db::Db;
-use actix_web::{HttpResponse, web};
+use actix_web::{FromRequest as _, HttpResponse, web};
 
+use crate::domain::Scope;
+use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::tokens::ApiClient;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     // One resource per path: another method is 405, not 404.
@@ -85,20 +89,25 @@ async fn readyz(pool: web::Data<Db>, readiness: web::Data<Readiness>) -> HttpRes
     }
 }
 
-/// `/metrics`; 404 on the main address when `POOLKEEPER_METRICS_BIND`
-/// gives it an address of its own.
+/// `/metrics` on the main address: only for a token of the `metrics`
+/// scope (401 without one, 403 for another scope), since the pool gauges
+/// name every organization's sites, profiles and stock. 404 when
+/// `POOLKEEPER_METRICS_BIND` gives it an address of its own, token or not.
 async fn metrics(
     metrics: web::Data<Metrics>,
     pool: web::Data<Db>,
     settings: web::Data<crate::settings::Settings>,
     req: actix_web::HttpRequest,
-) -> HttpResponse {
+) -> Result<HttpResponse, ApiError> {
     if settings.metrics_bind.is_some() && req.app_data::<MetricsListener>().is_none() {
-        return HttpResponse::NotFound()
+        return Ok(HttpResponse::NotFound()
             .content_type("text/plain; charset=utf-8")
-            .body("not found\n");
+            .body("not found\n"));
     }
-    metrics_text(&metrics, &pool).await
+    // An operator's credential: the token's organization does not narrow
+    // what it reads (one Prometheus per deployment scrapes every series).
+    ApiClient::extract(&req).await?.require(Scope::Metrics)?;
+    Ok(metrics_text(&metrics, &pool).await)
 }
 
 /// Marks the application of the metrics-only listener.

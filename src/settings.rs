@@ -439,7 +439,7 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "RUST_LOG",
         default: "info",
-        help: "log filter",
+        help: "log filter (the logs only, never the exported spans)",
         apply: read_by_the_logger,
     },
     Variable {

@@ -1,6 +1,7 @@
 //! Structured logs with tracing, and OpenTelemetry traces over OTLP.
 //!
-//! Logs: `RUST_LOG` filters (default `info`); `POOLKEEPER_LOG_FORMAT=json`
+//! Logs: `RUST_LOG` filters them (default `info`), and only them (the
+//! exported spans have a filter of their own); `POOLKEEPER_LOG_FORMAT=json`
 //! prints one JSON object per line. A request's log lines carry its
 //! `trace_id` (tracing-actix-web's root span).
 //!
@@ -155,9 +156,20 @@ fn tracer_provider() -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBu
         .build())
 }
 
+/// What is exported, whatever `RUST_LOG` says (it filters the logs only):
+/// poolkeeper's spans and events and tracing-actix-web's request span, at
+/// INFO and above; the sampler then decides which traces leave.
+fn exported() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
+        .with_target("poolkeeper", tracing::Level::INFO)
+        .with_target("tracing_actix_web", tracing::Level::INFO)
+}
+
 /// Installs the global subscriber (logs, and the OpenTelemetry layer when
-/// traces are exported). Call once, before the runtime starts: the
-/// exporter's HTTP client is a blocking one, on the batch thread.
+/// traces are exported), each layer with its own filter: a quiet
+/// `RUST_LOG` (`warn` in production) must not silence the traces. Call
+/// once, before the runtime starts: the exporter's HTTP client is a
+/// blocking one, on the batch thread.
 pub fn init() -> Telemetry {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,actix_server=warn"));
@@ -185,12 +197,13 @@ pub fn init() -> Telemetry {
             opentelemetry_sdk::propagation::TraceContextPropagator::new(),
         );
         opentelemetry::global::set_tracer_provider(p.clone());
-        tracing_opentelemetry::layer().with_tracer(p.tracer("poolkeeper"))
+        tracing_opentelemetry::layer()
+            .with_tracer(p.tracer("poolkeeper"))
+            .with_filter(exported())
     });
     // try_init: tests may initialise more than once.
     let _ = tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
+        .with(fmt.with_filter(filter))
         .with(otel)
         .try_init();
     Telemetry { provider }

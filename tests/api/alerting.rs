@@ -7,16 +7,15 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use poolkeeper::metrics::Metrics;
-use poolkeeper::startup::{AppState, Application};
 use poolkeeper::sweep;
 use serde_json::Value;
 use tokio::sync::watch;
 
-use crate::helpers::{spawn_app, test_settings};
+use crate::helpers::spawn_app;
 
 const RULES: &str = include_str!("../../deploy/prometheus/poolkeeper.rules.yml");
 const RULE_TESTS: &str = include_str!("../../deploy/prometheus/poolkeeper.rules.test.yml");
+const CONFIG: &str = include_str!("../../deploy/prometheus/prometheus.yml");
 const OPERATIONS: &str = include_str!("../../docs/operations.md");
 
 fn dir() -> PathBuf {
@@ -210,40 +209,6 @@ pub const SERIES: &[&str] = &[
     "process_start_time_seconds",
 ];
 
-#[tokio::test]
-async fn metrics_bind_serves_metrics_alone_and_the_main_port_does_not() {
-    let db = crate::helpers::migrated_db().await;
-    let pool = db.pool().await;
-    let mut settings = test_settings();
-    settings.metrics_bind = Some("127.0.0.1:0".parse().expect("address"));
-    let app = Application::build(AppState::new(settings, pool, Metrics::new())).expect("build");
-    let (port, metrics_port) = (app.port(), app.metrics_port().expect("a metrics port"));
-    assert_ne!(port, metrics_port);
-    tokio::spawn(app.run_until_stopped());
-    let http = reqwest::Client::new();
-    let main = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .expect("main");
-    assert_eq!(main.status().as_u16(), 404);
-    let own = http
-        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
-        .send()
-        .await
-        .expect("metrics");
-    assert_eq!(own.status().as_u16(), 200);
-    let text = own.text().await.expect("body");
-    assert!(text.contains("poolkeeper_machines") || text.contains("poolkeeper_holds_overdue"));
-    // Only /metrics there: the API is not on the metrics address.
-    let api = http
-        .get(format!("http://127.0.0.1:{metrics_port}/healthz"))
-        .send()
-        .await
-        .expect("healthz");
-    assert_eq!(api.status().as_u16(), 404);
-}
-
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -263,6 +228,69 @@ fn rules_with_short_for() -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// The shipped scrape configuration, run against the test's server: its
+/// rules, its token file and its address in place of the shipped ones;
+/// 5 s scrapes with a 5 s timeout (a loaded machine's scrape is not
+/// dropped) and rules evaluated every second. Everything else, the
+/// `authorization` block included, is the shipped text.
+fn test_config(work: &Path, port: u16) -> String {
+    let replaced = [
+        (
+            "  scrape_interval: 15s",
+            "  scrape_interval: 5s\n  scrape_timeout: 5s".to_owned(),
+        ),
+        (
+            "  evaluation_interval: 15s",
+            "  evaluation_interval: 1s".to_owned(),
+        ),
+        (
+            "  - poolkeeper.rules.yml",
+            format!("  - {}", work.join("rules.yml").display()),
+        ),
+        (
+            "credentials_file: /etc/prometheus/poolkeeper.token",
+            format!("credentials_file: {}", work.join("token").display()),
+        ),
+        ("'127.0.0.1:8080'", format!("'127.0.0.1:{port}'")),
+    ];
+    let mut config = CONFIG.to_owned();
+    for (shipped, ours) in replaced {
+        assert!(
+            config.contains(shipped),
+            "the shipped prometheus.yml has no {shipped:?}"
+        );
+        config = config.replace(shipped, &ours);
+    }
+    config
+}
+
+#[test]
+fn the_shipped_scrape_configuration_is_valid_and_sends_a_token() {
+    let promtool = needs_prometheus("promtool");
+    assert!(
+        CONFIG.contains("authorization:\n      type: Bearer\n      credentials_file: "),
+        "{CONFIG}"
+    );
+    let work =
+        std::env::temp_dir().join(format!("poolkeeper-promcfg-{:08x}", rand::random::<u32>()));
+    std::fs::create_dir_all(&work).expect("dir");
+    std::fs::write(work.join("rules.yml"), RULES).expect("rules");
+    std::fs::write(work.join("token"), "pk_example").expect("token");
+    std::fs::write(work.join("prometheus.yml"), test_config(&work, 8080)).expect("config");
+    let out = std::process::Command::new(&promtool)
+        .args(["check", "config"])
+        .arg(work.join("prometheus.yml"))
+        .output()
+        .expect("run promtool");
+    let _ = std::fs::remove_dir_all(&work);
+    assert!(
+        out.status.success(),
+        "promtool check config: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The state of `alert` in Prometheus (`None`: inactive).
@@ -336,17 +364,8 @@ async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
     let work = std::env::temp_dir().join(format!("poolkeeper-prom-{:08x}", rand::random::<u32>()));
     std::fs::create_dir_all(work.join("data")).expect("dir");
     std::fs::write(work.join("rules.yml"), rules_with_short_for()).expect("rules");
-    std::fs::write(
-        work.join("prometheus.yml"),
-        format!(
-            "global:\n  scrape_interval: 5s\n  scrape_timeout: 5s\n  evaluation_interval: 1s\n\
-             rule_files:\n  - {rules}\n\
-             scrape_configs:\n  - job_name: poolkeeper\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n",
-            rules = work.join("rules.yml").display(),
-            port = app.port
-        ),
-    )
-    .expect("config");
+    std::fs::write(work.join("token"), &app.org.metrics_token).expect("token");
+    std::fs::write(work.join("prometheus.yml"), test_config(&work, app.port)).expect("config");
     let prom_port = free_port();
     let mut child = tokio::process::Command::new(prometheus)
         .arg(format!(

@@ -1,15 +1,142 @@
-//! `/metrics`: the counters count what happens, and the database's numbers
-//! are read by one replica for all of them.
+//! `/metrics`: only a `metrics` token reads it on the main listener (or
+//! nobody there, with a listener of its own); the counters count what
+//! happens, and the database's numbers are read by one replica for all of
+//! them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use poolkeeper::metrics::Metrics;
+use poolkeeper::startup::{AppState, Application};
 use reqwest::StatusCode;
 use serde_json::json;
 use tokio::sync::Barrier;
 
-use crate::helpers::spawn_app;
+use crate::helpers::{spawn_app, test_settings};
+
+/// The pool gauge of the machine the access tests insert.
+const STOCK: &str = "poolkeeper_machines{profile=\"epyc\",site=\"par1\",state=\"sellable\"} 1";
+
+/// `/metrics` on the main listener as `token` (none: no `Authorization`).
+async fn get_metrics(app: &crate::helpers::TestApp, token: Option<&str>) -> (u16, String, String) {
+    let mut req = app.http.get(app.url("/metrics"));
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.expect("GET /metrics");
+    let status = r.status().as_u16();
+    let challenge = r
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    (status, challenge, r.text().await.expect("body"))
+}
+
+/// The pool's stock is an operator's to read: no credentials is 401 with
+/// a Bearer challenge, another scope 403, both without a single series;
+/// a `metrics` token reads everything, whichever organization it was made
+/// in, until it is revoked.
+#[tokio::test]
+async fn only_a_metrics_token_reads_metrics_on_the_main_listener() {
+    let app = spawn_app().await;
+    app.insert_machine(app.org.id, "ST-1", "par1", "dell", "epyc", "ready")
+        .await;
+    let (status, challenge, body) = get_metrics(&app, None).await;
+    assert_eq!((status, challenge.as_str()), (401, "Bearer"), "{body}");
+    assert!(!body.contains("poolkeeper_"), "{body}");
+    for (what, token) in [
+        ("unknown token", "pk_not-a-token"),
+        ("malformed header", ""),
+    ] {
+        let (status, _, body) = get_metrics(&app, Some(token)).await;
+        assert_eq!(status, 401, "{what}: {body}");
+        assert!(!body.contains("poolkeeper_"), "{what}: {body}");
+    }
+    for token in [
+        &app.org.token,
+        &app.org.orders_token,
+        &app.org.inventory_token,
+    ] {
+        let (status, _, body) = get_metrics(&app, Some(token)).await;
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("metrics scope"), "{body}");
+        assert!(!body.contains("poolkeeper_"), "{body}");
+    }
+    // The operator's credential sees every organization's pool, the
+    // token's own or not.
+    for token in [&app.org.metrics_token, &app.other.metrics_token] {
+        let (status, _, body) = get_metrics(&app, Some(token)).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(STOCK), "{body}");
+        assert!(body.contains("poolkeeper_build_info"), "{body}");
+    }
+    // Revoked: refused from the next request on.
+    sqlx::query("UPDATE api_tokens SET revoked_at = clock_timestamp() WHERE org_id = $1 AND name = 'prometheus'")
+        .bind(app.other.id)
+        .execute(&app.pool)
+        .await
+        .expect("revoke");
+    let (status, _, body) = get_metrics(&app, Some(&app.other.metrics_token)).await;
+    assert_eq!(status, 401, "{body}");
+    // The scope is an operator's alone: the database refuses it beside an
+    // organization's API scopes.
+    let mixed = poolkeeper::tokens::create(
+        &app.pool,
+        app.org.id,
+        Some("mixed"),
+        &[
+            poolkeeper::domain::Scope::Orders,
+            poolkeeper::domain::Scope::Metrics,
+        ],
+    )
+    .await;
+    assert!(mixed.is_err(), "a token of orders and metrics was created");
+}
+
+/// With `POOLKEEPER_METRICS_BIND`, `/metrics` is served there alone and
+/// without a token (an address an operator keeps private); the main
+/// listener answers 404, token or not.
+#[tokio::test]
+async fn metrics_bind_serves_metrics_alone_and_the_main_port_does_not() {
+    let db = crate::helpers::migrated_db().await;
+    let pool = db.pool().await;
+    let org = crate::helpers::create_org(&pool, "acme", true).await;
+    crate::helpers::machine(&pool, org.id, "ST-1", "par1", "dell", "epyc", "ready").await;
+    let mut settings = test_settings();
+    settings.metrics_bind = Some("127.0.0.1:0".parse().expect("address"));
+    let app = Application::build(AppState::new(settings, pool, Metrics::new())).expect("build");
+    let (port, metrics_port) = (app.port(), app.metrics_port().expect("a metrics port"));
+    assert_ne!(port, metrics_port);
+    tokio::spawn(app.run_until_stopped());
+    let http = reqwest::Client::new();
+    for token in [None, Some(&org.metrics_token)] {
+        let mut req = http.get(format!("http://127.0.0.1:{port}/metrics"));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let main = req.send().await.expect("main");
+        assert_eq!(main.status().as_u16(), 404, "token: {}", token.is_some());
+        let body = main.text().await.expect("body");
+        assert!(!body.contains("poolkeeper_"), "{body}");
+    }
+    let own = http
+        .get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .send()
+        .await
+        .expect("metrics");
+    assert_eq!(own.status().as_u16(), 200);
+    let text = own.text().await.expect("body");
+    assert!(text.contains(STOCK), "{text}");
+    // Only /metrics there: the API is not on the metrics address.
+    let api = http
+        .get(format!("http://127.0.0.1:{metrics_port}/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(api.status().as_u16(), 404);
+}
 
 /// Every sample of an exposition, by `name{labels}` as printed.
 fn samples(text: &str) -> BTreeMap<String, f64> {

@@ -310,6 +310,22 @@ async fn migrate_as_owner_then_serve_as_a_role_with_only_dml_grants() {
     .await
     .expect("audit");
     assert_eq!(audited, 2);
+
+    // Prometheus, as the app role: the metrics token is read and the
+    // database's numbers are read and shared (metrics_snapshot).
+    let metrics = http
+        .get(replica.url("/metrics"))
+        .bearer_auth(&org.metrics_token)
+        .send()
+        .await
+        .expect("metrics");
+    assert_eq!(metrics.status().as_u16(), 200);
+    let text = metrics.text().await.expect("metrics text");
+    assert!(text.contains("poolkeeper_machines{"), "{text}");
+    assert!(
+        text.contains("poolkeeper_metrics_db_errors_total 0"),
+        "{text}"
+    );
     let errors: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_errors")
         .fetch_one(&admin)
         .await

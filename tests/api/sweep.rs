@@ -556,20 +556,25 @@ async fn the_worker_survives_lost_connections() {
 
 struct Replica {
     name: String,
-    port: u16,
+    /// `/metrics` on a listener of its own (no token needed there).
+    metrics_port: u16,
     child: tokio::process::Child,
     log: PathBuf,
 }
 
 impl Replica {
     fn spawn(url: &str, name: &str, dir: &std::path::Path) -> Replica {
-        let port = free_port();
+        let (port, metrics_port) = (free_port(), free_port());
         let log = dir.join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("log file");
         let child = tokio::process::Command::new(binary())
             .arg("serve")
             .env("DATABASE_URL", url)
             .env("POOLKEEPER_BIND", format!("127.0.0.1:{port}"))
+            .env(
+                "POOLKEEPER_METRICS_BIND",
+                format!("127.0.0.1:{metrics_port}"),
+            )
             .env("POOLKEEPER_SWEEP_SECONDS", "1")
             .env("POOLKEEPER_LEASE_SECONDS", "3")
             .env("POOLKEEPER_REPLICA", name)
@@ -584,7 +589,7 @@ impl Replica {
             .expect("spawn poolkeeper serve");
         Replica {
             name: name.to_owned(),
-            port,
+            metrics_port,
             child,
             log,
         }
@@ -603,7 +608,7 @@ impl Replica {
 
     async fn metric(&self, http: &reqwest::Client, name: &str) -> Option<f64> {
         let body = http
-            .get(format!("http://127.0.0.1:{}/metrics", self.port))
+            .get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
             .timeout(Duration::from_secs(2))
             .send()
             .await

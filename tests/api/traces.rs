@@ -3,7 +3,8 @@
 //! `traceparent` yields spans of that trace: the request's span under the
 //! caller's, the reserve's with its attributes, the statement's under it;
 //! the trace id is in the request's log line and, while the statement
-//! runs, in `pg_stat_activity`. Unset, nothing is exported.
+//! runs, in `pg_stat_activity`. `RUST_LOG=warn` quiets the logs, not the
+//! spans. Unset, nothing is exported.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -223,6 +224,64 @@ async fn a_reserve_with_a_traceparent_is_traced_into_postgresql() {
     assert_eq!(hex(&statement.parent_span_id), hex(&reserve.span_id));
     assert_eq!(hex(&statement.span_id), statement_span);
     assert_eq!(attr(statement, "db.system"), Some(json!("postgresql")));
+    rx.handle.stop(false).await;
+}
+
+/// Quiet logs do not silence traces: `RUST_LOG` filters what is logged,
+/// the sampler decides what is exported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spans_are_exported_whatever_rust_log_says() {
+    let (db, token, _pool) = world().await;
+    let rx = receiver().await;
+    let mut serve = Replica::start(
+        "quiet",
+        &[
+            ("DATABASE_URL", db.url()),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://127.0.0.1:{}", rx.port),
+            ),
+            ("RUST_LOG", "warn".to_owned()),
+        ],
+    )
+    .await;
+    let status = reqwest::Client::new()
+        .post(serve.url("/api/v1/reservations"))
+        .bearer_auth(&token)
+        .header("traceparent", format!("00-{TRACE}-{PARENT}-01"))
+        .json(&json!({"order_ref": "ORD-QUIET", "site": "par1", "profile": "epyc"}))
+        .send()
+        .await
+        .expect("reserve")
+        .status();
+    assert_eq!(status.as_u16(), 201);
+    serve.signal(libc::SIGTERM);
+    let (status, log) = serve.exit(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}\n{log}");
+    // The logs are as quiet as asked: no access line.
+    assert!(!log.contains("answered"), "{log}");
+
+    let spans = rx.spans.lock().expect("spans").clone();
+    let ours: Vec<&Span> = spans.iter().filter(|s| hex(&s.trace_id) == TRACE).collect();
+    let names = || ours.iter().map(|s| &s.name).collect::<Vec<_>>();
+    let root = ours
+        .iter()
+        .copied()
+        .find(|s| hex(&s.parent_span_id) == PARENT)
+        .unwrap_or_else(|| panic!("no request span under the caller's: {:?}", names()));
+    let reserve = ours
+        .iter()
+        .copied()
+        .find(|s| s.name == "reserve")
+        .unwrap_or_else(|| panic!("no reserve span: {:?}", names()));
+    assert_eq!(hex(&reserve.parent_span_id), hex(&root.span_id));
+    assert_eq!(attr(reserve, "outcome"), Some(json!("created")));
+    let statement = ours
+        .iter()
+        .copied()
+        .find(|s| s.name == "db.statement")
+        .unwrap_or_else(|| panic!("no db.statement span: {:?}", names()));
+    assert_eq!(hex(&statement.parent_span_id), hex(&reserve.span_id));
     rx.handle.stop(false).await;
 }
 

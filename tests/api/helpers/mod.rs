@@ -226,6 +226,9 @@ pub struct TestOrg {
     pub token: String,
     pub orders_token: String,
     pub inventory_token: String,
+    /// Scope metrics alone (an operator's token: it reads every
+    /// organization's series).
+    pub metrics_token: String,
 }
 
 pub struct TestApp {
@@ -300,6 +303,7 @@ pub async fn create_org(pool: &Db, slug: &str, datacenter: bool) -> TestOrg {
         token: token("checkout", &[Scope::Orders, Scope::Inventory]).await,
         orders_token: token("orders-only", &[Scope::Orders]).await,
         inventory_token: token("inventory-only", &[Scope::Inventory]).await,
+        metrics_token: token("prometheus", &[Scope::Metrics]).await,
     }
 }
 
@@ -308,16 +312,21 @@ impl TestApp {
         format!("{}{}", self.address, path)
     }
 
-    /// The text of this server's `/metrics`.
+    /// The text of this server's `/metrics`, read with a `metrics` token.
     pub async fn metrics_text(&self) -> String {
-        self.http
+        let r = self
+            .http
             .get(self.url("/metrics"))
+            .bearer_auth(&self.org.metrics_token)
             .send()
             .await
-            .expect("GET /metrics")
-            .text()
-            .await
-            .expect("the metrics text")
+            .expect("GET /metrics");
+        assert_eq!(
+            r.status().as_u16(),
+            200,
+            "GET /metrics with a metrics token"
+        );
+        r.text().await.expect("the metrics text")
     }
 
     /// PUT a machine with the full token of `org`.
