@@ -822,6 +822,7 @@ pub async fn end_service(
 
 /// `end_service` in the caller's transaction: the database's errors
 /// outside, the refusals inside (`NotFound`, `NotLive`: nothing written).
+/// A link this same actor ended already is answered as it is (a retry).
 pub async fn end_service_on(
     tx: &mut PgConnection,
     org_id: i64,
@@ -854,7 +855,20 @@ pub async fn end_service_on(
         .fetch_optional(&mut *tx)
         .await?;
     let Some(link) = link else {
-        return Ok(Err(EndServiceError::NotLive));
+        // F3: the same end again, after an answer that was lost, answers
+        // the service as that end left it; an end by anyone else stays
+        // refused, so the caller can tell the two apart.
+        let sql = format!(
+            "SELECT {LINK_COLUMNS} FROM service_links
+              WHERE id = $1 AND org_id = $2 AND ended_at IS NOT NULL AND ended_by = $3"
+        );
+        let ours: Option<ServiceLink> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(id)
+            .bind(org_id)
+            .bind(actor)
+            .fetch_optional(&mut *tx)
+            .await?;
+        return Ok(ours.ok_or(EndServiceError::NotLive));
     };
     sqlx::query(
         "UPDATE machines SET status = 'provisioning', updated_at = clock_timestamp() WHERE id = $1",

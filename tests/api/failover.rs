@@ -172,13 +172,13 @@ impl Shared {
     /// A write, retried unchanged (same order_ref, same fence) while it
     /// gets 503 or no answer; the final answer and whether an earlier
     /// attempt's outcome was unknown.
-    /// After a convert: ends the service (its retry after an unknown
-    /// outcome may find it ended already) and puts the machine back to
+    /// After a convert: ends the service (a retry after an unknown outcome
+    /// answers 200 whether or not the first end committed) and puts the machine back to
     /// `ready`, each settled; false, with the violation, when the end's
     /// answer is wrong.
     async fn end_and_put_back(&self, service: i64, tag: &str, profile: &str) -> bool {
         use reqwest::Method;
-        let (a, unknown, _) = self
+        let (a, _, _) = self
             .settle(
                 "end_service",
                 Method::POST,
@@ -186,8 +186,8 @@ impl Shared {
                 &json!({}),
             )
             .await;
-        let ok = a.status == Some(200)
-            || (unknown && a.status == Some(409) && a.body["error"] == "not_live");
+        // F3: a retried end answers the service as the first end left it.
+        let ok = a.status == Some(200);
         if !ok {
             self.violation(format!("end service {service}: {:?} {}", a.status, a.body));
             return false;

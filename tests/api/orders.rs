@@ -222,6 +222,10 @@ async fn reserve_replay_read_convert_and_end_a_service() {
     assert_eq!(link["ended_by"], "checkout");
     let (_, m) = app.get_json(&app.org.token, "/api/v1/machines/PK-1").await;
     assert_eq!(m["status"], "provisioning");
+    // F3: the same end again (its answer lost) answers the service as the
+    // first end left it, and writes nothing; another token's end is refused.
+    app.put_machine(&app.org.token, "PK-1", SITE, "dell", PROFILE, "maintenance")
+        .await;
     let r = app
         .post(
             &app.org.token,
@@ -229,9 +233,30 @@ async fn reserve_replay_read_convert_and_end_a_service() {
             &json!({}),
         )
         .await;
+    assert_eq!(r.status(), 200);
+    let again: Value = r.json().await.expect("json");
+    assert_eq!(again, link, "the service as the first end left it");
+    let (_, m) = app.get_json(&app.org.token, "/api/v1/machines/PK-1").await;
+    assert_eq!(m["status"], "maintenance", "a replayed end writes nothing");
+    let r = app
+        .post(
+            &app.org.orders_token,
+            &format!("/api/v1/services/{service}/end"),
+            &json!({}),
+        )
+        .await;
     assert_eq!(r.status(), 409);
     let body: Value = r.json().await.expect("json");
     assert_eq!(body["error"], "not_live");
+    app.put_machine(
+        &app.org.token,
+        "PK-1",
+        SITE,
+        "dell",
+        PROFILE,
+        "provisioning",
+    )
+    .await;
     let (status, body) = app.reserve("ORD-3").await;
     assert_eq!(
         (status, body["excluded"]["not_ready"].as_i64()),
