@@ -117,8 +117,8 @@ const HOW: &str = "## How it is measured
   counted by the database; by the protocol, a lone statement is one round
   trip direct or cached, and four pinned (`BEGIN; DEALLOCATE ALL`, prepare,
   execute, `COMMIT`).
-- **11. Healing (R15).** A rack of 100 machines, each under a live hold,
-  with 100 spares of the same site and profile among 20,000 other
+- **11. Healing (R15).** A rack of 200 machines, each under a live hold,
+  with 200 spares of the same site and profile among 20,000 other
   machines. One status change puts the rack into maintenance through
   `poolkeeper::healing::change_status` (what the API and the dashboard
   call): the trigger moves every hold to a spare in the same transaction.

@@ -101,7 +101,7 @@ impl Config {
             ),
             growth_reserves: env_or("BENCH_GROWTH_RESERVES", pick(quick, 400, 60)),
             sweep_reservations: env_or("BENCH_SWEEP", pick(quick, 100_000, 10_000)),
-            heal_holds: env_or("BENCH_HEAL", 100),
+            heal_holds: env_or("BENCH_HEAL", 200),
             page_machines: env_or("BENCH_PAGE_MACHINES", pick(quick, 50_000, 20_000)),
             page_held: env_or("BENCH_PAGE_HELD", 1_000),
             page_readers: env_or("BENCH_PAGE_READERS", 8),
