@@ -16,7 +16,7 @@
 //! `lost_commits::every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_replays`
 //! walks every write route of the OpenAPI document and kills its backend
 //! while its commit waits, so a route that writes another way fails it;
-//! `writes::every_write_route_answers_outcome_unknown_when_its_backend_dies`
+//! `writes::every_write_route_whose_backend_dies_mid_statement_answers_503`
 //! kills it while the statement waits, before any commit.
 
 use sqlx::PgConnection;
