@@ -324,6 +324,17 @@ mod tests {
                 500,
                 "Something went wrong",
             ),
+            (
+                DashError::OutcomeUnknown {
+                    what: "the new API token".into(),
+                    how: "Revoke it on the tokens page if it is listed.".into(),
+                    check: ("/tokens".into(), "Open the tokens page".into()),
+                    source: anyhow::anyhow!("connection reset"),
+                },
+                503,
+                "while the new API token was being saved: it may or may not have been made. \
+                 Revoke it on the tokens page if it is listed.",
+            ),
         ];
         for (err, status, text) in cases {
             let (got, body) = body_of(&err).await;

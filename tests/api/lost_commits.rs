@@ -1,4 +1,4 @@
-//! F3 for every write of the API, at the commit: each write route of the
+//! F3 for every write of the API and the dashboard, at the commit: each write route of the
 //! published document is sent while its commit waits for a synchronous
 //! standby that never answers, and its backend is terminated in that wait
 //! (as a leader's shutdown or a failover does). The commit is then durable
@@ -7,7 +7,8 @@
 //! answer what happened (here: it had happened, so every retry is a
 //! replay). `writes.rs` does the same with the statement waiting before
 //! its commit (nothing happened). A write route of the document without a
-//! case here fails the test.
+//! case here fails the test. The same for every form of the dashboard: its
+//! page must say the change may have been made and where to see it.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
