@@ -461,11 +461,16 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
     .await;
 }
 
+/// One test at a time sets the standby: the setting is the cluster's, and
+/// one test's reset would end another's waits.
+static STANDBY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Runs `checks` while sessions that ask for synchronous commit wait for
 /// the missing standby; the setting is the whole server's, so it is put
 /// back even when a check fails (with DATABASE_URL, the server is not the
 /// test's own).
 async fn while_commits_can_wait(app: &TestApp, checks: impl std::future::Future<Output = ()>) {
+    let _only_us = STANDBY.lock().await;
     require_a_standby(app).await;
     let outcome = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(checks)).await;
     sqlx::query("ALTER SYSTEM RESET synchronous_standby_names")
