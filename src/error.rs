@@ -127,9 +127,10 @@ impl From<sqlx::Error> for ApiError {
 }
 
 impl ApiError {
-    /// A write that failed (reserve, convert, cancel) once its connection
-    /// was acquired: a lost connection is `OutcomeUnknown` (F3), anything
-    /// else as `From`.
+    /// A write's COMMIT, or a write statement committed on its own, that
+    /// failed: a lost connection is `OutcomeUnknown` (F3), anything else as
+    /// `From`. An error before the COMMIT was sent is `From`'s (`503
+    /// unavailable` for a lost connection: nothing was written).
     pub fn from_write(e: sqlx::Error) -> ApiError {
         if db::is_outcome_unknown(&e) {
             ApiError::OutcomeUnknown(e.into())

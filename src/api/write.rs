@@ -3,18 +3,23 @@
 //!
 //! - nothing was sent (no connection, or the transaction could not begin):
 //!   `503 unavailable` with `Retry-After`;
-//! - the connection broke once the statement (or the commit) was sent:
-//!   `503 outcome_unknown` with `Retry-After`, and the same request again
-//!   answers what happened (RELIABILITY.md's table, one row per write);
+//! - the connection broke on a statement of a transaction, before its
+//!   COMMIT was sent: nothing can have been written, `503 unavailable`;
+//! - the connection broke once the COMMIT (or a statement committed on its
+//!   own) was sent: `503 outcome_unknown` with `Retry-After`, and the same
+//!   request again answers what happened (RELIABILITY.md's table, one row
+//!   per write);
 //! - SQLSTATE class 40 (a deadlock, a serialization failure: rolled back,
 //!   nothing written): `503 unavailable` with `Retry-After`, never `500`;
 //!   but a one-statement write that met a hold moved under it while it
 //!   took its locks (`db::HOLD_MOVED`, the lock order) runs again first.
 //!
 //! A handler that writes gets its connection only here: the test
-//! `writes::every_write_route_answers_outcome_unknown_when_its_backend_dies`
+//! `lost_commits::every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_replays`
 //! walks every write route of the OpenAPI document and kills its backend
-//! while the statement waits, so a route that writes another way fails it.
+//! while its commit waits, so a route that writes another way fails it;
+//! `writes::every_write_route_whose_backend_dies_mid_statement_answers_503`
+//! kills it while the statement waits, before any commit.
 
 use sqlx::PgConnection;
 
@@ -53,24 +58,26 @@ pub async fn write<T>(
                     .await
                     .map(|()| value)
                     .map_err(ApiError::from_write),
-                Err(e) => {
-                    crate::db::note_read_only(&e);
-                    Err(ApiError::from_write(e))
-                }
+                // Before the COMMIT: dropping the transaction rolls back,
+                // and a broken connection had nothing committed either.
+                Err(e) => Err(unsent(e)),
             }
         }
     }
 }
 
-/// Nothing of the write reached the server: a lost or refused connection
-/// is `503 unavailable` (`ApiError`'s `From`), never `outcome_unknown`.
+/// Nothing of the write was committed: no connection, or an error before
+/// the COMMIT was sent. A lost or refused connection is `503 unavailable`
+/// (`ApiError`'s `From`), never `outcome_unknown`.
 fn unsent(e: sqlx::Error) -> ApiError {
     ApiError::from(e)
 }
 
 /// Ends a one-statement write's connection: on success keeps what was
 /// written (pinned, commits); on failure closes a connection that reached a
-/// read-only server (F2) and says whether the outcome is unknown (F3).
+/// read-only server (F2) and says whether the outcome is unknown (F3): for
+/// a statement committed on its own it is; pinned, the statement ran in a
+/// transaction whose COMMIT was never sent, so nothing was written.
 async fn finish<T>(mut conn: Conn, outcome: Result<T, sqlx::Error>) -> Result<T, ApiError> {
     match outcome {
         Ok(value) => conn
@@ -80,7 +87,10 @@ async fn finish<T>(mut conn: Conn, outcome: Result<T, sqlx::Error>) -> Result<T,
             .map_err(ApiError::from_write),
         Err(e) => {
             conn.failed(&e);
-            Err(ApiError::from_write(e))
+            match conn {
+                Conn::Direct(_) => Err(ApiError::from_write(e)),
+                Conn::Pinned(_) => Err(unsent(e)),
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::csrf;
-use super::error::DashError;
+use super::error::{DashError, Written, commit};
 use super::session::{Staff, audit_on};
 use super::view::{Chrome, fmt_opt_time, fmt_time, html_response, page, see_other};
 use crate::domain::{Email, Role, Scope};
@@ -193,7 +193,15 @@ pub(crate) async fn add_user(
         Some(&format!("id {id}, role {}", role.as_str())),
     )
     .await?;
-    tx.commit().await?;
+    commit(
+        tx,
+        Written::new(
+            format!("the new user {}", email.as_str()),
+            "The users page lists the user if it was added; add it again only if it is not there.",
+            ("/users", "Open the users page"),
+        ),
+    )
+    .await?;
     Ok(see_other("/users?flash=user_added"))
 }
 
@@ -232,7 +240,15 @@ pub(crate) async fn disable_user(
         Some("sessions revoked"),
     )
     .await?;
-    tx.commit().await?;
+    commit(
+        tx,
+        Written::new(
+            format!("the disabling of user {email}"),
+            "The users page shows whether the user is still active; disable it again if it is.",
+            ("/users", "Open the users page"),
+        ),
+    )
+    .await?;
     Ok(see_other("/users?flash=user_disabled"))
 }
 
@@ -362,7 +378,17 @@ pub(crate) async fn add_token(
         Some(&scope_text.join(",")),
     )
     .await?;
-    tx.commit().await?;
+    commit(
+        tx,
+        Written::new(
+            format!("the new API token “{name}”"),
+            "The token may exist although its secret was never shown, and the secret cannot be \
+             shown again: if the tokens page lists this token, revoke it there and create \
+             another.",
+            ("/tokens", "Open the tokens page"),
+        ),
+    )
+    .await?;
     // Shown once, in this response (never cached), never stored in clear.
     tokens_page(
         &req,
@@ -397,6 +423,14 @@ pub(crate) async fn revoke_token(
         None,
     )
     .await?;
-    tx.commit().await?;
+    commit(
+        tx,
+        Written::new(
+            format!("the revocation of API token “{name}”"),
+            "The tokens page shows whether the token is revoked; revoke it again if it is not.",
+            ("/tokens", "Open the tokens page"),
+        ),
+    )
+    .await?;
     Ok(see_other("/tokens?flash=token_revoked"))
 }

@@ -45,17 +45,18 @@ pub enum DashError {
     /// 503: the database cannot answer right now.
     #[error("the database is not available right now, and nothing was changed; try again shortly")]
     Unavailable(#[source] anyhow::Error),
-    /// 503 (F3): the connection broke while the change was being
-    /// committed: it may or may not have been made. The page says so and
-    /// offers the same action again (`again`: its page), whose answer then
-    /// says which.
+    /// 503 (F3): the connection broke while a write was being committed:
+    /// it may or may not have been made. The page says what was being
+    /// written and where to see whether it was (`check`: a link and its
+    /// words), never "nothing was changed". Made only by `commit`.
     #[error(
-        "The connection to the database was lost while this change was being saved: it may or may \
-         not have been made. Open the reservation to see, or do the same again: if the change was \
-         made, the reservation says so and nothing is done twice."
+        "The connection to the database was lost while {what} was being saved: it may or may not \
+         have been made. {how}"
     )]
     OutcomeUnknown {
-        again: (String, String),
+        what: String,
+        how: String,
+        check: (String, String),
         #[source]
         source: anyhow::Error,
     },
@@ -106,21 +107,6 @@ impl DashError {
     }
     pub fn forbidden(message: impl Into<String>) -> DashError {
         DashError::Forbidden(message.into())
-    }
-
-    /// F3 for a staff action: an error of its transaction's commit. A lost
-    /// connection there may or may not have committed, so the page says so
-    /// and offers `again` (a link and its words), whose answer then tells;
-    /// any other error is as `From` maps it.
-    pub fn of_commit(e: sqlx::Error, again: (String, String)) -> DashError {
-        if crate::db::is_outcome_unknown(&e) {
-            DashError::OutcomeUnknown {
-                again,
-                source: e.into(),
-            }
-        } else {
-            e.into()
-        }
     }
 
     fn heading(&self) -> String {
@@ -191,7 +177,7 @@ impl ResponseError for DashError {
             message: self.to_string(),
             link: match self {
                 DashError::Stale { link, .. } => link.clone(),
-                DashError::OutcomeUnknown { again, .. } => Some(again.clone()),
+                DashError::OutcomeUnknown { check, .. } => Some(check.clone()),
                 _ => None,
             },
         };
@@ -209,6 +195,55 @@ impl ResponseError for DashError {
         }
         resp
     }
+}
+
+/// A dashboard write, for the page that answers when its commit's outcome
+/// is unknown (F3): what was being written, how to see whether it was, and
+/// the page that shows it.
+pub struct Written {
+    /// A noun phrase: "the new webhook secret".
+    pub what: String,
+    /// One or two sentences: where to look, and what to do either way.
+    pub how: String,
+    /// The page that shows whether it was made: (path, link words).
+    pub check: (String, String),
+}
+
+impl Written {
+    pub fn new(what: impl Into<String>, how: impl Into<String>, check: (&str, &str)) -> Written {
+        Written {
+            what: what.into(),
+            how: how.into(),
+            check: (check.0.to_owned(), check.1.to_owned()),
+        }
+    }
+}
+
+/// Commits a dashboard write's transaction: every dashboard write ends
+/// here (F3). The commit is the one moment its outcome can be unknown:
+/// before it, a lost connection left nothing written (`503`, "nothing was
+/// changed", as `From` says); at it (a session terminated while its commit
+/// waits for the synchronous standby, a failover), the change may be
+/// durable although never acknowledged, so the page says so, with
+/// `written`'s words and link. Any other error of the commit is as `From`
+/// maps it.
+pub async fn commit(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    written: Written,
+) -> Result<(), DashError> {
+    tx.commit().await.map_err(|e| {
+        let e = db::connection_trouble(e);
+        if db::is_outcome_unknown(&e) {
+            DashError::OutcomeUnknown {
+                what: written.what,
+                how: written.how,
+                check: written.check,
+                source: e.into(),
+            }
+        } else {
+            e.into()
+        }
+    })
 }
 
 /// The largest form the dashboard accepts: its forms carry a token, a
@@ -288,6 +323,17 @@ mod tests {
                 DashError::Internal(anyhow::anyhow!("secret detail")),
                 500,
                 "Something went wrong",
+            ),
+            (
+                DashError::OutcomeUnknown {
+                    what: "the new API token".into(),
+                    how: "Revoke it on the tokens page if it is listed.".into(),
+                    check: ("/tokens".into(), "Open the tokens page".into()),
+                    source: anyhow::anyhow!("connection reset"),
+                },
+                503,
+                "while the new API token was being saved: it may or may not have been made. \
+                 Revoke it on the tokens page if it is listed.",
             ),
         ];
         for (err, status, text) in cases {

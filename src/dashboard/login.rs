@@ -11,7 +11,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::csrf;
-use super::error::DashError;
+use super::error::{DashError, Written, commit};
 use super::session::{
     Staff, audit_on, cookie_name, hash_token, login_cookie_name, random_token, source_addr,
 };
@@ -139,7 +139,16 @@ pub(crate) async fn login(
             .bind(&account)
             .fetch_optional(pool.get_ref())
             .await?;
-        record_attempt(&pool, org_id, &account, &addr, false, "login_throttled").await?;
+        record_attempt(
+            &pool,
+            org_id,
+            &account,
+            &addr,
+            false,
+            "login_throttled",
+            None,
+        )
+        .await?;
         return Err(DashError::Throttled);
     }
     let user: Option<UserRow> = match Email::parse(&form.email) {
@@ -172,6 +181,7 @@ pub(crate) async fn login(
                 &addr,
                 false,
                 "login_failed",
+                None,
             )
             .await?;
             let token = random_token();
@@ -192,20 +202,22 @@ pub(crate) async fn login(
     };
     // Renew the session id at login: a cookie planted before login is
     // revoked, never promoted.
-    if let Some(old) = req.cookie(cookie_name(&settings)) {
-        sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1 AND revoked_at IS NULL")
-            .bind(hash_token(old.value()))
-            .execute(pool.get_ref())
-            .await?;
-    }
+    let old = req.cookie(cookie_name(&settings));
     let token = random_token();
-    sqlx::query("INSERT INTO sessions (token_hash, user_id, csrf_token) VALUES ($1, $2, $3)")
-        .bind(hash_token(&token))
-        .bind(user.id)
-        .bind(random_token())
-        .execute(pool.get_ref())
-        .await?;
-    record_attempt(&pool, Some(user.org_id), &account, &addr, true, "login").await?;
+    record_attempt(
+        &pool,
+        Some(user.org_id),
+        &account,
+        &addr,
+        true,
+        "login",
+        Some(NewSession {
+            token: &token,
+            user_id: user.id,
+            replaces: old.as_ref().map(|c| c.value()),
+        }),
+    )
+    .await?;
     let session = Cookie::build(cookie_name(&settings), token)
         .path("/")
         .http_only(true)
@@ -225,7 +237,17 @@ pub(crate) async fn login(
     Ok(resp)
 }
 
+/// A successful login's session, and the one its browser held before.
+struct NewSession<'a> {
+    token: &'a str,
+    user_id: i64,
+    replaces: Option<&'a str>,
+}
+
 /// login_attempts for throttling, audit_log for people; never the password.
+/// A successful login's session commits with them, and the revocation of
+/// the session its browser held before.
+#[allow(clippy::too_many_arguments)]
 async fn record_attempt(
     pool: &Db,
     org_id: Option<i64>,
@@ -233,8 +255,23 @@ async fn record_attempt(
     addr: &str,
     succeeded: bool,
     action: &str,
+    session: Option<NewSession<'_>>,
 ) -> Result<(), DashError> {
     let mut tx = pool.begin().await?;
+    if let Some(session) = session {
+        if let Some(old) = session.replaces {
+            sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1 AND revoked_at IS NULL")
+                .bind(hash_token(old))
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("INSERT INTO sessions (token_hash, user_id, csrf_token) VALUES ($1, $2, $3)")
+            .bind(hash_token(session.token))
+            .bind(session.user_id)
+            .bind(random_token())
+            .execute(&mut *tx)
+            .await?;
+    }
     sqlx::query("INSERT INTO login_attempts (email, source_addr, succeeded) VALUES ($1, $2, $3)")
         .bind(email)
         .bind(addr)
@@ -249,8 +286,15 @@ async fn record_attempt(
         .bind(addr)
         .execute(&mut *tx)
         .await?;
-    tx.commit().await?;
-    Ok(())
+    commit(
+        tx,
+        Written::new(
+            "the record of this login",
+            "Either way this browser is not logged in: log in again.",
+            ("/login", "Log in"),
+        ),
+    )
+    .await
 }
 
 #[derive(Deserialize)]
@@ -275,7 +319,15 @@ pub(crate) async fn logout(
         .await?;
     let object = format!("user:{}", staff.email);
     audit_on(&mut tx, &req, &staff, "logout", &object, None).await?;
-    tx.commit().await?;
+    commit(
+        tx,
+        Written::new(
+            "your logout",
+            "If the overview asks you to log in, you are logged out; if it opens, log out again.",
+            ("/", "Open the overview"),
+        ),
+    )
+    .await?;
     let mut gone = Cookie::build(cookie_name(&settings), "")
         .path("/")
         .http_only(true)

@@ -9,7 +9,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::csrf;
-use super::error::DashError;
+use super::error::{DashError, Written, commit};
 use super::session::{Staff, audit_on};
 use super::view::{Chrome, fmt_opt_time, fmt_time, html_response, see_other};
 use crate::settings::Settings;
@@ -196,7 +196,16 @@ pub(crate) async fn save(
         Some(if enabled { "on" } else { "off" }),
     )
     .await?;
-    tx.commit().await?;
+    commit(
+        tx,
+        Written::new(
+            "the organization's settings (the datacenter switch, the warning before a deadline)",
+            "The settings page shows the values in force now, and the audit log whether the \
+             change was recorded; save them again if they are not the ones you chose.",
+            ("/settings", "Open the settings"),
+        ),
+    )
+    .await?;
     Ok(see_other("/settings?flash=settings_saved"))
 }
 
@@ -259,7 +268,16 @@ pub(crate) async fn save_webhook(
                 Some(url.as_str()),
             )
             .await?;
-            tx.commit().await?;
+            commit(
+                tx,
+                Written::new(
+                    "the webhook URL",
+                    "The settings page shows the webhook URL in force now; save it again if it \
+                     is not the one you entered.",
+                    ("/settings", "Open the settings"),
+                ),
+            )
+            .await?;
             Ok(see_other("/settings?flash=webhook_saved"))
         }
         "rotate" => {
@@ -276,7 +294,17 @@ pub(crate) async fn save_webhook(
                 None,
             )
             .await?;
-            tx.commit().await?;
+            commit(
+                tx,
+                Written::new(
+                    "the webhook's new signing secret",
+                    "The settings page shows the secret in force now and when it last changed \
+                     (the audit log records each rotation): if it was rotated, give the new \
+                     secret to your receivers, or their signature checks fail.",
+                    ("/settings", "Open the settings"),
+                ),
+            )
+            .await?;
             Ok(see_other("/settings?flash=webhook_rotated"))
         }
         "remove" => {
@@ -294,7 +322,16 @@ pub(crate) async fn save_webhook(
                 Some(&detail),
             )
             .await?;
-            tx.commit().await?;
+            commit(
+                tx,
+                Written::new(
+                    "the removal of the webhook",
+                    "The settings page shows whether a webhook is still set; remove it again if \
+                     it is.",
+                    ("/settings", "Open the settings"),
+                ),
+            )
+            .await?;
             Ok(see_other("/settings?flash=webhook_removed"))
         }
         _ => Err(DashError::bad_request(

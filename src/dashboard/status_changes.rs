@@ -11,7 +11,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::csrf;
-use super::error::DashError;
+use super::error::{DashError, Written, commit};
 use super::gate;
 use super::session::{Staff, audit_on};
 use super::view::{Chrome, page};
@@ -284,19 +284,21 @@ pub(crate) async fn apply(
         Some(&detail),
     )
     .await?;
-    tx.commit().await.map_err(|e| {
-        DashError::of_commit(
-            e,
-            (
-                format!(
-                    "/status-changes?tags={}&status={}",
-                    typed.replace(' ', "+"),
-                    status.as_str()
-                ),
-                "Review the change again".to_owned(),
-            ),
-        )
-    })?;
+    let again = format!(
+        "/status-changes?tags={}&status={}",
+        typed.replace(' ', "+"),
+        status.as_str()
+    );
+    commit(
+        tx,
+        Written::new(
+            format!("the status change of {typed} to {}", status.as_str()),
+            "Open the machines to see their status now, or review the change again: a machine \
+             already in that status is not changed twice.",
+            (&again, "Review the change again"),
+        ),
+    )
+    .await?;
     render(
         &req,
         &staff,

@@ -60,11 +60,12 @@ pub fn is_unavailable(err: &(dyn StdError + 'static)) -> bool {
                     let code = code.as_deref().unwrap_or_default();
                     // admin shutdown, crash shutdown, cannot connect now, too
                     // many connections, query cancelled (statement_timeout),
-                    // lock_timeout, read-only transaction (a standby, F2)
+                    // lock_timeout, read-only transaction (a standby, F2),
+                    // connection exceptions (class 08)
                     matches!(
                         code,
                         "57P01" | "57P02" | "57P03" | "53300" | "57014" | "55P03" | "25006"
-                    )
+                    ) || code.starts_with("08")
                     // F3: class 40 (deadlock, serialization failure) rolled
                     // the transaction back; the same request again is safe.
                     || code.starts_with("40")
@@ -95,7 +96,10 @@ pub fn connection_trouble(e: sqlx::Error) -> sqlx::Error {
 
 /// F3: errors after which a write may or may not have committed: the
 /// connection was lost (I/O error, the server terminated the session, a
-/// connection exception) once the statement may have been sent. A commit
+/// connection exception) once the statement may have been sent. Only an
+/// error of a COMMIT, or of a write statement committed on its own, can
+/// be this: the same error on a statement of a transaction whose COMMIT
+/// was never sent left nothing written (`is_unavailable`). A commit
 /// waiting for the synchronous standby when its session is terminated is
 /// already committed locally; one on a leader that then loses its lock may
 /// be gone after the failover. Only the retry can tell (R9, and the replay

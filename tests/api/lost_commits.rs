@@ -1,4 +1,4 @@
-//! F3 for every write of the API, at the commit: each write route of the
+//! F3 for every write of the API and the dashboard, at the commit: each write route of the
 //! published document is sent while its commit waits for a synchronous
 //! standby that never answers, and its backend is terminated in that wait
 //! (as a leader's shutdown or a failover does). The commit is then durable
@@ -7,7 +7,8 @@
 //! answer what happened (here: it had happened, so every retry is a
 //! replay). `writes.rs` does the same with the statement waiting before
 //! its commit (nothing happened). A write route of the document without a
-//! case here fails the test.
+//! case here fails the test. The same for every form of the dashboard: its
+//! page must say the change may have been made and where to see it.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use sqlx::Connection;
 use poolkeeper::metrics::Metrics;
 use poolkeeper::startup::{AppState, Application};
 
-use crate::helpers::{TestApp, spawn_app_with};
+use crate::helpers::{STAFF_PASSWORD, StaffClient, TestApp, spawn_app_with};
 
 /// No standby of this name ever connects: a commit that waits for it
 /// waits until its session ends.
@@ -145,9 +146,9 @@ async fn waiting_server(app: &TestApp) -> String {
 
 /// Terminates the session whose commit waits for the standby, once there
 /// is one, and says which statement it was.
-async fn terminate_the_waiting_commit(
+async fn terminate_the_waiting_commit<T>(
     app: &TestApp,
-    request: &tokio::task::JoinHandle<(u16, Value)>,
+    request: &tokio::task::JoinHandle<T>,
 ) -> String {
     while !request.is_finished() {
         let waiting: Option<(i32, String)> = sqlx::query_as(
@@ -356,10 +357,7 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
         "every write route of the document is killed mid-commit here: add a case"
     );
 
-    require_a_standby(&app).await;
-    // The setting is the whole server's: put it back even when a check
-    // fails (with DATABASE_URL, the server is not the test's own).
-    let checks = std::panic::AssertUnwindSafe(async {
+    while_commits_can_wait(&app, async {
         let waiting = waiting_server(&app).await;
         for case in &cases {
             let what = format!("{} {}", case.method, case.path);
@@ -459,8 +457,22 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             .expect("deadline");
             assert!(same, "reservation {id} holds until {until}");
         }
-    });
-    let outcome = futures_util::FutureExt::catch_unwind(checks).await;
+    })
+    .await;
+}
+
+/// One test at a time sets the standby: the setting is the cluster's, and
+/// one test's reset would end another's waits.
+static STANDBY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `checks` while sessions that ask for synchronous commit wait for
+/// the missing standby; the setting is the whole server's, so it is put
+/// back even when a check fails (with DATABASE_URL, the server is not the
+/// test's own).
+async fn while_commits_can_wait(app: &TestApp, checks: impl std::future::Future<Output = ()>) {
+    let _only_us = STANDBY.lock().await;
+    require_a_standby(app).await;
+    let outcome = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(checks)).await;
     sqlx::query("ALTER SYSTEM RESET synchronous_standby_names")
         .execute(&app.pool)
         .await
@@ -472,4 +484,393 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
+}
+
+/// One form of the dashboard, posted while its commit waits.
+struct Form {
+    /// Names the form in a failure.
+    name: &'static str,
+    /// Its route in `dashboard::ROUTES`.
+    route: &'static str,
+    path: String,
+    fields: Vec<(&'static str, String)>,
+    /// Posted by a browser of its own that logs in on the waiting server
+    /// (the login form), or by a session of this user.
+    by: &'static str,
+    /// The page that shows whether it was made: a link of the answer and
+    /// its words.
+    check: (&'static str, &'static str),
+    /// Words the answer must say besides the common ones.
+    says: &'static str,
+    /// SQL that is true once the write is in the database.
+    written: String,
+}
+
+/// F3 for every dashboard write: each form of `dashboard::ROUTES` that
+/// writes is posted to a server whose commits wait for a synchronous
+/// standby that never attaches, and its backend is terminated in that
+/// wait. The commit is durable locally but was never acknowledged: the
+/// page must be `503` with Retry-After saying the change may or may not
+/// have been made, what it was and which page shows it (a link), never
+/// "nothing was changed"; and the write is indeed in the database. A
+/// dashboard POST route without a row fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made() {
+    let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
+    for tag in ["DL-1", "DL-2", "DL-3", "DL-4"] {
+        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            .await;
+    }
+    let (to_cancel, cancel_fence) = app.insert_held(app.org.id, "DL-CANCEL", "DL-1", 900).await;
+    let (to_convert, convert_fence) = app.insert_held(app.org.id, "DL-CONVERT", "DL-2", 900).await;
+    let (to_extend, extend_fence) = app.insert_held(app.org.id, "DL-EXTEND", "DL-3", 900).await;
+    let admin = app.staff("boss@acme.example", "admin").await;
+    for (email, role) in [
+        ("late@acme.example", "support"),
+        ("leaving@acme.example", "support"),
+        ("gone@acme.example", "support"),
+    ] {
+        app.create_staff(app.org.id, email, role).await;
+    }
+    let leaving = app.logged_in("leaving@acme.example").await;
+    let gone: i64 = sqlx::query_scalar("SELECT id FROM users WHERE email = 'gone@acme.example'")
+        .fetch_one(&app.pool)
+        .await
+        .expect("user");
+    let (old_token, _) = poolkeeper::tokens::create(
+        &app.pool,
+        app.org.id,
+        Some("old-token"),
+        &[poolkeeper::domain::Scope::Orders],
+    )
+    .await
+    .expect("token");
+    let old_token: i64 = sqlx::query_scalar("SELECT id FROM api_tokens WHERE name = $1")
+        .bind(&old_token)
+        .fetch_one(&app.pool)
+        .await
+        .expect("token id");
+    // A webhook to rotate, change and remove, set through its form.
+    let csrf = admin.csrf().await;
+    let r = admin
+        .post_form(
+            "/settings/webhook",
+            &[
+                ("csrf", &csrf),
+                ("action", "save"),
+                ("url", "http://127.0.0.1:9/first"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 303, "the webhook is set");
+    let secret: String = sqlx::query_scalar("SELECT secret FROM webhooks WHERE org_id = $1")
+        .bind(app.org.id)
+        .fetch_one(&app.pool)
+        .await
+        .expect("secret");
+    let leaving_csrf = leaving.csrf().await;
+    let org = app.org.id;
+
+    let c = || ("csrf", csrf.clone());
+    let forms = vec![
+        Form {
+            name: "login",
+            route: "/login",
+            path: "/login".into(),
+            fields: vec![],
+            by: "late@acme.example",
+            check: ("/login", "Log in"),
+            says: "not logged in",
+            written: "(SELECT count(*) FROM sessions s JOIN users u ON u.id = s.user_id
+                        WHERE u.email = 'late@acme.example') = 1
+                      AND (SELECT count(*) FROM audit_log
+                            WHERE action = 'login' AND actor = 'late@acme.example') = 1"
+                .into(),
+        },
+        Form {
+            name: "reservation: cancel",
+            route: "/reservations/{id}/cancel",
+            path: format!("/reservations/{to_cancel}/cancel"),
+            fields: vec![
+                c(),
+                ("fence", cancel_fence.to_string()),
+                ("reason", "customer left".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/reservations/{id}/cancel", "Do the same again"),
+            says: "the cancellation of reservation",
+            written: format!(
+                "(SELECT state FROM reservations WHERE id = {to_cancel}) = 'cancelled'"
+            ),
+        },
+        Form {
+            name: "reservation: convert",
+            route: "/reservations/{id}/convert",
+            path: format!("/reservations/{to_convert}/convert"),
+            fields: vec![
+                c(),
+                ("fence", convert_fence.to_string()),
+                ("service_ref", "SRV-DL-1".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/reservations/{id}/convert", "Do the same again"),
+            says: "the conversion of reservation",
+            written: format!(
+                "(SELECT state FROM reservations WHERE id = {to_convert}) = 'converted'"
+            ),
+        },
+        Form {
+            name: "reservation: extend",
+            route: "/reservations/{id}/extend",
+            path: format!("/reservations/{to_extend}/extend"),
+            fields: vec![
+                c(),
+                ("fence", extend_fence.to_string()),
+                ("minutes", "30".into()),
+                ("reason", "payment pending".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/reservations/{id}/extend", "Do the same again"),
+            says: "the extension of reservation",
+            written: format!(
+                "(SELECT count(*) FROM reservation_events
+                   WHERE reservation_id = {to_extend} AND kind = 'extended') = 1"
+            ),
+        },
+        Form {
+            name: "status change",
+            route: "/status-changes",
+            path: "/status-changes".into(),
+            fields: vec![
+                c(),
+                ("tags", "DL-4".into()),
+                ("status", "maintenance".into()),
+            ],
+            by: "boss@acme.example",
+            check: (
+                "/status-changes?tags=DL-4&#38;status=maintenance",
+                "Review the change again",
+            ),
+            says: "the status change of DL-4",
+            written: "(SELECT status FROM machines WHERE asset_tag = 'DL-4') = 'maintenance'"
+                .into(),
+        },
+        Form {
+            name: "settings: webhook secret rotation",
+            route: "/settings/webhook",
+            path: "/settings/webhook".into(),
+            fields: vec![c(), ("action", "rotate".into())],
+            by: "boss@acme.example",
+            check: ("/settings", "Open the settings"),
+            says: "give the new secret to your receivers",
+            written: format!(
+                "(SELECT secret FROM webhooks WHERE org_id = {org}) <> '{secret}'
+                 AND (SELECT count(*) FROM audit_log
+                       WHERE action = 'org.webhook_secret_rotated') = 1"
+            ),
+        },
+        Form {
+            name: "settings: webhook URL",
+            route: "/settings/webhook",
+            path: "/settings/webhook".into(),
+            fields: vec![
+                c(),
+                ("action", "save".into()),
+                ("url", "http://127.0.0.1:9/second".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/settings", "Open the settings"),
+            says: "the webhook URL",
+            written: format!(
+                "(SELECT url FROM webhooks WHERE org_id = {org}) = 'http://127.0.0.1:9/second'"
+            ),
+        },
+        Form {
+            name: "settings: webhook removal",
+            route: "/settings/webhook",
+            path: "/settings/webhook".into(),
+            fields: vec![c(), ("action", "remove".into())],
+            by: "boss@acme.example",
+            check: ("/settings", "Open the settings"),
+            says: "the removal of the webhook",
+            written: format!("NOT EXISTS (SELECT FROM webhooks WHERE org_id = {org})"),
+        },
+        Form {
+            name: "settings: warning time",
+            route: "/settings",
+            path: "/settings".into(),
+            fields: vec![
+                c(),
+                ("datacenter", "on".into()),
+                ("expiry_warning_seconds", "123".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/settings", "Open the settings"),
+            says: "the datacenter switch",
+            written: format!(
+                "(SELECT expiry_warning_seconds FROM organizations WHERE id = {org}) = 123"
+            ),
+        },
+        Form {
+            name: "users: add",
+            route: "/users",
+            path: "/users".into(),
+            fields: vec![
+                c(),
+                ("email", "new@acme.example".into()),
+                ("role", "viewer".into()),
+                ("password", "a long enough password".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/users", "Open the users page"),
+            says: "the new user new@acme.example",
+            written: "EXISTS (SELECT FROM users WHERE email = 'new@acme.example')".into(),
+        },
+        Form {
+            name: "users: disable",
+            route: "/users/{id}/disable",
+            path: format!("/users/{gone}/disable"),
+            fields: vec![c()],
+            by: "boss@acme.example",
+            check: ("/users", "Open the users page"),
+            says: "the disabling of user gone@acme.example",
+            written: format!("(SELECT disabled_at IS NOT NULL FROM users WHERE id = {gone})"),
+        },
+        Form {
+            name: "tokens: create",
+            route: "/tokens",
+            path: "/tokens".into(),
+            fields: vec![c(), ("name", "lost-token".into()), ("orders", "on".into())],
+            by: "boss@acme.example",
+            check: ("/tokens", "Open the tokens page"),
+            says: "revoke it there",
+            written:
+                "EXISTS (SELECT FROM api_tokens WHERE name = 'lost-token' AND revoked_at IS NULL)"
+                    .into(),
+        },
+        Form {
+            name: "tokens: revoke",
+            route: "/tokens/{id}/revoke",
+            path: format!("/tokens/{old_token}/revoke"),
+            fields: vec![c()],
+            by: "boss@acme.example",
+            check: ("/tokens", "Open the tokens page"),
+            says: "the revocation of API token",
+            written: format!(
+                "(SELECT revoked_at IS NOT NULL FROM api_tokens WHERE id = {old_token})"
+            ),
+        },
+        // After every form the datacenter module gates.
+        Form {
+            name: "settings: datacenter switch",
+            route: "/settings",
+            path: "/settings".into(),
+            fields: vec![c()],
+            by: "boss@acme.example",
+            check: ("/settings", "Open the settings"),
+            says: "the datacenter switch",
+            written: format!(
+                "NOT (SELECT datacenter_enabled FROM organizations WHERE id = {org})
+                 AND (SELECT count(*) FROM audit_log
+                       WHERE action = 'org.datacenter_enabled' AND detail = 'off') = 1"
+            ),
+        },
+        // Last: it ends the session it is posted with.
+        Form {
+            name: "logout",
+            route: "/logout",
+            path: "/logout".into(),
+            fields: vec![("csrf", leaving_csrf.clone())],
+            by: "leaving@acme.example",
+            check: ("/", "Open the overview"),
+            says: "your logout",
+            written: "NOT EXISTS (SELECT FROM sessions s JOIN users u ON u.id = s.user_id
+                       WHERE u.email = 'leaving@acme.example' AND s.revoked_at IS NULL)"
+                .into(),
+        },
+    ];
+
+    // Every POST route of the dashboard has its row.
+    let routes: BTreeSet<&str> = poolkeeper::dashboard::ROUTES
+        .iter()
+        .filter(|(_, methods)| methods.contains(&"post"))
+        .map(|(path, _)| *path)
+        .collect();
+    let covered: BTreeSet<&str> = forms.iter().map(|f| f.route).collect();
+    assert_eq!(
+        routes, covered,
+        "every dashboard form is killed mid-commit here: add a row"
+    );
+
+    while_commits_can_wait(&app, async {
+        let waiting = waiting_server(&app).await;
+        // The same sessions on the waiting server (a cookie is the host's,
+        // whatever the port).
+        let on_waiting = |c: &StaffClient| StaffClient {
+            http: c.http.clone(),
+            jar: c.jar.clone(),
+            base: waiting.clone(),
+        };
+        for form in &forms {
+            let name = form.name;
+            let request = {
+                let fields = form.fields.clone();
+                let path = form.path.clone();
+                let client = match form.by {
+                    "boss@acme.example" => on_waiting(&admin),
+                    "leaving@acme.example" => on_waiting(&leaving),
+                    _ => StaffClient::new(&waiting),
+                };
+                let login = (form.route == "/login").then_some(form.by);
+                tokio::spawn(async move {
+                    let resp = match login {
+                        Some(email) => client.login(email, STAFF_PASSWORD).await,
+                        None => client
+                            .http
+                            .post(client.url(&path))
+                            .form(&fields)
+                            .send()
+                            .await
+                            .expect("POST"),
+                    };
+                    let status = resp.status().as_u16();
+                    let retry_after = resp.headers().contains_key("retry-after");
+                    (status, retry_after, resp.text().await.unwrap_or_default())
+                })
+            };
+            let statement = terminate_the_waiting_commit(&app, &request).await;
+            let (status, retry_after, body) =
+                tokio::time::timeout(Duration::from_secs(30), request)
+                    .await
+                    .expect("the form answers once its session is gone")
+                    .expect("the request task");
+            assert_eq!(
+                statement, "COMMIT",
+                "{name}: the session killed waited in its commit"
+            );
+            assert_eq!(status, 503, "{name}: {body}");
+            assert!(retry_after, "{name}: Retry-After");
+            assert!(
+                body.contains("may or may not") && body.contains(form.says),
+                "{name}: the page says what may have been written: {body}"
+            );
+            assert!(
+                !body.contains("nothing was changed"),
+                "{name}: never \"nothing was changed\": {body}"
+            );
+            let (href, words) = form.check;
+            let href = href.replace("{id}", form.path.split('/').nth(2).unwrap_or(""));
+            assert!(
+                body.contains(&format!("<a href=\"{href}\">{words}</a>")),
+                "{name}: a link to {href}: {body}"
+            );
+            let written: bool =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {}", form.written)))
+                    .fetch_one(&app.pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(written, "{name}: the write is in the database");
+        }
+    })
+    .await;
 }

@@ -58,12 +58,16 @@ fn named(order: &Value) -> Vec<Value> {
 }
 
 /// One write request of the walk: its document path and method, the URL
-/// and body to send.
+/// and body to send, and the answer when its backend dies mid-statement.
 struct WriteCase {
     path: &'static str,
     method: &'static str,
     url: String,
     body: Option<Value>,
+    /// `outcome_unknown` for a statement committed on its own;
+    /// `unavailable` for a statement of a transaction whose COMMIT was
+    /// never sent (nothing can have been written).
+    answer: &'static str,
 }
 
 /// The write operations of the published document: every method but GET.
@@ -89,14 +93,17 @@ pub(crate) async fn write_operations(app: &TestApp) -> BTreeSet<(String, String)
 }
 
 /// F3 for every write route: its statement is sent and waits (on table
-/// locks the test holds; in production on the synchronous standby), its
-/// backend is terminated, and the answer is `503 outcome_unknown` with
-/// `Retry-After`, valid by the document; the retry, unchanged, then does it
-/// (here the first attempt had not committed). A write route of the
-/// document without a case fails the test, so a new write must come here
-/// and through `api::write`.
+/// locks the test holds), its backend is terminated, and the answer is
+/// `503` with `Retry-After`, valid by the document: `outcome_unknown` for a
+/// write whose statement commits on its own (the client cannot tell the
+/// wait from its commit's), `unavailable` for one whose statement runs in a
+/// transaction whose COMMIT was never sent (nothing was written). The
+/// retry, unchanged, then does it (here the first attempt had not
+/// committed). A write route of the document without a case fails the
+/// test, so a new write must come here and through `api::write`;
+/// `lost_commits.rs` kills each at its commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
+async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     for i in 0..12 {
         app.insert_machine(
@@ -160,60 +167,70 @@ async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
             body: Some(
                 json!({"site": "par1", "vendor": "dell", "profile": "epyc", "status": "maintenance"}),
             ),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/reservations",
             method: "post",
             url: "/api/v1/reservations".into(),
             body: Some(json!({"order_ref": "ORD-W-NEW", "site": "par1", "profile": "epyc"})),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/reservations/{id}/convert",
             method: "post",
             url: format!("/api/v1/reservations/{}/convert", convert_one["id"]),
             body: Some(json!({"fence": convert_one["fence"], "service_ref": "SRV-W-1"})),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/reservations/{id}/cancel",
             method: "post",
             url: format!("/api/v1/reservations/{}/cancel", cancel_one["id"]),
             body: Some(json!({"fence": cancel_one["fence"], "reason": "customer left"})),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/reservations/{id}/extend",
             method: "post",
             url: format!("/api/v1/reservations/{}/extend", extend_one["id"]),
             body: Some(json!({"fence": extend_one["fence"], "until": until})),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/orders/{order_ref}/convert",
             method: "post",
             url: "/api/v1/orders/ORD-W-CONVERT2/convert".into(),
             body: Some(json!({"reservations": items(&convert_two, "SRV-W2")})),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/orders/{order_ref}/cancel",
             method: "post",
             url: "/api/v1/orders/ORD-W-CANCEL2/cancel".into(),
             body: Some(json!({"reservations": named(&cancel_two), "reason": "customer left"})),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/orders/{order_ref}/extend",
             method: "post",
             url: "/api/v1/orders/ORD-W-EXTEND2/extend".into(),
             body: Some(json!({"reservations": named(&extend_two), "until": until})),
+            answer: "outcome_unknown",
         },
         WriteCase {
             path: "/api/v1/services/{id}/end",
             method: "post",
             url: format!("/api/v1/services/{}/end", link["service"]["id"]),
             body: None,
+            answer: "unavailable",
         },
         WriteCase {
             path: "/api/v1/webhook",
             method: "put",
             url: "/api/v1/webhook".into(),
             body: Some(json!({"url": "http://127.0.0.1:8081/hooks/poolkeeper"})),
+            answer: "unavailable",
         },
         // After the PUT above: there is a webhook to delete.
         WriteCase {
@@ -221,6 +238,7 @@ async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
             method: "delete",
             url: "/api/v1/webhook".into(),
             body: None,
+            answer: "unavailable",
         },
         WriteCase {
             path: "/api/v1/status-changes",
@@ -229,6 +247,7 @@ async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
             body: Some(
                 json!({"asset_tags": [moving["machine"]["asset_tag"]], "status": "maintenance"}),
             ),
+            answer: "unavailable",
         },
     ];
     let covered: BTreeSet<(String, String)> = cases
@@ -286,7 +305,7 @@ async fn every_write_route_answers_outcome_unknown_when_its_backend_dies() {
         let answer: Value = resp.json().await.unwrap_or(Value::Null);
         assert_eq!(status, 503, "{what}: {answer}");
         assert!(retry_after, "{what}: Retry-After");
-        assert_eq!(answer["error"], "outcome_unknown", "{what}: {answer}");
+        assert_eq!(answer["error"], case.answer, "{what}: {answer}");
         conformance.record(case.path, case.method, 503, retry_after, &answer);
         sqlx::query("ROLLBACK")
             .execute(&mut blocker)
@@ -350,6 +369,48 @@ async fn class_40_on_a_write_is_503_with_retry_after_never_500() {
             "{code}"
         );
     }
+}
+
+/// F3: a connection lost on a statement before the COMMIT was sent left
+/// nothing written: `503 unavailable` ("nothing was written"), on the API's
+/// write path in a transaction and on the dashboard's; only a statement
+/// committed on its own (or a COMMIT) is `outcome_unknown`. The statement
+/// here ends its own session (SQLSTATE 57P01, or the broken connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_before_the_commit_was_sent_is_unavailable_not_outcome_unknown() {
+    let app = spawn_app().await;
+    let die = async |conn: &mut sqlx::PgConnection| {
+        sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
+            .execute(conn)
+            .await
+            .map(|_| ())
+    };
+    for (shape, answer) in [
+        (Shape::Transaction, "unavailable"),
+        (Shape::Statement, "outcome_unknown"),
+    ] {
+        let err = write(&app.pool, shape, die)
+            .await
+            .expect_err("its session ended");
+        assert_eq!(err.code(), answer, "{shape:?}: {err:?}");
+        let resp = actix_web::ResponseError::error_response(&err);
+        assert_eq!(resp.status().as_u16(), 503, "{shape:?}");
+        assert!(resp.headers().contains_key("retry-after"), "{shape:?}");
+    }
+    // The same error met outside a commit, on the dashboard: the page says
+    // nothing was changed.
+    let mut tx = app.pool.begin().await.expect("begin");
+    let lost = sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
+        .execute(&mut *tx)
+        .await
+        .expect_err("its session ended");
+    drop(tx);
+    let page = poolkeeper::dashboard::DashError::from(lost);
+    assert!(
+        matches!(page, poolkeeper::dashboard::DashError::Unavailable(_)),
+        "{page:?}"
+    );
+    assert!(page.to_string().contains("nothing was changed"), "{page}");
 }
 
 /// F3 for orders (R13): an order's convert or cancel retried unchanged

@@ -9,7 +9,7 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::super::csrf;
-use super::super::error::DashError;
+use super::super::error::{DashError, Written, commit};
 use super::super::gate;
 use super::super::session::{Staff, audit_on};
 use super::super::view::{Chrome, fmt_remaining, fmt_time, page, see_other};
@@ -271,36 +271,43 @@ async fn order_named(
     Ok(Some((r.order_ref, named)))
 }
 
-/// Ends a staff action's transaction (F3). The commit is the one moment
-/// its outcome can be unknown: before it, a lost connection left nothing
-/// written (`503 unavailable`, as `From` says); at it, the page says the
-/// change may or may not have been made and offers the same action again
-/// (`action`: the path's last segment), whose answer then tells. An expiry
-/// found at the point of use commits with the refusal (R11), as `settle`.
+/// Ends a staff action's transaction through `error::commit` (F3): at the
+/// commit a lost connection gets a page saying the change may or may not
+/// have been made, offering the same action again (`action`: the path's
+/// last segment), whose answer then tells. An expiry found at the point of
+/// use commits with the refusal (R11), as `settle`.
 async fn settle_action<T>(
     tx: sqlx::Transaction<'static, sqlx::Postgres>,
     outcome: Result<T, TransitionError>,
     id: i64,
     action: &str,
 ) -> Result<T, DashError> {
-    let commit = async |tx: sqlx::Transaction<'static, sqlx::Postgres>| {
-        tx.commit().await.map_err(|e| {
-            DashError::of_commit(
-                e,
-                (
-                    format!("/reservations/{id}/{action}"),
-                    "Do the same again".to_owned(),
-                ),
-            )
-        })
+    let keep = async |tx: sqlx::Transaction<'static, sqlx::Postgres>| {
+        let again = format!("/reservations/{id}/{action}");
+        let noun = match action {
+            "cancel" => "cancellation",
+            "convert" => "conversion",
+            "extend" => "extension",
+            other => other,
+        };
+        commit(
+            tx,
+            Written::new(
+                format!("the {noun} of reservation {id}"),
+                "Open the reservation to see, or do the same again: if the change was made, the \
+                 reservation says so and nothing is done twice.",
+                (&again, "Do the same again"),
+            ),
+        )
+        .await
     };
     match outcome {
         Ok(value) => {
-            commit(tx).await?;
+            keep(tx).await?;
             Ok(value)
         }
         Err(e @ TransitionError::Expired { .. }) => {
-            commit(tx).await?;
+            keep(tx).await?;
             Err(refused(id, e))
         }
         // Nothing to keep: dropping the transaction rolls it back (and a
