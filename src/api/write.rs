@@ -46,9 +46,17 @@ pub async fn write<T>(
 ) -> Result<T, ApiError> {
     match shape {
         Shape::Statement => {
-            let mut conn = db.acquire().await.map_err(unsent)?;
-            let outcome = crate::db::lock_order::rerun(async || work(&mut conn).await).await;
-            finish(conn, outcome).await
+            let mut run = 1;
+            loop {
+                let mut conn = db.acquire().await.map_err(unsent)?;
+                match work(&mut conn).await {
+                    // Nothing was written; pinned, dropping the connection
+                    // rolls its transaction back. A new statement reads
+                    // the hold where it is now.
+                    Err(e) if crate::db::lock_order::run_again(&e, run) => run += 1,
+                    outcome => return finish(conn, outcome).await,
+                }
+            }
         }
         Shape::Transaction => {
             let mut tx = db.begin().await.map_err(unsent)?;

@@ -46,7 +46,7 @@ impl<'c> Savepoint<'c> {
                 self.savepoint.commit().await?;
                 Ok(Some(value))
             }
-            Err(e) if is_hold_moved(&e) && run < HOLD_MOVED_RUNS => {
+            Err(e) if run_again(&e, run) => {
                 self.savepoint.rollback().await?;
                 Ok(None)
             }
@@ -55,17 +55,8 @@ impl<'c> Savepoint<'c> {
     }
 }
 
-/// Runs `work` again while a hold moved under it, for work whose failure
-/// rolls everything back by itself (one autocommitted statement, or a whole
-/// transaction that `work` begins).
-pub async fn rerun<T>(
-    mut work: impl AsyncFnMut() -> Result<T, sqlx::Error>,
-) -> Result<T, sqlx::Error> {
-    let mut run = 1;
-    loop {
-        match work().await {
-            Err(e) if is_hold_moved(&e) && run < HOLD_MOVED_RUNS => run += 1,
-            outcome => return outcome,
-        }
-    }
+/// Whether run `run` (from 1), which failed with `err`, is to be run
+/// again: a hold moved under it, and the runs are not used up.
+pub fn run_again(err: &sqlx::Error, run: u32) -> bool {
+    is_hold_moved(err) && run < HOLD_MOVED_RUNS
 }
