@@ -46,9 +46,11 @@ DECLARE
 BEGIN
     -- org_id + 0: not an index condition, so only the primary key answers
     -- these lookups by id, whatever the statistics say.
+    -- The machine ids as one array (an InitPlan), so that the lock is a
+    -- lookup of the primary key whatever plan was cached on an empty table.
     v_machines := ARRAY(SELECT m.id FROM machines m
-                         WHERE m.id IN (SELECT r.machine_id FROM reservations r
-                                         WHERE r.id = ANY (p_ids) AND r.org_id + 0 = p_org)
+                         WHERE m.id = ANY (ARRAY(SELECT r.machine_id FROM reservations r
+                                                  WHERE r.id = ANY (p_ids) AND r.org_id + 0 = p_org))
                          ORDER BY m.id FOR UPDATE);
     FOR v_row IN SELECT r.* FROM reservations r WHERE r.id = ANY (p_ids) AND r.org_id + 0 = p_org
                   ORDER BY r.id FOR UPDATE
@@ -73,10 +75,14 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 AS $$
 BEGIN
+    -- Each order's rows by its key, the orders read first (a lookup of the
+    -- arbiter's index per machine), so that no cached plan walks the table.
     PERFORM 1 FROM reservations r
-      WHERE (r.org_id, r.order_ref) IN (
-            SELECT h.org_id, h.order_ref FROM reservations h
-             WHERE h.machine_id = ANY (p_machines) AND h.state = 'held' AND h.expires_at > clock_timestamp())
+      WHERE r.id = ANY (ARRAY(
+            SELECT o.id FROM reservations h
+              JOIN LATERAL (SELECT x.id FROM reservations x
+                             WHERE x.org_id = h.org_id AND x.order_ref = h.order_ref) o ON true
+             WHERE h.machine_id = ANY (p_machines) AND h.state = 'held' AND h.expires_at > clock_timestamp()))
       ORDER BY r.id FOR UPDATE;
 END
 $$;

@@ -641,15 +641,18 @@ async fn real_answers_validate_against_the_documented_schemas() {
     // Services.
     const END: &str = "/api/v1/services/{id}/end";
     let sid = converted["service"]["id"].as_i64().expect("service id");
-    for p in [
-        sid.to_string(),
-        sid.to_string(),
-        "999999".into(),
-        "x".into(),
+    // Ended, ended again (the replay), ended again by another token (409),
+    // unknown, malformed.
+    for (p, token) in [
+        (sid.to_string(), t),
+        (sid.to_string(), t),
+        (sid.to_string(), &app.org.orders_token),
+        ("999999".into(), t),
+        ("x".into(), t),
     ] {
         let r = http
             .post(api(&format!("/services/{p}/end")))
-            .bearer_auth(t)
+            .bearer_auth(token)
             .send()
             .await
             .expect("end");
