@@ -54,18 +54,23 @@ pub fn fmt_opt_time(t: &Option<DateTime<Utc>>) -> String {
     t.as_ref().map(fmt_time).unwrap_or_default()
 }
 
-/// Prose for a table cell, HTML-escaped, each word that holds a character
-/// other than a letter or a digit (`PK-00013`, `2026-12-06T00:16:30Z`,
-/// a URL) in a `<span class="w">` that does not wrap: browsers break lines
-/// after a hyphen or a slash, and a cell never breaks a word. The cell
-/// still wraps between words. Output with `|safe`.
+/// Prose for a table cell, HTML-escaped, each word holding a character
+/// after which browsers may break a line (a hyphen or a dash, a slash, `?`,
+/// `!`, `%`, `+`: `PK-00013`, `2026-12-06T00:16:30Z`, a URL) in a
+/// `<span class="w">` that does not wrap, so that a cell never breaks a
+/// word. The cell still wraps between words. Output with `|safe`.
 pub fn words(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + text.len() / 4);
     let mut rest = text;
     while !rest.is_empty() {
         let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
         let (word, tail) = rest.split_at(end);
-        let wrap = word.chars().any(|c| !c.is_alphanumeric());
+        let wrap = word.chars().any(|c| {
+            matches!(
+                c,
+                '-' | '/' | '?' | '!' | '%' | '+' | '}' | ']' | '\u{2010}'..='\u{2014}'
+            )
+        });
         if wrap {
             out.push_str("<span class=\"w\">");
         }
@@ -247,10 +252,11 @@ mod words_tests {
     #[test]
     fn words_with_a_break_inside_are_kept_whole_and_everything_is_escaped() {
         assert_eq!(
-            words("moved to PK-00013 at 2026-12-06, <b>&\"'"),
+            words("moved to PK-00013 at 2026-12-06, <b>&\"' not_ready a/b"),
             "moved to <span class=\"w\">PK-00013</span> at <span class=\"w\">2026-12-06,</span> \
-             <span class=\"w\">&lt;b&gt;&amp;&#34;&#39;</span>"
+             &lt;b&gt;&amp;&#34;&#39; not_ready <span class=\"w\">a/b</span>"
         );
+        assert_eq!(words("<i>-x"), "<span class=\"w\">&lt;i&gt;-x</span>");
         assert_eq!(words("  two  spaces\n"), "  two  spaces\n");
         assert_eq!(words(""), "");
     }

@@ -1297,7 +1297,10 @@ async fn the_live_list_shows_each_holds_fence() {
         .await
         .expect("fences");
     assert_eq!(fences.len(), holds.len());
-    for (role, email) in [("support", "sam@acme.example"), ("viewer", "vera@acme.example")] {
+    for (role, email) in [
+        ("support", "sam@acme.example"),
+        ("viewer", "vera@acme.example"),
+    ] {
         let c = app.staff(email, role).await;
         let (status, body) = c.page("/reservations").await;
         assert_eq!(status, 200);
@@ -1659,7 +1662,14 @@ async fn the_live_list_is_compact_and_says_urgency_in_words() {
     );
     assert_eq!(
         text_of(&body, "thead th"),
-        ["Reservation", "Order", "Machine", "Site", "Time left", "Fence"]
+        [
+            "Reservation",
+            "Order",
+            "Machine",
+            "Site",
+            "Time left",
+            "Fence"
+        ]
     );
     assert!(text_of(&body, "#live-status")[0].contains("Last refreshed at"));
     let (_, detail) = c.page(&format!("/reservations/{id}")).await;
@@ -2086,7 +2096,11 @@ async fn orders_of_several_and_extensions_on_the_dashboard() {
     let (_, timeline) = support
         .page(&format!("/reservations/{}", order[2].id))
         .await;
-    assert!(timeline.contains("extended") && timeline.contains("3-D Secure challenge"));
+    let timeline = text_of(&timeline, "table.timeline").join(" ");
+    assert!(
+        timeline.contains("extended") && timeline.contains("3-D Secure challenge"),
+        "{timeline}"
+    );
 
     // Convert the whole order from one reservation's page.
     let (_, body) = support
