@@ -1,6 +1,7 @@
 //! The sweep (R11): every period, the replica that holds the `sweep` lease
 //! marks overdue held reservations expired. It only tidies: conversion and
-//! the allocator enforce the deadline themselves.
+//! the allocator enforce the deadline themselves. Between two sweeps the
+//! holder also writes the R16 warnings as they fall due (`next_warning_in`).
 //!
 //! R12: the sweep has no switch. It runs whatever the datacenter-module
 //! switches say, since a switch that disables a deadline is a leak.
@@ -289,6 +290,43 @@ pub async fn warn_batch<'c>(
     fenced(db, sql, replica, fence, limit).await
 }
 
+/// How often, at the longest, the lease holder looks for a warning falling
+/// due between two sweeps: a hold created or extended on any replica, whose
+/// warning time is already within reach, is seen within this.
+pub const WARNING_RECHECK: Duration = Duration::from_secs(1);
+
+/// The shortest wait between two looks at the warnings.
+const WARNING_PAUSE: Duration = Duration::from_millis(50);
+
+/// R16 between sweeps: seconds (by the database's clock) until the earliest
+/// warning not yet written falls due, among the holds whose warning falls
+/// within `WARNING_RECHECK`; negative when one is already due, `None` when
+/// none is. Read-only and unfenced: it only says when to run `warn_batch`,
+/// which checks the mandate. The scan of the held-by-deadline index is
+/// bounded by the longest warning any organization asks for.
+pub async fn next_warning_in<'c>(db: impl PgExecutor<'c>) -> Result<Option<f64>, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH now AS MATERIALIZED (
+             SELECT clock_timestamp() AS t,
+                    (SELECT coalesce(max(expiry_warning_seconds), 0) FROM organizations) AS longest
+         )
+         SELECT extract(epoch FROM min(r.expires_at - make_interval(secs => o.expiry_warning_seconds))
+                                  - (SELECT t FROM now))::float8
+           FROM reservations r
+           JOIN organizations o ON o.id = r.org_id
+          WHERE r.state = 'held'
+            AND r.expires_at > (SELECT t FROM now)
+            AND r.expires_at <= (SELECT t + make_interval(secs => longest + $1) FROM now)
+            AND o.expiry_warning_seconds > 0
+            AND r.expires_at <= (SELECT t FROM now)
+                                + make_interval(secs => o.expiry_warning_seconds + $1)
+            AND r.warned_deadline IS DISTINCT FROM r.expires_at",
+    )
+    .bind(WARNING_RECHECK.as_secs_f64())
+    .fetch_one(db)
+    .await
+}
+
 /// One complete sweep on behalf of the mandate (`replica`, `fence`): a run,
 /// batches, two at a time, until one comes back short, and the run closed.
 pub async fn sweep(
@@ -394,8 +432,14 @@ impl Worker {
             "sweep worker started"
         );
         let mut next_tick = Instant::now();
+        // R16: when the holder next looks at the warnings, between sweeps.
+        let mut next_warning: Option<Instant> = None;
         while !self.stop_requested() {
-            let wake = self.lease.wake(next_tick);
+            let next = match next_warning {
+                Some(at) if self.lease.is_held() => next_tick.min(at),
+                _ => next_tick,
+            };
+            let wake = self.lease.wake(next);
             tokio::select! {
                 _ = sleep_until(wake) => {}
                 changed = self.shutdown.changed() => {
@@ -406,8 +450,9 @@ impl Worker {
                 }
             }
             self.lease.keep().await;
-            if Instant::now() >= next_tick {
-                next_tick = Instant::now() + self.config.period;
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + self.config.period;
                 if !self.lease.is_held() {
                     self.lease.claim().await;
                 }
@@ -415,6 +460,10 @@ impl Worker {
                     self.sweep().await;
                     self.purge_refusals().await;
                 }
+                next_warning = self.plan_warnings().await;
+            } else if next_warning.is_some_and(|at| now >= at) {
+                self.warn().await;
+                next_warning = self.plan_warnings().await;
             }
         }
         // Graceful shutdown: the sweep has stopped; the lease is expired in
@@ -467,18 +516,8 @@ impl Worker {
             self.lease.heartbeat_if_due().await;
         }
         // R16: the warnings before the deadlines, under the same mandate.
-        loop {
-            if self.stop_requested() || !self.lease.trusted() {
-                break;
-            }
-            let batch_size = self.config.batch_size;
-            match bounded(limit, warn_batch(&self.pool, &replica, fence, batch_size)).await {
-                Ok(n) if (n as i64) < batch_size => break,
-                Ok(_) => {
-                    self.lease.heartbeat_if_due().await;
-                }
-                Err(e) => return self.sweep_failed("warn", fence, e),
-            }
+        if let Err(e) = self.warn_due(fence).await {
+            return self.sweep_failed("warn", fence, e);
         }
         if !self.lease.trusted() {
             return;
@@ -502,6 +541,68 @@ impl Worker {
         } else {
             tracing::debug!(replica = %replica, fence, "sweep found nothing overdue");
         }
+    }
+
+    /// R16: every warning due now, batch by batch, under the mandate `fence`
+    /// (each batch checks it), heartbeating between batches when one is due.
+    async fn warn_due(&mut self, fence: i64) -> Result<(), SweepError> {
+        let replica = self.config.replica.clone();
+        let limit = self.config.lease.call_timeout;
+        let batch_size = self.config.batch_size;
+        loop {
+            if self.stop_requested() || !self.lease.trusted() {
+                return Ok(());
+            }
+            let n = bounded(limit, warn_batch(&self.pool, &replica, fence, batch_size)).await?;
+            if (n as i64) < batch_size {
+                return Ok(());
+            }
+            self.lease.heartbeat_if_due().await;
+        }
+    }
+
+    /// R16 between sweeps: the warnings that fell due since the last look.
+    async fn warn(&mut self) {
+        let Some(fence) = self.lease.fence() else {
+            return;
+        };
+        if let Err(e) = self.warn_due(fence).await {
+            self.sweep_failed("warn", fence, e);
+        }
+    }
+
+    /// R16: when the holder must next look at the warnings: when the
+    /// earliest one falls due, and at least every `WARNING_RECHECK`, so that
+    /// a warning is written within about a second of its time whatever the
+    /// sweep period and the warning time. The look is a read of the
+    /// database, so holds created or extended on any replica are seen; a
+    /// notification (LISTEN/NOTIFY) would not pass a pooler in transaction
+    /// mode, and an in-process one would miss the other replicas. `None`
+    /// when this replica holds no trusted mandate: only the holder warns.
+    async fn plan_warnings(&mut self) -> Option<Instant> {
+        if !self.lease.trusted() || self.stop_requested() {
+            return None;
+        }
+        let now = Instant::now();
+        let limit = self.config.lease.call_timeout;
+        let due_in = match timeout(limit, next_warning_in(&self.pool)).await {
+            Ok(Ok(due_in)) => due_in,
+            // The sweep itself reports a database that fails, each period.
+            Ok(Err(e)) => {
+                tracing::debug!(replica = %self.config.replica, error = %e, "looking for due warnings failed; looking again shortly");
+                None
+            }
+            Err(_) => None,
+        };
+        // A warning already due (a hold being converted right now is skipped
+        // by warn_batch) is looked at again after a short pause, not in a
+        // tight loop.
+        let wait = due_in
+            .filter(|s| s.is_finite())
+            .map_or(WARNING_RECHECK.as_secs_f64(), |s| {
+                s.clamp(WARNING_PAUSE.as_secs_f64(), WARNING_RECHECK.as_secs_f64())
+            });
+        Some(now + Duration::from_secs_f64(wait))
     }
 
     /// Refusal rows past their retention, batch by batch, under

@@ -1,8 +1,9 @@
 //! Inventory endpoints (scope `inventory`).
 
+use crate::api::reservations::{json_body, read_body};
 use crate::api::write::{Shape, write};
 use crate::db::Db;
-use actix_web::{HttpResponse, web};
+use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -38,11 +39,13 @@ async fn put(
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
     path: web::Path<String>,
-    body: web::Json<MachineBody>,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    // R12: the switch answers first; the body is read and parsed after it
+    // (an extractor would answer a malformed body 400 before the check).
     client.module_call(&settings, Scope::Inventory)?;
     let tag = AssetTag::parse(&path).map_err(|e| invalid(e.to_string()))?;
-    let body = body.into_inner();
+    let body: MachineBody = json_body(&read_body(payload).await?)?;
     let spec = MachineSpec {
         site: body.site,
         vendor: body.vendor,
@@ -102,9 +105,12 @@ async fn list(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
-    query: web::Query<ListQuery>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;
+    // Parsed after the switch (R12), as the bodies are.
+    let query = web::Query::<ListQuery>::from_query(req.query_string())
+        .map_err(|e| invalid(format!("invalid query string: {e}")))?;
     let filter = MachineFilter {
         site: opt(&query.site, Site::parse)?,
         vendor: opt(&query.vendor, Vendor::parse)?,
@@ -147,10 +153,10 @@ async fn change_status(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
-    body: web::Json<StatusChangeBody>,
+    payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;
-    let body = body.into_inner();
+    let body: StatusChangeBody = json_body(&read_body(payload).await?)?;
     if body.asset_tags.is_empty() || body.asset_tags.len() > healing::MAX_MACHINES {
         return Err(invalid(format!(
             "asset_tags: between 1 and {} machines",

@@ -54,6 +54,50 @@ pub fn fmt_opt_time(t: &Option<DateTime<Utc>>) -> String {
     t.as_ref().map(fmt_time).unwrap_or_default()
 }
 
+/// Prose for a table cell, HTML-escaped, each word holding a character
+/// after which browsers may break a line (a hyphen or a dash, a slash, `?`,
+/// `!`, `%`, `+`: `PK-00013`, `2026-12-06T00:16:30Z`, a URL) in a
+/// `<span class="w">` that does not wrap, so that a cell never breaks a
+/// word. The cell still wraps between words. Output with `|safe`.
+pub fn words(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    let mut rest = text;
+    while !rest.is_empty() {
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let (word, tail) = rest.split_at(end);
+        let wrap = word.chars().any(|c| {
+            matches!(
+                c,
+                '-' | '/' | '?' | '!' | '%' | '+' | '}' | ']' | '\u{2010}'..='\u{2014}'
+            )
+        });
+        if wrap {
+            out.push_str("<span class=\"w\">");
+        }
+        escape_into(&mut out, word);
+        if wrap {
+            out.push_str("</span>");
+        }
+        let spaces = tail.len() - tail.trim_start().len();
+        escape_into(&mut out, &tail[..spaces]);
+        rest = &tail[spaces..];
+    }
+    out
+}
+
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&#34;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+}
+
 /// "14:59" or "1:02:03": what the countdown shows, as app.js does.
 pub fn fmt_remaining(seconds: i64) -> String {
     let s = seconds.max(0);
@@ -198,5 +242,22 @@ mod tests {
         );
         assert_eq!(url_with("/s", &[("q", "a b&c")]), "/s?q=a%20b%26c");
         assert_eq!(url_with("/m", &[]), "/m");
+    }
+}
+
+#[cfg(test)]
+mod words_tests {
+    use super::words;
+
+    #[test]
+    fn words_with_a_break_inside_are_kept_whole_and_everything_is_escaped() {
+        assert_eq!(
+            words("moved to PK-00013 at 2026-12-06, <b>&\"' not_ready a/b"),
+            "moved to <span class=\"w\">PK-00013</span> at <span class=\"w\">2026-12-06,</span> \
+             &lt;b&gt;&amp;&#34;&#39; not_ready <span class=\"w\">a/b</span>"
+        );
+        assert_eq!(words("<i>-x"), "<span class=\"w\">&lt;i&gt;-x</span>");
+        assert_eq!(words("  two  spaces\n"), "  two  spaces\n");
+        assert_eq!(words(""), "");
     }
 }

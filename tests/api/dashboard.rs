@@ -1275,6 +1275,76 @@ async fn the_detail_page_says_who_ended_it_and_how() {
     assert_eq!(day, "2 0 2 0");
 }
 
+/// Every row of the live list shows its hold's fence, in its own column
+/// under the heading "Fence", the one its cancel, convert and extend links
+/// name; a viewer, who has no actions, sees it too.
+#[tokio::test]
+async fn the_live_list_shows_each_holds_fence() {
+    let app = spawn_app().await;
+    let mut holds = Vec::new();
+    for (tag, order) in [("PK-1", "ORD-A"), ("PK-2", "ORD-B"), ("PK-3", "ORD-C")] {
+        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            .await;
+        holds.push(app.insert_held(app.org.id, order, tag, 900).await);
+    }
+    // Fences differ from ids, so that a row showing its id passes for none.
+    sqlx::query("UPDATE reservations SET fence = fence + 1000 * id")
+        .execute(&app.pool)
+        .await
+        .expect("distinct fences");
+    let fences: Vec<(i64, i64)> = sqlx::query_as("SELECT id, fence FROM reservations ORDER BY id")
+        .fetch_all(&app.pool)
+        .await
+        .expect("fences");
+    assert_eq!(fences.len(), holds.len());
+    for (role, email) in [
+        ("support", "sam@acme.example"),
+        ("viewer", "vera@acme.example"),
+    ] {
+        let c = app.staff(email, role).await;
+        let (status, body) = c.page("/reservations").await;
+        assert_eq!(status, 200);
+        let doc = Html::parse_document(&body);
+        let heads: Vec<String> = doc
+            .select(&sel("table.live thead th"))
+            .map(|h| h.text().collect::<String>())
+            .collect();
+        let column = heads
+            .iter()
+            .position(|h| h == "Fence")
+            .unwrap_or_else(|| panic!("{role}: no Fence column in {heads:?}"));
+        let rows: Vec<_> = doc.select(&sel("table.live tbody tr")).collect();
+        assert_eq!(rows.len(), fences.len(), "{role}");
+        for row in rows {
+            let id: i64 = row
+                .value()
+                .attr("data-reservation")
+                .and_then(|v| v.parse().ok())
+                .expect("a row names its reservation");
+            let fence = fences
+                .iter()
+                .find(|(i, _)| *i == id)
+                .map(|(_, f)| *f)
+                .expect("a held reservation");
+            let cells: Vec<String> = row
+                .select(&sel("th, td"))
+                .filter(|c| c.parent().map(|p| p.id()) == Some(row.id()))
+                .map(|c| c.text().collect::<String>().trim().to_owned())
+                .collect();
+            assert_eq!(cells.len(), heads.len(), "{role}: #{id}: {cells:?}");
+            assert_eq!(cells[column], fence.to_string(), "{role}: #{id}");
+            let links: Vec<&str> = row
+                .select(&sel("a.button"))
+                .filter_map(|a| a.value().attr("href"))
+                .collect();
+            assert_eq!(links.len(), if role == "support" { 3 } else { 0 }, "{role}");
+            for href in links {
+                assert!(href.ends_with(&format!("?fence={fence}")), "{href}");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn overdue_reservations_are_marked_in_text() {
     let app = spawn_app().await;
@@ -1577,7 +1647,7 @@ async fn the_live_list_is_compact_and_says_urgency_in_words() {
     let app = spawn_app().await;
     app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
         .await;
-    let (id, _) = app.insert_held(app.org.id, "ORD-SOON", "PK-1", 90).await;
+    let (id, fence) = app.insert_held(app.org.id, "ORD-SOON", "PK-1", 90).await;
     let c = app.staff("viewer@acme.example", "viewer").await;
     let (_, body) = c.page("/reservations").await;
     assert_eq!(
@@ -1586,12 +1656,20 @@ async fn the_live_list_is_compact_and_says_urgency_in_words() {
             "ORD-SOON",
             "PK-1",
             "par1",
-            &format!("{} Expires soon", text_of(&body, ".countdown")[0])
+            &format!("{} Expires soon", text_of(&body, ".countdown")[0]),
+            &fence.to_string(),
         ]
     );
     assert_eq!(
         text_of(&body, "thead th"),
-        ["Reservation", "Order", "Machine", "Site", "Time left"]
+        [
+            "Reservation",
+            "Order",
+            "Machine",
+            "Site",
+            "Time left",
+            "Fence"
+        ]
     );
     assert!(text_of(&body, "#live-status")[0].contains("Last refreshed at"));
     let (_, detail) = c.page(&format!("/reservations/{id}")).await;
@@ -2018,7 +2096,11 @@ async fn orders_of_several_and_extensions_on_the_dashboard() {
     let (_, timeline) = support
         .page(&format!("/reservations/{}", order[2].id))
         .await;
-    assert!(timeline.contains("extended") && timeline.contains("3-D Secure challenge"));
+    let timeline = text_of(&timeline, "table.timeline").join(" ");
+    assert!(
+        timeline.contains("extended") && timeline.contains("3-D Secure challenge"),
+        "{timeline}"
+    );
 
     // Convert the whole order from one reservation's page.
     let (_, body) = support

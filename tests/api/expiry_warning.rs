@@ -270,3 +270,155 @@ async fn an_admin_sets_the_warning_time_on_the_settings_page() {
     assert_eq!(save("300").await, 303);
     assert_eq!(audits().await, 1);
 }
+
+/// R16 whatever the sweep period: with a 60 s sweep and a 5 s warning, a
+/// hold made (through the API) after the worker's first sweep is warned
+/// within 2 s of its deadline less 5 s by the database's clock, and so is
+/// its new deadline after an extension; once each. The order service gets
+/// each as `reservation.expiring` with the deadline it is about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_warning_comes_on_time_between_two_sweeps() {
+    let app = app().await;
+    let r = app
+        .http
+        .put(app.url("/api/v1/webhook"))
+        .bearer_auth(&app.org.token)
+        .json(&json!({"url": "http://127.0.0.1:9/hooks"}))
+        .send()
+        .await
+        .expect("webhook");
+    assert_eq!(r.status().as_u16(), 201);
+    sqlx::query("UPDATE organizations SET expiry_warning_seconds = 5 WHERE id = $1")
+        .bind(app.org.id)
+        .execute(&app.pool)
+        .await
+        .expect("a 5 s warning");
+    let mut settings = app.settings.clone();
+    settings.sweep_period = Duration::from_secs(60);
+    settings.replica = "warner-60".into();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = {
+        let (pool, metrics) = (app.pool.clone(), app.metrics.clone());
+        tokio::spawn(async move { sweep::run(&pool, &settings, metrics, stopped).await })
+    };
+    // The worker's first sweep is done before the hold exists: the next one
+    // is a minute away.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let runs: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sweep_runs WHERE replica = 'warner-60' AND finished_at IS NOT NULL",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .expect("runs");
+        if runs >= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the worker never swept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r: serde_json::Value = app
+        .http
+        .post(app.url("/api/v1/reservations"))
+        .bearer_auth(&app.org.token)
+        .json(&json!({"order_ref": "EW-ONTIME", "site": "par1", "profile": "epyc", "hold_seconds": 8}))
+        .send()
+        .await
+        .expect("reserve")
+        .json()
+        .await
+        .expect("reserve json");
+    let id = r["id"].as_i64().expect("a reservation");
+    let fence = r["fence"].as_i64().expect("its fence");
+
+    // Waits (a bounded poll of the database) for the `n`th warning of the
+    // hold; answers how late it was written after the deadline less 5 s,
+    // in seconds, and the deadline it is about.
+    let nth_warning = async |n: i64| -> (f64, chrono::DateTime<chrono::Utc>) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let row: Option<(f64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+                "SELECT extract(epoch FROM e.at - (r.expires_at - interval '5 seconds'))::float8,
+                        r.expires_at
+                   FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id
+                  WHERE e.reservation_id = $1 AND e.kind = 'expiring'
+                  ORDER BY e.id OFFSET $2 - 1 LIMIT 1",
+            )
+            .bind(id)
+            .bind(n)
+            .fetch_optional(&app.pool)
+            .await
+            .expect("warning");
+            if let Some(row) = row {
+                return row;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "warning {n} never came with a 60 s sweep"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let (late, first_deadline) = nth_warning(1).await;
+    eprintln!("first warning {late:.3} s after its time");
+    assert!(
+        (0.0..=2.0).contains(&late),
+        "the first warning came {late} s after its time"
+    );
+
+    // An extension is a new deadline: warned once more, on time.
+    let until = (first_deadline + chrono::Duration::seconds(4)).to_rfc3339();
+    let r = app
+        .http
+        .post(app.url(&format!("/api/v1/reservations/{id}/extend")))
+        .bearer_auth(&app.org.token)
+        .json(&json!({"fence": fence, "until": until}))
+        .send()
+        .await
+        .expect("extend");
+    assert_eq!(r.status().as_u16(), 200);
+    let (late, second_deadline) = nth_warning(2).await;
+    eprintln!("second warning {late:.3} s after its time");
+    assert!(second_deadline > first_deadline);
+    assert!(
+        (0.0..=2.0).contains(&late),
+        "the second warning came {late} s after its time"
+    );
+
+    // Once per deadline: when the deadline has passed (the database's
+    // clock), there are still two warnings, each with its own webhook.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let passed: bool = sqlx::query_scalar("SELECT $1 < clock_timestamp()")
+            .bind(second_deadline)
+            .fetch_one(&app.pool)
+            .await
+            .expect("clock");
+        if passed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the deadline never passed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let events = expiring_events(&app.pool, id).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events.iter().all(|e| e.1.as_deref() == Some("warner-60")));
+    let sent: Vec<(String, String)> = sqlx::query_as(
+        "SELECT payload->>'type', payload->'reservation'->>'expires_at' FROM webhook_deliveries
+          WHERE reservation_id = $1 AND payload->>'type' = 'reservation.expiring' ORDER BY event_id",
+    )
+    .bind(id)
+    .fetch_all(&app.pool)
+    .await
+    .expect("outbox");
+    let fmt = |t: chrono::DateTime<chrono::Utc>| t.format("%Y-%m-%dT%H:%M:%S%.6fZ").to_string();
+    assert_eq!(
+        sent,
+        [
+            ("reservation.expiring".to_owned(), fmt(first_deadline)),
+            ("reservation.expiring".to_owned(), fmt(second_deadline)),
+        ]
+    );
+    let _ = stop.send(true);
+    worker.await.expect("the worker stops");
+}

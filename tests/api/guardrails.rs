@@ -949,6 +949,54 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
         let body: Value = r.json().await.expect("json");
         assert_eq!(body["error"], "module_disabled", "{what}: {m} {path}");
     }
+    // R12: the switch answers first, whatever the request: every call again
+    // with a malformed body (not JSON, then JSON of the wrong shape), and
+    // those with an id, a tag or a query with a malformed one.
+    let malformed_path = |path: &str| -> Option<String> {
+        let (base, query) = path.split_once('?').unwrap_or((path, ""));
+        let base = base
+            .replace(&format!("/{held}"), "/0x1")
+            .replace(&format!("/{link}"), "/-3")
+            .replace("/PK-1", "/%00")
+            .replace("/PK-9", "/%20")
+            .replace("/ORD-H", "/%00");
+        let query = format!("{query}&limit=4.0&unknown=1");
+        let bad = format!("{base}?{query}");
+        (bad != path).then_some(bad)
+    };
+    let mut malformed = 0;
+    for (m, path, _) in &calls {
+        let variants = [
+            (path.clone(), Some(b"{\"site\": ".to_vec())),
+            (
+                path.clone(),
+                Some(br#"{"unexpected": [1, 2.5, null]}"#.to_vec()),
+            ),
+            (path.clone(), Some(b"\xff\xfe not JSON".to_vec())),
+        ]
+        .into_iter()
+        .chain(malformed_path(path).map(|p| (p, None)));
+        for (path, body) in variants {
+            let mut req = app
+                .http
+                .request(method(m), app.url(&path))
+                .bearer_auth(&app.org.token);
+            if let Some(b) = body {
+                req = req
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(b);
+            }
+            let r = req.send().await.expect("request");
+            assert_eq!(r.status().as_u16(), 403, "{what}: malformed {m} {path}");
+            let body: Value = r.json().await.expect("json");
+            assert_eq!(
+                body["error"], "module_disabled",
+                "{what}: malformed {m} {path}"
+            );
+            malformed += 1;
+        }
+    }
+    assert!(malformed >= 4 * calls.len(), "{what}: every call malformed");
 
     assert_eq!(
         row_counts(&app.pool).await,
