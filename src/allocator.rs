@@ -82,7 +82,7 @@ pub enum Exclusion {
 }
 
 impl Exclusion {
-    /// The key of API.md's `excluded` counts: wrong_site, wrong_vendor,
+    /// The key of the `excluded` counts (docs/api.md): wrong_site, wrong_vendor,
     /// wrong_profile, not_ready, in_service, held.
     pub fn key(&self) -> &'static str {
         match self {
@@ -256,7 +256,7 @@ async fn candidates(
     Ok(rows.into_iter().map(|r| r.machine).collect())
 }
 
-/// API.md's `excluded` counts: how many machines of the organization are
+/// The `excluded` counts of docs/api.md: how many machines of the organization are
 /// excluded for each reason, plus how many are candidates.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExcludedCounts {

@@ -1,4 +1,4 @@
-//! The command line of API.md.
+//! The command line of docs/configuration.md.
 
 use std::io::Read;
 use std::path::PathBuf;

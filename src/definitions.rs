@@ -1,6 +1,6 @@
 //! The SQL definitions: functions, trigger functions (with the triggers that
 //! attach them) and views, one file per rule family under `sql/`, embedded in
-//! the binary ("Where SQL lives" in DESIGN.md).
+//! the binary (docs/architecture.md).
 //!
 //! Unlike a migration, a definition file is the code that runs: it is
 //! re-applied whenever its content changes. The table `sql_definitions`

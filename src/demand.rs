@@ -37,7 +37,7 @@ impl RefusalReason {
 
 // Recording: the allocator's `reserve_machine`
 // (sql/allocator.sql) inserts the refusal row in the
-// statement that read the counts: `excluded` holds API.md's counts for
+// statement that read the counts: `excluded` holds docs/api.md's counts for
 // `unavailable`, `{"candidates": N}` for `contended`.
 
 // ---------------------------------------------------------------------------

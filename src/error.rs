@@ -1,5 +1,5 @@
 //! The JSON API's error boundary: every failure becomes
-//! `{"error": CODE, "message": TEXT, ...}` with the status of API.md.
+//! `{"error": CODE, "message": TEXT, ...}` with the status docs/api.md gives.
 
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};

@@ -1,4 +1,4 @@
-//! Configuration, from the environment (API.md). A `.env` file may add to it.
+//! Configuration, from the environment (docs/configuration.md). A `.env` file may add to it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -110,7 +110,7 @@ pub struct SettingsError {
 }
 
 impl Settings {
-    /// Defaults of API.md, for a replica named `replica`.
+    /// Defaults of docs/configuration.md, for a replica named `replica`.
     pub fn defaults() -> Settings {
         Settings {
             database_url: None,

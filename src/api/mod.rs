@@ -1,4 +1,4 @@
-//! The JSON API of API.md, under `/api/v1`.
+//! The JSON API of docs/api.md, under `/api/v1`.
 
 pub mod json;
 pub mod machines;

@@ -386,7 +386,7 @@ async fn events(
     Ok(HttpResponse::Ok().json(json!({ "events": events })))
 }
 
-/// A refused transition, in API.md's codes.
+/// A refused transition, in docs/api.md's codes.
 fn refusal(e: TransitionError) -> ApiError {
     match e {
         TransitionError::NotFound => not_found("reservation"),

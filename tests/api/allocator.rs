@@ -1,6 +1,6 @@
 //! The allocator (R3-R9) called as a library: pass one's explanation, the
 //! walk's bounds, savepoints, constraint names, point-of-use expiry, and the
-//! concurrency scenarios of DESIGN.md on separate connections.
+//! concurrency scenarios of docs/rules.md on separate connections.
 
 use std::sync::Arc;
 

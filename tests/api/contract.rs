@@ -1028,7 +1028,7 @@ fn generated_requests_agree_with_the_published_document() {
     let conformance = rt.block_on(Conformance::new(&app));
     let doc = conformance.doc.clone();
     let ops = operations(&doc);
-    assert!(ops.len() >= 10, "every operation of API.md: {}", ops.len());
+    assert!(ops.len() >= 10, "every operation of docs/api.md: {}", ops.len());
     let mut validators = BTreeMap::new();
     for op in &ops {
         for p in op
@@ -1309,7 +1309,7 @@ async fn document_links_resolve_to_operations_parameters_and_answer_fields() {
             }
         }
     }
-    // The order flow of API.md: reserve -> read -> convert or cancel, with
+    // The order flow of docs/api.md: reserve -> read -> convert or cancel, with
     // the fence of the answer; convert -> end the service.
     for (from, to) in [
         ("reserve", "getReservation"),

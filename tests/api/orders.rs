@@ -1,4 +1,4 @@
-//! The orders API of API.md over HTTP: reserve, read, convert, cancel, end
+//! The orders API of docs/api.md over HTTP: reserve, read, convert, cancel, end
 //! a service; status codes, error codes, bodies, bad input, tenants.
 
 use std::sync::Arc;
