@@ -1028,7 +1028,11 @@ fn generated_requests_agree_with_the_published_document() {
     let conformance = rt.block_on(Conformance::new(&app));
     let doc = conformance.doc.clone();
     let ops = operations(&doc);
-    assert!(ops.len() >= 10, "every operation of docs/api.md: {}", ops.len());
+    assert!(
+        ops.len() >= 10,
+        "every operation of docs/api.md: {}",
+        ops.len()
+    );
     let mut validators = BTreeMap::new();
     for op in &ops {
         for p in op

@@ -60,19 +60,6 @@ async fn held(pool: &Db, org_id: i64, tag: &str) -> Named {
     }
 }
 
-async fn post(app: &crate::helpers::TestApp, path: &str, b: Value) -> (StatusCode, Value) {
-    let r = app
-        .http
-        .post(app.url(path))
-        .bearer_auth(&app.org.token)
-        .json(&b)
-        .send()
-        .await
-        .expect("request");
-    let status = r.status();
-    (status, r.json::<Value>().await.expect("json"))
-}
-
 fn at(v: &Value) -> chrono::DateTime<chrono::FixedOffset> {
     chrono::DateTime::parse_from_rfc3339(v.as_str().expect("a timestamp")).expect("rfc3339")
 }
@@ -105,12 +92,12 @@ async fn extend_over_http() {
         )
         .await;
     }
-    let (status, r) = post(
-        &app,
-        "/api/v1/reservations",
-        json!({"order_ref": "ORD-1", "site": SITE, "profile": PROFILE, "hold_seconds": 60}),
-    )
-    .await;
+    let (status, r) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": "ORD-1", "site": SITE, "profile": PROFILE, "hold_seconds": 60}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{r}");
     let id = r["id"].as_i64().expect("id");
     let path = format!("/api/v1/reservations/{id}/extend");
@@ -120,25 +107,25 @@ async fn extend_over_http() {
         json!({"fence": r["fence"]}),
         json!({"fence": r["fence"], "seconds": 60, "reason": " "}),
     ] {
-        let (status, _) = post(&app, &path, bad.clone()).await;
+        let (status, _) = app.post_json(&path, bad.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
     }
-    let (status, stale) = post(
-        &app,
-        &path,
-        json!({"fence": r["fence"].as_i64().unwrap_or(0) + 1, "seconds": 600}),
-    )
-    .await;
+    let (status, stale) = app
+        .post_json(
+            &path,
+            json!({"fence": r["fence"].as_i64().unwrap_or(0) + 1, "seconds": 600}),
+        )
+        .await;
     assert_eq!(
         (status, stale["error"].as_str()),
         (StatusCode::CONFLICT, Some("stale_fence"))
     );
-    let (status, ext) = post(
-        &app,
-        &path,
-        json!({"fence": r["fence"], "seconds": 600, "reason": "bank review"}),
-    )
-    .await;
+    let (status, ext) = app
+        .post_json(
+            &path,
+            json!({"fence": r["fence"], "seconds": 600, "reason": "bank review"}),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{ext}");
     assert_eq!(ext["fence"], r["fence"], "the fence does not change");
     assert_eq!(ext["state"], "held");
@@ -178,7 +165,9 @@ async fn extend_over_http() {
     .expect("outbox");
     assert_eq!(hooks, 1, "the webhook reservation.extended");
     // Past the cap (1800 s from creation).
-    let (status, cap) = post(&app, &path, json!({"fence": r["fence"], "seconds": 3600})).await;
+    let (status, cap) = app
+        .post_json(&path, json!({"fence": r["fence"], "seconds": 3600}))
+        .await;
     assert_eq!(
         (status, cap["error"].as_str()),
         (StatusCode::CONFLICT, Some("hold_cap_exceeded")),
@@ -195,7 +184,9 @@ async fn extend_over_http() {
         .execute(&app.pool)
         .await
         .expect("overdue");
-    let (status, late) = post(&app, &path, json!({"fence": r["fence"], "seconds": 60})).await;
+    let (status, late) = app
+        .post_json(&path, json!({"fence": r["fence"], "seconds": 60}))
+        .await;
     assert_eq!(
         (status, late["error"].as_str()),
         (StatusCode::CONFLICT, Some("expired")),
@@ -208,26 +199,28 @@ async fn extend_over_http() {
             .await
             .expect("state");
     assert_eq!(ended, ("expired".to_owned(), "extension".to_owned()));
-    let (status, again) = post(&app, &path, json!({"fence": r["fence"], "seconds": 60})).await;
+    let (status, again) = app
+        .post_json(&path, json!({"fence": r["fence"], "seconds": 60}))
+        .await;
     assert_eq!(
         (status, again["error"].as_str(), again["state"].as_str()),
         (StatusCode::CONFLICT, Some("not_held"), Some("expired"))
     );
     // An order of several: one reservation alone is refused, the order extends whole.
-    let (status, o) = post(
-        &app,
-        "/api/v1/reservations",
-        json!({"order_ref": "ORD-2", "site": SITE, "profile": PROFILE, "quantity": 2}),
-    )
-    .await;
+    let (status, o) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": "ORD-2", "site": SITE, "profile": PROFILE, "quantity": 2}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{o}");
     let rs = o["reservations"].as_array().expect("reservations").clone();
-    let (status, alone) = post(
-        &app,
-        &format!("/api/v1/reservations/{}/extend", rs[0]["id"]),
-        json!({"fence": rs[0]["fence"], "seconds": 600}),
-    )
-    .await;
+    let (status, alone) = app
+        .post_json(
+            &format!("/api/v1/reservations/{}/extend", rs[0]["id"]),
+            json!({"fence": rs[0]["fence"], "seconds": 600}),
+        )
+        .await;
     assert_eq!(
         (status, alone["error"].as_str()),
         (StatusCode::CONFLICT, Some("part_of_order"))
@@ -236,12 +229,12 @@ async fn extend_over_http() {
         .iter()
         .map(|r| json!({"id": r["id"], "fence": r["fence"]}))
         .collect();
-    let (status, whole) = post(
-        &app,
-        "/api/v1/orders/ORD-2/extend",
-        json!({"reservations": named, "seconds": 1200}),
-    )
-    .await;
+    let (status, whole) = app
+        .post_json(
+            "/api/v1/orders/ORD-2/extend",
+            json!({"reservations": named, "seconds": 1200}),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{whole}");
     let deadlines: Vec<&Value> = whole["reservations"]
         .as_array()
@@ -495,12 +488,12 @@ async fn extend_and_orders_need_the_module() {
         .execute(&app.pool)
         .await
         .expect("switch off");
-    let (status, body) = post(
-        &app,
-        "/api/v1/reservations/1/extend",
-        json!({"fence": 1, "seconds": 60}),
-    )
-    .await;
+    let (status, body) = app
+        .post_json(
+            "/api/v1/reservations/1/extend",
+            json!({"fence": 1, "seconds": 60}),
+        )
+        .await;
     assert_eq!(
         (status, body["error"].as_str()),
         (StatusCode::FORBIDDEN, Some("module_disabled"))

@@ -13,19 +13,6 @@ use tokio::sync::Barrier;
 use crate::helpers::{PROFILE, SITE};
 use crate::helpers::{TestApp, spawn_app};
 
-async fn post(app: &TestApp, path: &str, body: Value) -> (StatusCode, Value) {
-    let r = app
-        .http
-        .post(app.url(path))
-        .bearer_auth(&app.org.token)
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 async fn ready(app: &TestApp, tag: &str) {
     let r = app
         .put_machine(&app.org.token, tag, SITE, "dell", PROFILE, "ready")
@@ -66,22 +53,22 @@ async fn converting_a_machine_that_left_ready_is_refused_and_writes_nothing() {
     let app = spawn_app().await;
     healing_off(&app).await;
     ready(&app, "D-1").await;
-    let (status, held) = post(
-        &app,
-        "/api/v1/reservations",
-        json!({"order_ref": "O-1", "site": SITE, "profile": PROFILE}),
-    )
-    .await;
+    let (status, held) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": "O-1", "site": SITE, "profile": PROFILE}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{held}");
     for status in ["broken", "maintenance", "provisioning", "retired"] {
         set_status(&app, "D-1", status).await;
         let before = written(&app).await;
-        let (code, body) = post(
-            &app,
-            &format!("/api/v1/reservations/{}/convert", held["id"]),
-            json!({"fence": held["fence"], "service_ref": "SVC-1"}),
-        )
-        .await;
+        let (code, body) = app
+            .post_json(
+                &format!("/api/v1/reservations/{}/convert", held["id"]),
+                json!({"fence": held["fence"], "service_ref": "SVC-1"}),
+            )
+            .await;
         assert_eq!(code, StatusCode::CONFLICT, "{status}: {body}");
         assert_eq!(body["error"], "machine_not_ready", "{body}");
         assert_eq!(body["asset_tag"], "D-1", "{body}");
@@ -94,12 +81,12 @@ async fn converting_a_machine_that_left_ready_is_refused_and_writes_nothing() {
     }
     // Ready again: the same hold converts.
     set_status(&app, "D-1", "ready").await;
-    let (code, body) = post(
-        &app,
-        &format!("/api/v1/reservations/{}/convert", held["id"]),
-        json!({"fence": held["fence"], "service_ref": "SVC-1"}),
-    )
-    .await;
+    let (code, body) = app
+        .post_json(
+            &format!("/api/v1/reservations/{}/convert", held["id"]),
+            json!({"fence": held["fence"], "service_ref": "SVC-1"}),
+        )
+        .await;
     assert_eq!(
         (code, body["state"].as_str()),
         (StatusCode::OK, Some("converted")),
@@ -114,12 +101,12 @@ async fn an_order_with_one_machine_not_ready_is_not_converted_at_all() {
     for tag in ["D-1", "D-2", "D-3"] {
         ready(&app, tag).await;
     }
-    let (status, order) = post(
-        &app,
-        "/api/v1/reservations",
-        json!({"order_ref": "O-3", "site": SITE, "profile": PROFILE, "quantity": 3}),
-    )
-    .await;
+    let (status, order) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": "O-3", "site": SITE, "profile": PROFILE, "quantity": 3}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{order}");
     let rs = order["reservations"]
         .as_array()
@@ -138,12 +125,9 @@ async fn an_order_with_one_machine_not_ready_is_not_converted_at_all() {
         )
         .collect();
     let before = written(&app).await;
-    let (code, body) = post(
-        &app,
-        "/api/v1/orders/O-3/convert",
-        json!({"reservations": items}),
-    )
-    .await;
+    let (code, body) = app
+        .post_json("/api/v1/orders/O-3/convert", json!({"reservations": items}))
+        .await;
     assert_eq!(code, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"], "machine_not_ready", "{body}");
     assert_eq!(body["asset_tag"], second.as_str(), "{body}");
@@ -170,12 +154,12 @@ async fn a_status_change_racing_a_convert_never_lets_a_sale_follow_it() {
     for round in 0..30 {
         let tag = format!("R-{round:02}");
         ready(&app, &tag).await;
-        let (status, held) = post(
-            &app,
-            "/api/v1/reservations",
-            json!({"order_ref": format!("O-{round}"), "site": SITE, "profile": PROFILE}),
-        )
-        .await;
+        let (status, held) = app
+            .post_json(
+                "/api/v1/reservations",
+                json!({"order_ref": format!("O-{round}"), "site": SITE, "profile": PROFILE}),
+            )
+            .await;
         assert_eq!(status, StatusCode::CREATED, "{held}");
         assert_eq!(held["machine"]["asset_tag"], tag.as_str());
         let barrier = Arc::new(Barrier::new(2));
@@ -190,8 +174,7 @@ async fn a_status_change_racing_a_convert_never_lets_a_sale_follow_it() {
             let (app, barrier, held) = (app.clone(), barrier.clone(), held.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                post(
-                    &app,
+                app.post_json(
                     &format!("/api/v1/reservations/{}/convert", held["id"]),
                     json!({"fence": held["fence"], "service_ref": format!("SVC-{round}")}),
                 )
@@ -266,12 +249,12 @@ async fn a_hold_whose_machine_breaks_moves_to_an_equivalent_machine() {
         .put_machine(&app.org.token, "H-1", SITE, "hpe", PROFILE, "ready")
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
-    let (status, held) = post(
-        &app,
-        "/api/v1/reservations",
-        json!({"order_ref": "O-1", "site": SITE, "profile": PROFILE, "vendor": "dell"}),
-    )
-    .await;
+    let (status, held) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": "O-1", "site": SITE, "profile": PROFILE, "vendor": "dell"}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{held}");
     assert_eq!(held["machine"]["asset_tag"], "D-1");
     set_status(&app, "D-1", "broken").await;
@@ -344,12 +327,12 @@ async fn an_order_stays_whole_moved_member_by_member_or_cancelled_whole() {
     for tag in ["D-1", "D-2", "D-3"] {
         ready(&app, tag).await;
     }
-    let (status, order) = post(
-        &app,
-        "/api/v1/reservations",
-        json!({"order_ref": "O-2", "site": SITE, "profile": PROFILE, "quantity": 2}),
-    )
-    .await;
+    let (status, order) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": "O-2", "site": SITE, "profile": PROFILE, "quantity": 2}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{order}");
     let tags = || async {
         sqlx::query_as::<_, (String, String)>(
@@ -428,12 +411,12 @@ async fn a_status_change_racing_reserves_never_takes_a_held_machine() {
         for i in 0..4 {
             ready(&app, &format!("S{round}-{i}")).await;
         }
-        let (status, held) = post(
-            &app,
-            "/api/v1/reservations",
-            json!({"order_ref": format!("H-{round}"), "site": SITE, "profile": PROFILE}),
-        )
-        .await;
+        let (status, held) = app
+            .post_json(
+                "/api/v1/reservations",
+                json!({"order_ref": format!("H-{round}"), "site": SITE, "profile": PROFILE}),
+            )
+            .await;
         assert_eq!(status, StatusCode::CREATED, "{held}");
         let tag = held["machine"]["asset_tag"]
             .as_str()
@@ -445,9 +428,7 @@ async fn a_status_change_racing_reserves_never_takes_a_held_machine() {
             let (app, barrier) = (app.clone(), barrier.clone());
             reserves.push(tokio::spawn(async move {
                 barrier.wait().await;
-                post(
-                    &app,
-                    "/api/v1/reservations",
+                app.post_json("/api/v1/reservations",
                     json!({"order_ref": format!("R-{round}-{k}"), "site": SITE, "profile": PROFILE}),
                 )
                 .await
@@ -513,9 +494,7 @@ async fn two_status_changes_of_one_order_keep_it_whole() {
         for i in 0..3 {
             ready(&app, &format!("T{round}-{i}")).await;
         }
-        let (status, order) = post(
-            &app,
-            "/api/v1/reservations",
+        let (status, order) = app.post_json("/api/v1/reservations",
             json!({"order_ref": format!("O-{round}"), "site": SITE, "profile": PROFILE, "quantity": 2}),
         )
         .await;
@@ -564,12 +543,12 @@ async fn hold_now(app: &TestApp, id: &Value) -> (String, String, String, String)
 }
 
 async fn reserve_spec(app: &TestApp, order: &str, vendor: Option<&str>) -> Value {
-    let (status, held) = post(
-        app,
-        "/api/v1/reservations",
-        json!({"order_ref": order, "site": SITE, "profile": PROFILE, "vendor": vendor}),
-    )
-    .await;
+    let (status, held) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": order, "site": SITE, "profile": PROFILE, "vendor": vendor}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{held}");
     held
 }
@@ -608,12 +587,12 @@ async fn a_hold_whose_machine_changes_hardware_moves_or_its_order_is_cancelled()
             .map(|d| d.0.as_str()),
         Some("reservation.machine_replaced"),
     );
-    let (code, sold) = post(
-        &app,
-        &format!("/api/v1/reservations/{}/convert", held["id"]),
-        json!({"fence": held["fence"], "service_ref": "svc-1"}),
-    )
-    .await;
+    let (code, sold) = app
+        .post_json(
+            &format!("/api/v1/reservations/{}/convert", held["id"]),
+            json!({"fence": held["fence"], "service_ref": "svc-1"}),
+        )
+        .await;
     assert_eq!(code, StatusCode::OK, "{sold}");
     assert_eq!(sold["machine"]["asset_tag"], "PK-04", "{sold}");
 
@@ -673,12 +652,12 @@ async fn converting_a_machine_that_no_longer_matches_the_order_is_refused() {
             .await;
         assert_eq!(r.status(), StatusCode::OK);
         let before = written(&app).await;
-        let (code, body) = post(
-            &app,
-            &format!("/api/v1/reservations/{}/convert", held["id"]),
-            json!({"fence": held["fence"], "service_ref": "svc-1"}),
-        )
-        .await;
+        let (code, body) = app
+            .post_json(
+                &format!("/api/v1/reservations/{}/convert", held["id"]),
+                json!({"fence": held["fence"], "service_ref": "svc-1"}),
+            )
+            .await;
         assert_eq!(
             code,
             StatusCode::CONFLICT,

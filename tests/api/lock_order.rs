@@ -12,19 +12,6 @@ use serde_json::{Value, json};
 use crate::healing::invariants;
 use crate::helpers::{PROFILE, SITE, TestApp, spawn_app};
 
-async fn post(app: &TestApp, path: &str, body: Value) -> (StatusCode, Value) {
-    let r = app
-        .http
-        .post(app.url(path))
-        .bearer_auth(&app.org.token)
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 async fn put(app: &TestApp, tag: &str, status: &str) {
     let r = app
         .put_machine(&app.org.token, tag, SITE, "dell", PROFILE, status)
@@ -44,7 +31,7 @@ fn status_change(
 ) -> tokio::task::JoinHandle<(StatusCode, Value)> {
     let app = app.clone();
     let body = json!({"asset_tags": tags, "status": status});
-    tokio::spawn(async move { post(&app, "/api/v1/status-changes", body).await })
+    tokio::spawn(async move { app.post_json("/api/v1/status-changes", body).await })
 }
 
 /// Waits until `n` sessions of the server wait for a lock.
@@ -116,12 +103,12 @@ async fn machines_of(app: &TestApp, order: &str) -> Vec<String> {
 }
 
 async fn reserve(app: &TestApp, order: &str, quantity: u8) -> Value {
-    let (status, body) = post(
-        app,
-        "/api/v1/reservations",
-        json!({"order_ref": order, "site": SITE, "profile": PROFILE, "quantity": quantity}),
-    )
-    .await;
+    let (status, body) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": order, "site": SITE, "profile": PROFILE, "quantity": quantity}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     body
 }
@@ -150,9 +137,7 @@ async fn two_status_changes_of_racks_that_share_orders_queue_instead_of_deadlock
         }
         let (o, p) = (format!("O-{round}"), format!("P-{round}"));
         for (order, vendor) in [(&o, "dell"), (&p, "hpe")] {
-            let (status, body) = post(
-                &app,
-                "/api/v1/reservations",
+            let (status, body) = app.post_json("/api/v1/reservations",
                 json!({"order_ref": order, "site": SITE, "profile": PROFILE, "vendor": vendor, "quantity": 2}),
             )
             .await;
@@ -230,8 +215,7 @@ async fn a_convert_whose_hold_moves_while_it_waits_sells_where_the_hold_is() {
         let convert = {
             let (app, fence) = (app.clone(), hold["fence"].clone());
             tokio::spawn(async move {
-                post(
-                    &app,
+                app.post_json(
                     &format!("/api/v1/reservations/{id}/convert"),
                     json!({"fence": fence, "service_ref": format!("svc-{id}")}),
                 )

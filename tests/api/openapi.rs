@@ -16,7 +16,10 @@ async fn openapi_document_is_served_and_every_documented_operation_is_routed() {
     assert_eq!(r.status(), 200);
     let doc: Value = r.json().await.expect("valid JSON");
     let paths = doc["paths"].as_object().expect("paths");
-    assert!(paths.len() >= 7, "every endpoint of docs/api.md is documented");
+    assert!(
+        paths.len() >= 7,
+        "every endpoint of docs/api.md is documented"
+    );
     for (path, item) in paths {
         for method in ["get", "put", "post", "delete", "patch"] {
             if item.get(method).is_none() {

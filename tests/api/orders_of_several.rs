@@ -648,12 +648,12 @@ async fn an_order_of_three_over_http() {
     assert_eq!(read.status(), StatusCode::OK);
     assert_eq!(read.json::<Value>().await.expect("json"), created);
     let id = rs[0]["id"].as_i64().expect("id");
-    let (status, alone) = post_path(
-        &app,
-        &format!("/api/v1/reservations/{id}/cancel"),
-        json!({"fence": rs[0]["fence"], "reason": "one of three"}),
-    )
-    .await;
+    let (status, alone) = app
+        .post_json(
+            &format!("/api/v1/reservations/{id}/cancel"),
+            json!({"fence": rs[0]["fence"], "reason": "one of three"}),
+        )
+        .await;
     assert_eq!(
         (status, alone["error"].as_str()),
         (StatusCode::CONFLICT, Some("part_of_order")),
@@ -709,19 +709,6 @@ async fn an_order_of_three_over_http() {
             .contains("only 1 of the 3"),
         "{refused}"
     );
-}
-
-async fn post_path(app: &crate::helpers::TestApp, path: &str, b: Value) -> (StatusCode, Value) {
-    let r = app
-        .http
-        .post(app.url(path))
-        .bearer_auth(&app.org.token)
-        .json(&b)
-        .send()
-        .await
-        .expect("request");
-    let status = r.status();
-    (status, r.json::<Value>().await.expect("json"))
 }
 
 /// R13 at the end of a hold: three orders (of 2, 3 and 2 machines) past

@@ -16,31 +16,18 @@ const SITE: &str = "par1";
 const EPYC: &str = "epyc";
 const XEON: &str = "xeon";
 
-async fn post(app: &TestApp, path: &str, body: Value) -> (StatusCode, Value) {
-    let r = app
-        .http
-        .post(app.url(path))
-        .bearer_auth(&app.org.token)
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let status = r.status();
-    (status, r.json().await.unwrap_or(Value::Null))
-}
-
 async fn machine(app: &TestApp, tag: &str, vendor: &str, profile: &str, status: &str) -> i64 {
     app.insert_machine(app.org.id, tag, SITE, vendor, profile, status)
         .await
 }
 
 async fn reserve(app: &TestApp, order: &str, profile: &str, quantity: u8) -> Value {
-    let (status, body) = post(
-        app,
-        "/api/v1/reservations",
-        json!({"order_ref": order, "site": SITE, "profile": profile, "quantity": quantity}),
-    )
-    .await;
+    let (status, body) = app
+        .post_json(
+            "/api/v1/reservations",
+            json!({"order_ref": order, "site": SITE, "profile": profile, "quantity": quantity}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     body
 }
@@ -115,8 +102,7 @@ fn break_after(
     let (app, barrier, tag) = (app.clone(), barrier.clone(), tag.to_owned());
     tokio::spawn(async move {
         barrier.wait().await;
-        post(
-            &app,
+        app.post_json(
             "/api/v1/status-changes",
             json!({"asset_tags": [tag], "status": "broken"}),
         )
@@ -149,7 +135,7 @@ async fn a_rack_into_maintenance_heals_every_hold_at_once_and_a_dry_run_writes_n
     let before = written(&app).await;
     let mut dry = change.clone();
     dry["dry_run"] = json!(true);
-    let (status, body) = post(&app, "/api/v1/status-changes", dry).await;
+    let (status, body) = app.post_json("/api/v1/status-changes", dry).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["dry_run"], true);
     assert_eq!(body["holds"], expected, "{body:#}");
@@ -163,7 +149,9 @@ async fn a_rack_into_maintenance_heals_every_hold_at_once_and_a_dry_run_writes_n
     assert_eq!(written(&app).await, before, "a dry run wrote something");
 
     // The change: the same answer, and the database says the same.
-    let (status, body) = post(&app, "/api/v1/status-changes", change.clone()).await;
+    let (status, body) = app
+        .post_json("/api/v1/status-changes", change.clone())
+        .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["dry_run"], false);
     assert_eq!(body["holds"], expected, "{body:#}");
@@ -197,7 +185,7 @@ async fn a_rack_into_maintenance_heals_every_hold_at_once_and_a_dry_run_writes_n
     // A retry (after an unknown outcome, say) answers the machines as they
     // are, and no hold: the first one moved them.
     let after = written(&app).await;
-    let (status, body) = post(&app, "/api/v1/status-changes", change).await;
+    let (status, body) = app.post_json("/api/v1/status-changes", change).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["holds"], json!([]), "{body}");
     assert_eq!(written(&app).await, after);
@@ -208,12 +196,12 @@ async fn a_status_change_naming_an_unknown_machine_or_bad_input_writes_nothing()
     let app = spawn_app().await;
     rack(&app).await;
     let before = written(&app).await;
-    let (status, body) = post(
-        &app,
-        "/api/v1/status-changes",
-        json!({"asset_tags": ["K-1", "NOPE-1", "NOPE-0"], "status": "broken"}),
-    )
-    .await;
+    let (status, body) = app
+        .post_json(
+            "/api/v1/status-changes",
+            json!({"asset_tags": ["K-1", "NOPE-1", "NOPE-0"], "status": "broken"}),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"], "unknown_machines");
     assert!(
@@ -232,7 +220,7 @@ async fn a_status_change_naming_an_unknown_machine_or_bad_input_writes_nothing()
         json!({"asset_tags": ["K-1"], "status": "broken", "extra": 1}),
         json!({"asset_tags": "K-1", "status": "broken"}),
     ] {
-        let (status, body) = post(&app, "/api/v1/status-changes", bad.clone()).await;
+        let (status, body) = app.post_json("/api/v1/status-changes", bad.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         assert_eq!(body["error"], "invalid", "{bad}: {body}");
     }
@@ -393,8 +381,7 @@ async fn a_status_change_racing_an_extension_loses_neither() {
             let (app, barrier, fence) = (app.clone(), barrier.clone(), hold["fence"].clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                post(
-                    &app,
+                app.post_json(
                     &format!("/api/v1/reservations/{id}/extend"),
                     json!({"fence": fence, "seconds": 600}),
                 )

@@ -329,6 +329,25 @@ impl TestApp {
         r.text().await.expect("the metrics text")
     }
 
+    /// POST `body` to `path` with the organization's full token: the
+    /// status and the JSON answer (`Null` when the answer is not JSON).
+    pub async fn post_json(
+        &self,
+        path: &str,
+        body: serde_json::Value,
+    ) -> (reqwest::StatusCode, serde_json::Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(&self.org.token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status();
+        (status, r.json().await.unwrap_or(serde_json::Value::Null))
+    }
+
     /// PUT a machine with the full token of `org`.
     pub async fn put_machine(
         &self,
