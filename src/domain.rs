@@ -117,6 +117,32 @@ label!(
     /// A service reference from the billing side, such as `SRV-9`.
     ServiceRef, "service_ref", 128
 );
+label!(
+    /// A segment of customers that headroom is kept for (R18), such as
+    /// `enterprise` or `repairs`: lower-case letters, digits, '_' and '-',
+    /// at most 32, as the database's check says.
+    Segment, "segment", 32, segment_format
+);
+label!(
+    /// The order service's end customer (R19), such as `CUST-42`.
+    CustomerRef, "customer_ref", 128
+);
+
+fn segment_format(s: String) -> Result<String, ParseError> {
+    let mut chars = s.chars();
+    let first_ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if !first_ok
+        || !chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+    {
+        return Err(parse_error(
+            "segment",
+            "must start with a lower-case letter or digit and use only lower-case letters, digits, '_' and '-'",
+        ));
+    }
+    Ok(s)
+}
 
 /// An organization's slug: lower-case letters, digits and '-'.
 #[derive(Debug, Clone, PartialEq, Eq)]
