@@ -29,13 +29,15 @@ $$;
 
 -- R18: the machines of pool (p_site, p_profile) kept for segments other than
 -- p_segments (an order's own segment, and for healing the organization's
--- repairs segment too): what an order of those segments must leave.
+-- repairs segment too): what an order of those segments must leave. A NULL
+-- in p_segments (no segment) names none: `segment = ANY` with a NULL
+-- element is NULL, never true, and NOT NULL would drop every row.
 CREATE OR REPLACE FUNCTION pool_kept_for_others(p_org bigint, p_site text, p_profile text, p_segments text[])
 RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(sum(h.machines), 0)::integer FROM headroom h
      WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile
-       AND NOT (h.segment = ANY (coalesce(p_segments, '{}')))
+       AND NOT (h.segment = ANY (array_remove(coalesce(p_segments, '{}'), NULL)))
 $$;
 
 -- R17: per pool of org p_org (filtered by site and profile when given; the
