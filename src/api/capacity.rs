@@ -7,7 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::json::integer_text;
+use crate::api::json::{self, integer_text};
 use crate::api::reservations::{json_body, read_body};
 use crate::api::write::{Shape, write};
 use crate::capacity::{self, Change, Filter, MAX_HEADROOM};
@@ -136,6 +136,7 @@ struct HeadroomBody {
     site: Site,
     profile: Profile,
     segment: Segment,
+    #[serde(deserialize_with = "json::machines")]
     machines: i64,
 }
 

@@ -342,7 +342,13 @@ async fn headroom_is_set_listed_removed_and_audited_and_a_retry_answers_the_same
         )]
     );
     keep(&app, "par1", "epyc", "repairs", 1).await;
-    keep(&app, "ams1", "epyc", "enterprise", 2).await;
+    // A number with a zero fraction is the same integer, as in every body.
+    let (status, answer) = put_headroom(
+        &app,
+        json!({"site": "ams1", "profile": "epyc", "segment": "enterprise", "machines": 2.0}),
+    )
+    .await;
+    assert_eq!((status, &answer["machines"]), (StatusCode::OK, &json!(2)), "{answer}");
     let r = app
         .http
         .get(app.url("/api/v1/headroom"))
