@@ -65,8 +65,10 @@ async fn get_capacity(
     // R12: parsed after the switch.
     let query = web::Query::<CapacityQuery>::from_query(req.query_string())
         .map_err(|e| invalid(format!("invalid query string: {e}")))?;
+    // An integer is written in digits, as `limit` of `GET /machines`: empty
+    // is not one.
     let quantity = match query.quantity.as_deref() {
-        None | Some("") => None,
+        None => None,
         Some(s) => {
             let n = integer_text("quantity", s).map_err(|e| invalid(e.to_string()))?;
             if !(1..=MAX_QUANTITY).contains(&n) {

@@ -291,6 +291,7 @@ async fn the_etag_stays_while_capacity_does_and_changes_after_a_reserve() {
 async fn bad_capacity_filters_are_invalid() {
     let app = spawn_app().await;
     for query in [
+        "?quantity=",
         "?quantity=0",
         "?quantity=17",
         "?quantity=1.5",
@@ -348,7 +349,11 @@ async fn headroom_is_set_listed_removed_and_audited_and_a_retry_answers_the_same
         json!({"site": "ams1", "profile": "epyc", "segment": "enterprise", "machines": 2.0}),
     )
     .await;
-    assert_eq!((status, &answer["machines"]), (StatusCode::OK, &json!(2)), "{answer}");
+    assert_eq!(
+        (status, &answer["machines"]),
+        (StatusCode::OK, &json!(2)),
+        "{answer}"
+    );
     let r = app
         .http
         .get(app.url("/api/v1/headroom"))
