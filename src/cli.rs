@@ -228,7 +228,11 @@ async fn run_command(
                 customer_hold_limit,
                 repairs_segment: segment.as_ref().map(Option::as_ref),
             };
-            crate::orgs::set_capacity_settings(&pool, org.id, &change, "command line").await?;
+            let changed =
+                crate::orgs::set_capacity_settings(&pool, org.id, &change, "command line").await?;
+            if changed.is_empty() {
+                eprintln!("{}: already so, nothing changed", org.slug);
+            }
             let (limit, repairs) = crate::orgs::capacity_settings(&pool, org.id).await?;
             eprintln!(
                 "{}: customer hold limit {}, repairs segment {}",

@@ -119,8 +119,8 @@ pub struct CapacitySettings<'a> {
     pub repairs_segment: Option<Option<&'a Segment>>,
 }
 
-/// Applies `change` to organization `org_id`; returns the audit details of
-/// what changed (empty: it already was so).
+/// Applies `change` to organization `org_id`, in one transaction with its
+/// audit rows; returns what changed, as audited (empty: it already was so).
 pub async fn set_capacity_settings(
     pool: &Db,
     org_id: i64,
