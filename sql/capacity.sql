@@ -29,9 +29,8 @@ $$;
 
 -- R18: the machines of pool (p_site, p_profile) kept for segments other than
 -- p_segments (an order's own segment, and for healing the organization's
--- repairs segment too): what an order of those segments must leave. A NULL
--- in p_segments (no segment) names none: `segment = ANY` with a NULL
--- element is NULL, never true, and NOT NULL would drop every row.
+-- repairs segment too; NULLs, no segment, are left out): what an order of
+-- those segments must leave.
 CREATE OR REPLACE FUNCTION pool_kept_for_others(p_org bigint, p_site text, p_profile text, p_segments text[])
 RETURNS integer
 LANGUAGE sql STABLE AS $$
