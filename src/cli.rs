@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection};
 
-use crate::domain::{Email, Role, Scope, Slug};
+use crate::domain::{Email, Role, Scope, Segment, Slug};
 use crate::embedded_pg::{ClusterOptions, EmbeddedPostgres};
 use crate::settings::{DbPooler, Settings};
 
@@ -61,6 +61,18 @@ enum OrgCommand {
         /// Turn the organization's datacenter-module setting on.
         #[arg(long)]
         enable_datacenter: bool,
+    },
+    /// Change an organization's capacity settings (docs/rules.md, R18 and R19).
+    Set {
+        slug: String,
+        /// The most live holds one customer (a reserve's customer_ref) may
+        /// have, 0 to 10000; 0: no cap (R19).
+        #[arg(long, value_parser = clap::value_parser!(i32).range(0..=10_000))]
+        customer_hold_limit: Option<i32>,
+        /// The segment whose headroom healing may use for repairs (R18); ''
+        /// clears it.
+        #[arg(long)]
+        repairs_segment: Option<String>,
     },
 }
 
@@ -193,6 +205,44 @@ async fn run_command(
                 "created organization {} (datacenter module {})",
                 org.slug,
                 on_off(org.datacenter_enabled)
+            );
+        }
+        Command::Org {
+            command:
+                OrgCommand::Set {
+                    slug,
+                    customer_hold_limit,
+                    repairs_segment,
+                },
+        } => {
+            if customer_hold_limit.is_none() && repairs_segment.is_none() {
+                bail!("nothing to set: give --customer-hold-limit N or --repairs-segment NAME");
+            }
+            let org = crate::orgs::by_slug(&pool, &slug).await?;
+            let segment = match repairs_segment.as_deref() {
+                None => None,
+                Some("") => Some(None),
+                Some(s) => Some(Some(Segment::parse(s)?)),
+            };
+            let change = crate::orgs::CapacitySettings {
+                customer_hold_limit,
+                repairs_segment: segment.as_ref().map(Option::as_ref),
+            };
+            let changed =
+                crate::orgs::set_capacity_settings(&pool, org.id, &change, "command line").await?;
+            if changed.is_empty() {
+                eprintln!("{}: already so, nothing changed", org.slug);
+            }
+            let (limit, repairs) = crate::orgs::capacity_settings(&pool, org.id).await?;
+            eprintln!(
+                "{}: customer hold limit {}, repairs segment {}",
+                org.slug,
+                if limit == 0 {
+                    "none".to_owned()
+                } else {
+                    limit.to_string()
+                },
+                repairs.as_deref().unwrap_or("none")
             );
         }
         Command::User {

@@ -4,6 +4,7 @@
 pub mod allocator;
 pub mod api;
 pub mod audit;
+pub mod capacity;
 pub mod cli;
 pub mod dashboard;
 pub mod db;

@@ -112,6 +112,8 @@ impl Metrics {
             Box::new(m.http.duration.clone()),
             Box::new(m.http.in_flight.clone()),
             Box::new(m.db_state.machines.clone()),
+            Box::new(m.db_state.headroom.clone()),
+            Box::new(m.db_state.available.clone()),
             Box::new(m.db_state.holds_expiring_soon.clone()),
             Box::new(m.db_state.holds_overdue.clone()),
             Box::new(m.db_state.webhooks_pending.clone()),
@@ -454,6 +456,13 @@ struct Snapshot {
     oldest_pending_at: Option<f64>,
     sweep_finished_at: Option<f64>,
     leases: Vec<(String, i64)>,
+    /// R18: machines kept per (site, profile, segment), every organization's.
+    /// Defaults: a snapshot written by a replica without them reads empty.
+    #[serde(default)]
+    headroom: Vec<(String, String, String, i64)>,
+    /// R17: per (site, profile), what an order without a segment could take.
+    #[serde(default)]
+    available: Vec<(String, String, i64)>,
 }
 
 /// At most this many (site, profile) pairs get their own labels; the rest
@@ -475,6 +484,8 @@ pub struct MachinesSql {
 #[derive(Clone)]
 pub struct DbState {
     pub machines: IntGaugeVec,
+    pub headroom: IntGaugeVec,
+    pub available: IntGaugeVec,
     pub holds_expiring_soon: IntGauge,
     pub holds_overdue: IntGauge,
     pub webhooks_pending: IntGauge,
@@ -501,6 +512,22 @@ impl DbState {
                     "Machines by site, profile and pool state (sellable, held, sold, not_ready), as the overview counts them; every organization's",
                 ),
                 &["site", "profile", "state"],
+            )
+            .expect("static metric definition"),
+            headroom: IntGaugeVec::new(
+                Opts::new(
+                    "poolkeeper_pool_headroom",
+                    "Machines of a pool kept for a segment (R18, headroom), by site, profile and segment; every organization's",
+                ),
+                &["site", "profile", "segment"],
+            )
+            .expect("static metric definition"),
+            available: IntGaugeVec::new(
+                Opts::new(
+                    "poolkeeper_pool_available",
+                    "Machines of a pool an order without a segment could take now: sellable less the headroom kept for segments (R17); every organization's",
+                ),
+                &["site", "profile"],
             )
             .expect("static metric definition"),
             holds_expiring_soon: g(
@@ -671,7 +698,25 @@ impl DbState {
         )
         .fetch_all(&mut *conn)
         .await?;
+        // sql/capacity.sql's counts, so that the gauges say what the API
+        // and a reserve decide.
+        let headroom: Vec<(String, String, String, i64)> = sqlx::query_as(
+            "SELECT site, profile, segment, sum(machines)::bigint
+               FROM headroom GROUP BY site, profile, segment",
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        let available: Vec<(String, String, i64)> = sqlx::query_as(
+            "SELECT c.site, c.profile, sum(c.available)::bigint
+               FROM organizations o
+              CROSS JOIN LATERAL capacity_pools(o.id, NULL, NULL, NULL, NULL) c
+              GROUP BY c.site, c.profile",
+        )
+        .fetch_all(&mut *conn)
+        .await?;
         Ok(Snapshot {
+            headroom,
+            available,
             machines: rows,
             holds_soon,
             holds_overdue,
@@ -726,6 +771,37 @@ impl DbState {
             self.machines
                 .with_label_values(&[&site, &profile, &state])
                 .set(n);
+        }
+        // The same bound: a pool without its own labels is summed under
+        // `other`.
+        let pair = |site: &str, profile: &str| {
+            if kept.contains(&(site.to_owned(), profile.to_owned())) {
+                (site.to_owned(), profile.to_owned())
+            } else {
+                (OTHER.to_owned(), OTHER.to_owned())
+            }
+        };
+        let mut headroom: std::collections::HashMap<(String, String, String), i64> =
+            Default::default();
+        for (site, profile, segment, n) in &snapshot.headroom {
+            let (site, profile) = pair(site, profile);
+            *headroom
+                .entry((site, profile, segment.clone()))
+                .or_default() += n;
+        }
+        self.headroom.reset();
+        for ((site, profile, segment), n) in headroom {
+            self.headroom
+                .with_label_values(&[&site, &profile, &segment])
+                .set(n);
+        }
+        let mut available: std::collections::HashMap<(String, String), i64> = Default::default();
+        for (site, profile, n) in &snapshot.available {
+            *available.entry(pair(site, profile)).or_default() += n;
+        }
+        self.available.reset();
+        for ((site, profile), n) in available {
+            self.available.with_label_values(&[&site, &profile]).set(n);
         }
         self.holds_expiring_soon.set(snapshot.holds_soon);
         self.holds_overdue.set(snapshot.holds_overdue);

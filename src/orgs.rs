@@ -3,7 +3,7 @@
 use crate::db::Db;
 use sqlx::PgExecutor;
 
-use crate::domain::Slug;
+use crate::domain::{Segment, Slug};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Organization {
@@ -109,4 +109,83 @@ pub async fn set_datacenter_enabled_on(
         .execute(db)
         .await?;
     Ok(())
+}
+
+/// R19's cap and R18's repairs segment of one organization, changed from
+/// the command line; each change that took effect is audited in the same
+/// transaction. `repairs_segment`: `Some(None)` clears it.
+pub struct CapacitySettings<'a> {
+    pub customer_hold_limit: Option<i32>,
+    pub repairs_segment: Option<Option<&'a Segment>>,
+}
+
+/// Applies `change` to organization `org_id`, in one transaction with its
+/// audit rows; returns what changed, as audited (empty: it already was so).
+pub async fn set_capacity_settings(
+    pool: &Db,
+    org_id: i64,
+    change: &CapacitySettings<'_>,
+    actor: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let mut changed = Vec::new();
+    if let Some(limit) = change.customer_hold_limit {
+        let n = sqlx::query(
+            "UPDATE organizations SET customer_hold_limit = $2
+              WHERE id = $1 AND customer_hold_limit IS DISTINCT FROM $2",
+        )
+        .bind(org_id)
+        .bind(limit)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n > 0 {
+            changed.push(("org.customer_hold_limit_set", format!("{limit}")));
+        }
+    }
+    if let Some(segment) = change.repairs_segment {
+        let segment = segment.map(Segment::as_str);
+        let n = sqlx::query(
+            "UPDATE organizations SET repairs_segment = $2
+              WHERE id = $1 AND repairs_segment IS DISTINCT FROM $2",
+        )
+        .bind(org_id)
+        .bind(segment)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if n > 0 {
+            changed.push(("org.repairs_segment_set", segment.unwrap_or("").to_owned()));
+        }
+    }
+    for (action, detail) in &changed {
+        crate::audit::record(
+            &mut tx,
+            &crate::audit::Entry {
+                org_id: Some(org_id),
+                actor,
+                action,
+                object: &format!("org:{org_id}"),
+                source_addr: "command line",
+                detail: Some(detail),
+            },
+        )
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(changed
+        .into_iter()
+        .map(|(action, detail)| format!("{action} {detail:?}"))
+        .collect())
+}
+
+/// R19's cap and R18's repairs segment as they are.
+pub async fn capacity_settings(
+    pool: &Db,
+    org_id: i64,
+) -> Result<(i32, Option<String>), sqlx::Error> {
+    sqlx::query_as("SELECT customer_hold_limit, repairs_segment FROM organizations WHERE id = $1")
+        .bind(org_id)
+        .fetch_one(pool)
+        .await
 }

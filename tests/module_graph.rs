@@ -36,6 +36,7 @@ const RUNGS: &[(&str, &[&str])] = &[
         &[
             "allocator",
             "audit",
+            "capacity",
             "demand",
             "healing",
             "holds",
@@ -60,6 +61,7 @@ const RUNGS: &[(&str, &[&str])] = &[
         "pages: HTTP over the rules and workers' reads",
         &[
             "api",
+            "api::capacity",
             "api::json",
             "api::machines",
             "api::reservations",

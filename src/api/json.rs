@@ -126,6 +126,11 @@ pub fn seconds<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error>
     optional_integer(d, "seconds")
 }
 
+/// `machines` of a headroom body (its range is `capacity::MAX_HEADROOM`'s).
+pub fn machines<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    integer(d, "machines")
+}
+
 /// `id` of a reservation named in an order's body.
 pub fn id<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
     integer(d, "id")

@@ -1,5 +1,6 @@
 //! The JSON API of docs/api.md, under `/api/v1`.
 
+pub mod capacity;
 pub mod json;
 pub mod machines;
 pub mod reservations;
@@ -15,6 +16,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .app_data(crate::error::json_config())
             .app_data(crate::error::path_config())
             .app_data(crate::error::query_config())
+            .configure(capacity::configure)
             .configure(machines::configure)
             .configure(reservations::configure)
             .configure(services::configure)

@@ -149,6 +149,10 @@ async fn metrics_export_the_kit_with_route_templates_and_pool_numbers() {
         "{text}"
     );
     assert!(
+        text.contains("poolkeeper_pool_available{profile=\"m5\",site=\"fra1\"} 1"),
+        "{text}"
+    );
+    assert!(
         text.contains("poolkeeper_sweep_last_success_age_seconds inf"),
         "{text}"
     );
@@ -170,6 +174,8 @@ const ON_FIRST_EVENT: &[&str] = &[
     "poolkeeper_reserve_outcomes_total",
     "poolkeeper_reservations_refused_total",
     "poolkeeper_reservations_expired_total",
+    // A label set per headroom kept (R18): none in a fresh inventory.
+    "poolkeeper_pool_headroom",
 ];
 
 /// Every series the server exports (documented in docs/operations.md).
@@ -183,6 +189,8 @@ pub const SERIES: &[&str] = &[
     "poolkeeper_db_acquire_seconds",
     "poolkeeper_db_pool_connections",
     "poolkeeper_machines",
+    "poolkeeper_pool_headroom",
+    "poolkeeper_pool_available",
     "poolkeeper_holds_expiring_soon",
     "poolkeeper_holds_overdue",
     "poolkeeper_webhook_deliveries_pending",

@@ -1120,6 +1120,23 @@ fn generated_requests_agree_with_the_published_document() {
             floats: false,
         };
         fuzzer.run(put_hook, c).await.expect("a webhook");
+        // A headroom (R18), so that listing it has a row and capacity's
+        // `reserved` names a segment.
+        let put_headroom = ops
+            .iter()
+            .position(|o| o.id == "putHeadroom")
+            .expect("putHeadroom");
+        let c = Case {
+            params: vec![],
+            body: Some(
+                json!({"site": machine["site"], "profile": machine["profile"],
+                              "segment": "enterprise", "machines": 1}),
+            ),
+            broken: None,
+            link: None,
+            floats: false,
+        };
+        fuzzer.run(put_headroom, c).await.expect("a headroom");
     });
 
     let strategies: Vec<BoxedStrategy<Case>> = ops.iter().map(|op| case(&doc, op)).collect();

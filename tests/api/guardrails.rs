@@ -121,6 +121,9 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/machines/{asset_tag}",       "get",  "inventory", [401, 403, 200, 404]),
     ("/api/v1/machines/{asset_tag}",       "put",  "inventory", [401, 403, 200, 201]),
     ("/api/v1/status-changes",             "post", "inventory", [401, 403, 200, 422]),
+    ("/api/v1/headroom",                   "get",  "inventory", [401, 403, 200, 200]),
+    ("/api/v1/headroom",                   "put",  "inventory", [401, 403, 200, 200]),
+    ("/api/v1/capacity",                   "get",  "orders",    [401, 403, 200, 200]),
     ("/api/v1/reservations",               "post", "orders",    [401, 403, 201, 409]),
     ("/api/v1/reservations",               "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}",          "get",  "orders",    [401, 403, 200, 404]),
@@ -507,6 +510,17 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
                 Some(json!({"asset_tags": [tag], "status": "maintenance"})),
             )
         }
+        ("/api/v1/headroom", "put") => (
+            "/api/v1/headroom".into(),
+            Some(
+                json!({"site": "par1", "profile": "epyc", "segment": format!("s{n}"), "machines": 2}),
+            ),
+        ),
+        ("/api/v1/headroom", _) => ("/api/v1/headroom".into(), None),
+        ("/api/v1/capacity", _) => (
+            "/api/v1/capacity?site=par1&profile=epyc&segment=enterprise&quantity=1".into(),
+            None,
+        ),
         ("/api/v1/reservations", "post") => {
             let profile = format!("p{n}");
             app.insert_machine(
@@ -874,6 +888,19 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             "POST",
             "/api/v1/status-changes".into(),
             Some(json!({"asset_tags": ["PK-1"], "status": "broken"})),
+        ),
+        ("GET", "/api/v1/headroom".into(), None),
+        (
+            "PUT",
+            "/api/v1/headroom".into(),
+            Some(
+                json!({"site": "par1", "profile": "epyc", "segment": "enterprise", "machines": 2}),
+            ),
+        ),
+        (
+            "GET",
+            "/api/v1/capacity?site=par1&profile=epyc&quantity=1".into(),
+            None,
         ),
         (
             "POST",

@@ -335,6 +335,17 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             body: None,
             retry_status: 404,
         },
+        // The headroom is kept: the retry answers the same row, and writes
+        // nothing again.
+        Case {
+            method: Method::PUT,
+            template: "/api/v1/headroom",
+            path: "/api/v1/headroom".into(),
+            body: Some(
+                json!({"site": "par1", "profile": "epyc", "segment": "enterprise", "machines": 2}),
+            ),
+            retry_status: 200,
+        },
         // The machine is in maintenance and the hold has moved: the retry
         // answers the machine as it is, and moves nothing again.
         Case {
@@ -431,6 +442,15 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             "each extension by until wrote once, its retry nothing"
         );
         assert_eq!(count("SELECT count(*) FROM webhooks").await, 0);
+        assert_eq!(
+            count("SELECT count(*) FROM headroom WHERE machines = 2").await,
+            1
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM audit_log WHERE action = 'headroom.set'").await,
+            1,
+            "the headroom's retry audited nothing again"
+        );
         assert_eq!(
             count(
                 "SELECT count(*) FROM reservations r JOIN machines m ON m.id = r.machine_id

@@ -6,6 +6,7 @@ mod alerting;
 mod allocator;
 mod bad_input;
 mod browser;
+mod capacity;
 mod contract;
 mod dashboard;
 mod definitions;

@@ -288,3 +288,77 @@ async fn ten_replicas_read_the_database_numbers_once_per_interval() {
             .expect("age the snapshot");
     }
 }
+
+/// R17 and R18 in the gauges: headroom per pool and segment, and what an
+/// order without a segment could take, summed over the organizations as
+/// `poolkeeper_machines` is; a snapshot written by a replica that does not
+/// know these series still reads.
+#[tokio::test]
+async fn the_pool_gauges_say_the_headroom_and_what_is_available() {
+    let app = spawn_app().await;
+    let other = crate::helpers::create_org(&app.pool, "rival", true).await;
+    for tag in ["HR-1", "HR-2", "HR-3"] {
+        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            .await;
+    }
+    app.insert_machine(app.org.id, "HR-4", "par1", "dell", "epyc", "broken")
+        .await;
+    app.insert_machine(other.id, "HR-5", "par1", "hpe", "epyc", "ready")
+        .await;
+    let put = app
+        .http
+        .put(app.url("/api/v1/headroom"))
+        .bearer_auth(&app.org.token)
+        .json(&json!({"site": "par1", "profile": "epyc", "segment": "enterprise", "machines": 2}))
+        .send()
+        .await
+        .expect("put headroom");
+    assert_eq!(put.status(), StatusCode::OK);
+    sqlx::query(
+        "INSERT INTO headroom (org_id, site, profile, segment, machines, updated_by)
+         VALUES ($1, 'par1', 'epyc', 'enterprise', 5, 'test')",
+    )
+    .bind(other.id)
+    .execute(&app.pool)
+    .await
+    .expect("headroom of the other organization");
+    // An older replica's snapshot, without the capacity series: still read.
+    sqlx::query(
+        "INSERT INTO metrics_snapshot (id, read_at, body)
+         VALUES (true, now(), '{\"machines\": [], \"holds_soon\": 0, \"holds_overdue\": 0,
+                 \"pending\": 0, \"leases\": []}')
+         ON CONFLICT (id) DO UPDATE SET read_at = EXCLUDED.read_at, body = EXCLUDED.body",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("an older snapshot");
+    let old = scrape(&app).await;
+    assert!(
+        !old.keys().any(|k| k.starts_with("poolkeeper_pool_")),
+        "{old:#?}"
+    );
+    sqlx::query("UPDATE metrics_snapshot SET read_at = read_at - interval '1 hour'")
+        .execute(&app.pool)
+        .await
+        .expect("age the snapshot");
+    let after = scrape(&app).await;
+    let errors = "poolkeeper_metrics_db_errors_total";
+    assert_eq!(after.get(errors), Some(&0.0), "{after:#?}");
+    assert_eq!(
+        after
+            .get("poolkeeper_pool_headroom{profile=\"epyc\",segment=\"enterprise\",site=\"par1\"}"),
+        Some(&7.0),
+        "{after:#?}"
+    );
+    // Ours: 3 sellable less 2 kept; the other's: 1 sellable, 5 kept.
+    assert_eq!(
+        after.get("poolkeeper_pool_available{profile=\"epyc\",site=\"par1\"}"),
+        Some(&1.0),
+        "{after:#?}"
+    );
+    assert_eq!(
+        after.get("poolkeeper_machines{profile=\"epyc\",site=\"par1\",state=\"sellable\"}"),
+        Some(&4.0),
+        "{after:#?}"
+    );
+}

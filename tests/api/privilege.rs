@@ -215,6 +215,30 @@ async fn migrate_as_owner_then_serve_as_a_role_with_only_dml_grants() {
         r.text().await.unwrap_or_default()
     );
 
+    // Headroom (its pool's turn, its audit row) and capacity, as the app role.
+    let r = http
+        .put(replica.url("/api/v1/headroom"))
+        .bearer_auth(&org.token)
+        .json(&json!({"site": "par1", "profile": "epyc", "segment": "enterprise", "machines": 1}))
+        .send()
+        .await
+        .expect("headroom");
+    assert_eq!(
+        r.status().as_u16(),
+        200,
+        "{}",
+        r.text().await.unwrap_or_default()
+    );
+    let r = http
+        .get(replica.url("/api/v1/capacity?site=par1&profile=epyc&quantity=1"))
+        .bearer_auth(&org.token)
+        .send()
+        .await
+        .expect("capacity");
+    assert_eq!(r.status().as_u16(), 200);
+    let capacity: Value = r.json().await.expect("json");
+    assert_eq!(capacity["pools"][0]["reserved"], json!({"enterprise": 1}));
+
     // The sweep, as the app role: an overdue hold is expired by this replica.
     let c = reserve("ORD-C", 600).await;
     sqlx::query(

@@ -241,6 +241,15 @@ async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
             answer: "unavailable",
         },
         WriteCase {
+            path: "/api/v1/headroom",
+            method: "put",
+            url: "/api/v1/headroom".into(),
+            body: Some(
+                json!({"site": "par1", "profile": "epyc", "segment": "enterprise", "machines": 2}),
+            ),
+            answer: "unavailable",
+        },
+        WriteCase {
             path: "/api/v1/status-changes",
             method: "post",
             url: "/api/v1/status-changes".into(),
@@ -270,7 +279,7 @@ async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
             .execute(&mut blocker)
             .await
             .expect("begin");
-        sqlx::query("LOCK TABLE machines, reservations, service_links, webhooks IN EXCLUSIVE MODE")
+        sqlx::query("LOCK TABLE machines, reservations, service_links, webhooks, headroom IN EXCLUSIVE MODE")
             .execute(&mut blocker)
             .await
             .expect("lock");

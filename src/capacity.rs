@@ -1,0 +1,187 @@
+//! R17 and R18 as the API and the metrics read them: what each pool holds
+//! and what an order may take now (sql/capacity.sql), and the headroom
+//! staff keep per pool and segment.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::{PgConnection, PgExecutor};
+
+use crate::domain::{Profile, Segment, Site, Vendor};
+
+/// The filters of a capacity read; `None` is "any" (for `segment`: an order
+/// without a segment).
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub site: Option<Site>,
+    pub profile: Option<Profile>,
+    pub vendor: Option<Vendor>,
+    pub segment: Option<Segment>,
+    pub quantity: Option<i32>,
+}
+
+/// One snapshot of the pools (R17): `pools` and `alternatives` are the
+/// JSON arrays of the answer, `tag` a digest of both (never of `as_of`), so
+/// that an unchanged capacity keeps its ETag.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Snapshot {
+    pub as_of: DateTime<Utc>,
+    pub pools: Value,
+    pub alternatives: Value,
+    pub tag: String,
+}
+
+/// R17: one statement, so one snapshot: the counts of every pool add up,
+/// and the alternatives were read at the same instant as the pools.
+/// Alternatives need a site to look away from and a profile to look for;
+/// without both and a quantity they are `[]`.
+pub async fn read(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+    f: &Filter,
+) -> Result<Snapshot, sqlx::Error> {
+    sqlx::query_as(
+        "WITH p AS (
+             SELECT coalesce(jsonb_agg(jsonb_build_object(
+                        'site', c.site, 'profile', c.profile, 'total', c.total,
+                        'sellable', c.sellable, 'held', c.held, 'sold', c.sold,
+                        'not_ready', c.not_ready, 'reserved', c.reserved,
+                        'available', c.available) ORDER BY c.site, c.profile), '[]'::jsonb) AS pools
+               FROM capacity_pools($1, $2, $3, $4, $5) c
+         ), a AS (
+             SELECT CASE WHEN $2::text IS NOT NULL AND $3::text IS NOT NULL AND $6::integer IS NOT NULL
+                         THEN capacity_alternatives($1, $2, $3, $4, $5, $6)
+                         ELSE '[]'::jsonb END AS alternatives
+         )
+         SELECT clock_timestamp() AS as_of, p.pools, a.alternatives,
+                md5(p.pools::text || ' ' || a.alternatives::text) AS tag
+           FROM p, a",
+    )
+    .bind(org_id)
+    .bind(f.site.as_ref().map(Site::as_str))
+    .bind(f.profile.as_ref().map(Profile::as_str))
+    .bind(f.vendor.as_ref().map(Vendor::as_str))
+    .bind(f.segment.as_ref().map(Segment::as_str))
+    .bind(f.quantity)
+    .fetch_one(db)
+    .await
+}
+
+/// R18: the machines of one pool kept for one segment.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Headroom {
+    pub site: String,
+    pub profile: String,
+    pub segment: String,
+    pub machines: i32,
+    /// Absent once removed (`machines` 0).
+    pub updated_at: Option<DateTime<Utc>>,
+    pub updated_by: Option<String>,
+}
+
+/// The most machines a headroom may keep (the table's check).
+pub const MAX_HEADROOM: i32 = 100_000;
+
+/// The organization's headroom, by pool and segment.
+pub async fn list(db: impl PgExecutor<'_>, org_id: i64) -> Result<Vec<Headroom>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT site, profile, segment, machines, updated_at, updated_by
+           FROM headroom WHERE org_id = $1
+          ORDER BY site, profile, segment",
+    )
+    .bind(org_id)
+    .fetch_all(db)
+    .await
+}
+
+/// What `set` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Set,
+    Removed,
+    /// The pool already kept exactly that: nothing written (a retry).
+    Unchanged,
+}
+
+/// R18: keeps `machines` of pool (site, profile) for `segment` (0 removes
+/// the row). Takes the pool's turn first (sql/capacity.sql), so that a
+/// change of headroom and the reserves into the pool decide one after the
+/// other, never on a count read before the other committed. Runs on the
+/// caller's transaction (its audit row commits with it).
+pub async fn set(
+    tx: &mut PgConnection,
+    org_id: i64,
+    site: &Site,
+    profile: &Profile,
+    segment: &Segment,
+    machines: i32,
+    actor: &str,
+) -> Result<(Headroom, Change), sqlx::Error> {
+    sqlx::query("SELECT pool_turn($1, $2, $3)")
+        .bind(org_id)
+        .bind(site.as_str())
+        .bind(profile.as_str())
+        .execute(&mut *tx)
+        .await?;
+    if machines == 0 {
+        let removed = sqlx::query(
+            "DELETE FROM headroom
+              WHERE org_id = $1 AND site = $2 AND profile = $3 AND segment = $4",
+        )
+        .bind(org_id)
+        .bind(site.as_str())
+        .bind(profile.as_str())
+        .bind(segment.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let row = Headroom {
+            site: site.to_string(),
+            profile: profile.to_string(),
+            segment: segment.to_string(),
+            machines: 0,
+            updated_at: None,
+            updated_by: None,
+        };
+        let change = if removed > 0 {
+            Change::Removed
+        } else {
+            Change::Unchanged
+        };
+        return Ok((row, change));
+    }
+    // Under the pool's turn nobody else writes this row, so the read and
+    // the write below see the same one.
+    let written: Option<Headroom> = sqlx::query_as(
+        "INSERT INTO headroom (org_id, site, profile, segment, machines, updated_by)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (org_id, site, profile, segment) DO UPDATE
+            SET machines = EXCLUDED.machines, updated_at = clock_timestamp(),
+                updated_by = EXCLUDED.updated_by
+          WHERE headroom.machines IS DISTINCT FROM EXCLUDED.machines
+         RETURNING site, profile, segment, machines, updated_at, updated_by",
+    )
+    .bind(org_id)
+    .bind(site.as_str())
+    .bind(profile.as_str())
+    .bind(segment.as_str())
+    .bind(machines)
+    .bind(actor)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(row) = written {
+        return Ok((row, Change::Set));
+    }
+    let row = sqlx::query_as(
+        "SELECT site, profile, segment, machines, updated_at, updated_by
+           FROM headroom
+          WHERE org_id = $1 AND site = $2 AND profile = $3 AND segment = $4",
+    )
+    .bind(org_id)
+    .bind(site.as_str())
+    .bind(profile.as_str())
+    .bind(segment.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok((row, Change::Unchanged))
+}
