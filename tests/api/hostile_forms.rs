@@ -584,6 +584,7 @@ async fn every_form_survives_hostile_values_as_every_role() {
         "POST /tokens? [name]",
         "POST /users? [email]",
         "POST /settings/webhook? [url]",
+        "POST /settings/headroom? [site]",
         "POST /settings? [datacenter]",
         "POST /login? [email]",
     ] {
