@@ -35,7 +35,9 @@ RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(sum(h.machines), 0)::integer FROM headroom h
      WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile
-       AND NOT (h.segment = ANY (coalesce(p_segments, '{}')))
+       -- An order of no segment passes {NULL}: `= ANY` is then NULL, not
+       -- false, and must still count every segment's headroom.
+       AND NOT coalesce(h.segment = ANY (p_segments), false)
 $$;
 
 -- R17: per pool of org p_org (filtered by site and profile when given; the

@@ -2,6 +2,8 @@
 //! followed, forms driven as a browser would (cookies, CSRF), roles, tenant
 //! isolation, the R12 gate, and agreement with the allocator's reasons.
 
+mod capacity;
+
 use std::collections::HashSet;
 
 use poolkeeper::allocator::{self, OrderSpec};

@@ -196,7 +196,7 @@ fn shape(url: &str) -> String {
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
     let mut segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     for (i, s) in segs.iter_mut().enumerate() {
-        if i == 1 && !matches!(*s, "webhook") {
+        if i == 1 && !matches!(*s, "webhook" | "headroom") {
             *s = "*";
         }
     }
