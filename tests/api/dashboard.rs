@@ -197,7 +197,7 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
     // not ready PK-005. By profile: epyc (5) and xeon (PK-004).
     let par1 = "section.site:nth-of-type(3)";
     assert_eq!(
-        text_of(&body, &format!("{par1} tfoot td")).join(" "),
+        text_of(&body, &format!("{par1} tfoot td[data-k]")).join(" "),
         "3 1 1 1 6",
         "par1 counts"
     );
@@ -208,11 +208,12 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
     );
     assert_eq!(
         text_of(&body, &format!("{par1} tbody tr[data-profile=epyc] td")).join(" "),
-        "2 1 1 1 5"
+        "2 1 1 1 5 nothing kept 2",
+        "then the headroom (none) and what an order without a segment may take"
     );
     assert_eq!(
         text_of(&body, &format!("{par1} tbody tr[data-profile=xeon] td")).join(" "),
-        "1 0 0 0 1"
+        "1 0 0 0 1 nothing kept 1"
     );
     // Each number once: the bar carries no text labels, the table has them.
     assert_eq!(
