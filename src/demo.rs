@@ -121,6 +121,7 @@ pub async fn load(pool: &Db) -> anyhow::Result<DemoReport> {
                 .1,
         )
     };
+    demo_capacity(pool, org.id).await?;
     let reservations = demo_reservations(pool, org.id).await?;
     let machines: i64 = sqlx::query_scalar("SELECT count(*) FROM machines WHERE org_id = $1")
         .bind(org.id)
@@ -142,6 +143,74 @@ pub async fn load(pool: &Db) -> anyhow::Result<DemoReport> {
         by_state,
         token,
     })
+}
+
+/// R18's pool of the demo: a scarce profile at one site, most of it kept
+/// for a segment; one more such machine at another site.
+pub const GPU_PROFILE: &str = "gpu-h100-8x";
+pub const GPU_SITE: &str = "par1";
+/// (asset tag, site) of the demo's GPU machines, all dell and ready.
+const GPU_MACHINES: [(&str, &str); 4] = [
+    ("PK-G0001", GPU_SITE),
+    ("PK-G0002", GPU_SITE),
+    ("PK-G0003", GPU_SITE),
+    ("PK-G0004", "ams1"),
+];
+/// The segment the GPU pool keeps machines for, and how many.
+pub const HEADROOM_SEGMENT: &str = "enterprise";
+pub const HEADROOM_MACHINES: i32 = 2;
+/// R18's repairs segment and R19's cap of the demo organization.
+pub const REPAIRS_SEGMENT: &str = "repairs";
+pub const CUSTOMER_HOLD_LIMIT: i32 = 2;
+
+/// R17-R19's setting: the GPU machines, the headroom their pool at
+/// `GPU_SITE` keeps for `HEADROOM_SEGMENT` (under the pool's turn, as the
+/// settings form takes it), the repairs segment and the cap on one
+/// customer's live holds. Idempotent: what exists is left as it is.
+async fn demo_capacity(pool: &Db, org_id: i64) -> anyhow::Result<()> {
+    for (tag, site) in GPU_MACHINES {
+        if inventory::by_tag(pool, org_id, tag).await?.is_some() {
+            continue;
+        }
+        let spec = MachineSpec {
+            site: Site::parse(site)?,
+            vendor: Vendor::parse(VENDORS[0])?,
+            profile: Profile::parse(GPU_PROFILE)?,
+            status: MachineStatus::Ready,
+        };
+        inventory::upsert(pool, org_id, &AssetTag::parse(tag)?, &spec, "demo").await?;
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pool_turn($1, $2, $3)")
+        .bind(org_id)
+        .bind(GPU_SITE)
+        .bind(GPU_PROFILE)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO headroom (org_id, site, profile, segment, machines, updated_by)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (org_id, site, profile, segment) DO NOTHING",
+    )
+    .bind(org_id)
+    .bind(GPU_SITE)
+    .bind(GPU_PROFILE)
+    .bind(HEADROOM_SEGMENT)
+    .bind(HEADROOM_MACHINES)
+    .bind(USERS[0].0)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE organizations SET repairs_segment = $2, customer_hold_limit = $3
+          WHERE id = $1 AND (repairs_segment IS DISTINCT FROM $2 OR customer_hold_limit <> $3)",
+    )
+    .bind(org_id)
+    .bind(REPAIRS_SEGMENT)
+    .bind(CUSTOMER_HOLD_LIMIT)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// How many demo holds with time left the demo keeps (topped up on re-run).

@@ -1846,12 +1846,30 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         1,
         "a service ended, its machine back to provisioning"
     );
+    // R17-R19: a pool with headroom, a repairs segment, a customer cap.
+    assert_eq!(
+        one(
+            "SELECT sum(machines)::bigint FROM headroom WHERE org_id = $1 AND site = 'par1'
+              AND profile = 'gpu-h100-8x' AND segment = 'enterprise'"
+        )
+        .await,
+        i64::from(poolkeeper::demo::HEADROOM_MACHINES)
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM organizations WHERE id = $1 AND repairs_segment = 'repairs'
+              AND customer_hold_limit = 2"
+        )
+        .await,
+        1
+    );
     let rows = "SELECT (SELECT count(*) FROM reservations WHERE org_id = $1)
                      + (SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id WHERE r.org_id = $1)
                      + (SELECT count(*) FROM service_links WHERE org_id = $1)
                      + (SELECT count(*) FROM machines WHERE org_id = $1)
                      + (SELECT count(*) FROM users WHERE org_id = $1)
-                     + (SELECT count(*) FROM api_tokens WHERE org_id = $1)";
+                     + (SELECT count(*) FROM api_tokens WHERE org_id = $1)
+                     + (SELECT count(*) FROM headroom WHERE org_id = $1)";
     let before = one(rows).await;
     let again = poolkeeper::demo::load(pool).await.expect("demo again");
     assert_eq!(again.reservations, first.reservations);
