@@ -237,6 +237,15 @@ fn spec(i: usize, vendor: Option<&str>) -> anyhow::Result<OrderSpec> {
     })
 }
 
+/// The demo's GPU order at `GPU_SITE`.
+fn gpu_spec() -> anyhow::Result<OrderSpec> {
+    Ok(OrderSpec {
+        site: Site::parse(GPU_SITE)?,
+        profile: Profile::parse(GPU_PROFILE)?,
+        vendor: None,
+    })
+}
+
 /// Reserves through the allocator itself (so each carries a real frozen
 /// reason, R8); a replay of an existing order returns it unchanged.
 async fn reserve(
@@ -507,6 +516,21 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
         .await?;
         reservations::end_service(pool, org_id, link.id, CHECKOUT).await?;
         backdate(pool, r.id, 20 * 3_600).await?;
+    }
+    // R18: an order naming no segment took the one GPU machine at par1
+    // that is not kept for enterprise, and became a service: the two left
+    // are the headroom, which such an order can no longer take.
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-GPU-1", gpu_spec()?).await? {
+        reservations::convert(
+            pool,
+            org_id,
+            r.id,
+            r.fence,
+            CHECKOUT,
+            &ServiceRef::parse("SRV-DEMO-GPU-1")?,
+        )
+        .await?;
+        backdate(pool, r.id, 30 * 3_600).await?;
     }
     // An order of three machines held together (R13), whose hold support
     // extended by 20 minutes while the customer's bank reviewed the payment

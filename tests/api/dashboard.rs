@@ -1832,8 +1832,8 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
               WHERE r.org_id = $1 AND r.state = 'converted' AND s.ended_at IS NULL"
         )
         .await,
-        1,
-        "a live service"
+        2,
+        "a live service, and the GPU order's"
     );
     assert_eq!(
         one(
