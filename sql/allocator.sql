@@ -353,7 +353,8 @@ $$;
 -- take the turn (the hot path is unchanged) and may still be faster, which
 -- makes an order of several 'contended', honestly.
 CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                              p_vendor text, p_hold integer, p_quantity integer)
+                              p_vendor text, p_hold integer, p_quantity integer, p_segment text,
+                              p_customer text)
 RETURNS SETOF reserve_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -366,6 +367,10 @@ DECLARE
     v_candidates bigint[];
     v_counts     jsonb;
     v_free       bigint;
+    v_cap        integer;
+    v_live       bigint;
+    v_kept       integer := 0;
+    v_reserved   boolean := false;
 BEGIN
     IF p_quantity IS NULL OR p_quantity NOT BETWEEN 1 AND 16 THEN
         RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_quantity;
@@ -376,6 +381,52 @@ BEGIN
                    WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
     IF FOUND THEN
         RETURN;
+    END IF;
+    -- R19: a customer's orders take turns where the organization caps
+    -- them, and the count of its live holds is read in the turn: two
+    -- orders of one customer at the cap minus one cannot both see room.
+    IF p_customer IS NOT NULL THEN
+        SELECT o.customer_hold_limit INTO v_cap FROM organizations o WHERE o.id = p_org;
+    END IF;
+    IF v_cap > 0 THEN
+        PERFORM customer_turn(p_org, p_customer);
+        RETURN QUERY SELECT x.* FROM reservations r,
+                            LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
+                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        SELECT count(*) INTO v_live FROM reservations r
+         WHERE r.org_id = p_org AND r.customer_ref = p_customer AND r.state = 'held'
+           AND r.expires_at > clock_timestamp();
+        IF v_live + p_quantity > v_cap THEN
+            v_result := reserve_result_of('customer_limit', NULL, 0, 0, 0, 0);
+            v_result.quantity := p_quantity;
+            v_result.excluded := jsonb_build_object('limit', v_cap, 'holds', v_live);
+            PERFORM record_refusal(p_org, 'customer_limit', p_site, p_profile, p_vendor, v_result.excluded,
+                                   p_quantity, p_segment, p_customer);
+            RETURN NEXT v_result;
+            RETURN;
+        END IF;
+    END IF;
+    -- R18: where the pool keeps headroom, its orders take turns, and an
+    -- order outside a segment leaves that segment's machines: checked in
+    -- the turn, in this transaction, never counted beforehand. A pool with
+    -- no headroom takes no turn (today's path).
+    IF EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile) THEN
+        PERFORM pool_turn(p_org, p_site, p_profile);
+        RETURN QUERY SELECT x.* FROM reservations r,
+                            LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
+                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        v_kept := pool_kept_for_others(p_org, p_site, p_profile, ARRAY[p_segment]);
+        -- At most v_kept + N candidates of the pool (any vendor) are read:
+        -- bounded by the headroom, not the pool.
+        v_reserved := v_kept > 0
+            AND (SELECT count(*) FROM machine_candidates(p_org, p_site, p_profile, NULL, v_kept + p_quantity))
+                < v_kept + p_quantity;
     END IF;
     IF p_quantity > 1 THEN
         -- The turn of orders of several machines on this site and profile
@@ -393,10 +444,20 @@ BEGIN
     END IF;
     -- R7, pass one (the walk never looks beyond 24 + N, R4).
     v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, p_site, p_profile, p_vendor, 24 + p_quantity) c);
-    IF cardinality(v_candidates) >= p_quantity THEN
+    IF cardinality(v_candidates) >= p_quantity AND NOT v_reserved THEN
         v_rows := ARRAY(SELECT w FROM reserve_order_walk(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
                                                          p_hold, v_candidates, p_quantity) w);
         v_result := v_rows[1];
+        IF v_result.outcome = 'created' AND (p_segment IS NOT NULL OR p_customer IS NOT NULL) THEN
+            -- R18/R19: the order's segment and customer, frozen with it.
+            UPDATE reservations r SET segment = p_segment, customer_ref = p_customer
+             WHERE r.id IN (SELECT w.id FROM unnest(v_rows) w);
+            RETURN QUERY SELECT x.* FROM reservations r,
+                                LATERAL reserve_result_of('created', r, v_result.scanned, v_result.locked_by_others,
+                                                          v_result.gone, v_result.attempts) x
+                           WHERE r.id IN (SELECT w.id FROM unnest(v_rows) w) ORDER BY r.slot;
+            RETURN;
+        END IF;
         IF v_result.outcome <> 'nothing' THEN
             RETURN QUERY SELECT * FROM unnest(v_rows);
             RETURN;
@@ -426,31 +487,68 @@ BEGIN
       INTO v_counts, v_free
       FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v;
     -- R13: fewer matching machines than the order asks for is "buy
-    -- hardware", even if some match; enough of them, but not lockable now,
-    -- is "retry".
-    v_result.outcome := CASE WHEN v_free < p_quantity THEN 'unavailable' ELSE 'contended' END;
+    -- hardware", even if some match; enough of them, but kept for other
+    -- segments, is "reserved" (R18); enough, but not lockable now, is
+    -- "retry".
+    v_result.outcome := CASE WHEN v_free < p_quantity THEN 'unavailable'
+                             WHEN v_reserved THEN 'reserved' ELSE 'contended' END;
     v_result.candidates := v_free;
-    v_result.excluded := v_counts;
+    v_result.excluded := CASE WHEN v_reserved AND v_free >= p_quantity
+                              THEN v_counts || jsonb_build_object('kept_for_others', v_kept,
+                                   'kept', (SELECT jsonb_object_agg(h.segment, h.machines) FROM headroom h
+                                             WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile
+                                               AND h.segment IS DISTINCT FROM p_segment))
+                              ELSE v_counts END;
     v_result.quantity := p_quantity;
+    -- R17: the other sites that could fill the same order now.
+    v_result.alternatives := capacity_alternatives(p_org, p_site, p_profile, p_vendor, p_segment, p_quantity);
     -- Lost demand, recorded by the statement that read the
     -- counts. When this transaction has written nothing else (no
     -- transaction id yet: the API's autocommit call), its commit need not
     -- wait for the disk: a crash may lose the last refusals, never a
     -- reservation.
+    PERFORM record_refusal(p_org, v_result.outcome, p_site, p_profile, p_vendor,
+                           CASE WHEN v_free < p_quantity THEN v_counts
+                                WHEN v_reserved THEN v_result.excluded
+                                ELSE jsonb_build_object('candidates', v_free) END,
+                           p_quantity, p_segment, p_customer);
+    RETURN NEXT v_result;
+END
+$$;
+
+-- The entry point of the release before segments and customers (R18,
+-- R19): an order of neither. Kept while a deployment rolls; the next set
+-- drops it (sql/VERSIONS).
+CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                              p_vendor text, p_hold integer, p_quantity integer)
+RETURNS SETOF reserve_result
+LANGUAGE sql AS $$
+    SELECT * FROM reserve_order(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold, p_quantity,
+                                NULL, NULL)
+$$;
+
+-- Lost demand, recorded by the statement that refused. When this
+-- transaction has written nothing else (no transaction id yet: the API's
+-- autocommit call), its commit need not wait for the disk: a crash may
+-- lose the last refusals, never a reservation.
+CREATE OR REPLACE FUNCTION record_refusal(p_org bigint, p_reason text, p_site text, p_profile text, p_vendor text,
+                                          p_excluded jsonb, p_quantity integer, p_segment text, p_customer text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
     IF pg_current_xact_id_if_assigned() IS NULL THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    INSERT INTO reservation_refusals (org_id, reason, site, profile, vendor, excluded, quantity)
-    VALUES (p_org, v_result.outcome, p_site, p_profile, p_vendor,
-            CASE WHEN v_free < p_quantity THEN v_counts ELSE jsonb_build_object('candidates', v_free) END,
-            p_quantity);
-    RETURN NEXT v_result;
+    INSERT INTO reservation_refusals (org_id, reason, site, profile, vendor, excluded, quantity, segment,
+                                      customer_ref)
+    VALUES (p_org, p_reason, p_site, p_profile, p_vendor, p_excluded, p_quantity, p_segment, p_customer);
 END
 $$;
 
 -- POST /api/v1/reservations in one statement: the caller, then reserve.
 CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
-                                  p_profile text, p_vendor text, p_hold integer, p_quantity integer)
+                                  p_profile text, p_vendor text, p_hold integer, p_quantity integer,
+                                  p_segment text, p_customer text)
 RETURNS TABLE (caller text, result reserve_result)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -463,8 +561,18 @@ BEGIN
     END IF;
     RETURN QUERY SELECT 'ok'::text, o
         FROM reserve_order(v_caller.org_id, v_caller.actor, p_order_ref, p_site, p_profile, p_vendor,
-                           p_hold, p_quantity) o;
+                           p_hold, p_quantity, p_segment, p_customer) o;
 END
+$$;
+
+-- The entry point of the release before segments and customers; dropped
+-- by the next set, as reserve_order's (above).
+CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
+                                  p_profile text, p_vendor text, p_hold integer, p_quantity integer)
+RETURNS TABLE (caller text, result reserve_result)
+LANGUAGE sql AS $$
+    SELECT * FROM api_reserve_order(p_token_hash, p_module_on, p_order_ref, p_site, p_profile, p_vendor, p_hold,
+                                    p_quantity, NULL, NULL)
 $$;
 
 -- The entry points of orders of one, which the release before orders of

@@ -7,10 +7,14 @@
 -- not ready. Sellable is exactly what `machine_candidates` walks, so what
 -- capacity says and what a reserve does agree about the rules.
 --
--- Locks (the lock order of sql/locks.sql, step 0, before any row): a
--- customer's turn (R19), then a pool's turn (R18), each a transaction-scoped
--- advisory lock, taken only where a cap or a headroom applies, so that the
--- other pools keep their path and speed.
+-- Turns (transaction-scoped advisory locks), taken only where a cap or a
+-- headroom applies, so that the other pools keep their path and speed: a
+-- reserve takes a customer's turn (R19), then a pool's (R18), before any
+-- row, and never waits for a machine row after (SKIP LOCKED); healing takes
+-- the pools' turns after its machines and before its reservation rows (the
+-- lock order of sql/locks.sql). So whoever holds reservation rows holds
+-- every turn it needs, and no turn holder waits for a machine another
+-- holds while waiting for that turn.
 
 -- R18: the turn of pool (p_site, p_profile) of org p_org, for whoever
 -- decides on its last sellable machines: a reserve into a pool with
@@ -29,15 +33,14 @@ $$;
 
 -- R18: the machines of pool (p_site, p_profile) kept for segments other than
 -- p_segments (an order's own segment, and for healing the organization's
--- repairs segment too): what an order of those segments must leave.
+-- repairs segment too; NULLs, no segment, are left out): what an order of
+-- those segments must leave.
 CREATE OR REPLACE FUNCTION pool_kept_for_others(p_org bigint, p_site text, p_profile text, p_segments text[])
 RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT coalesce(sum(h.machines), 0)::integer FROM headroom h
      WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile
-       -- An order of no segment passes {NULL}: `= ANY` is then NULL, not
-       -- false, and must still count every segment's headroom.
-       AND NOT coalesce(h.segment = ANY (p_segments), false)
+       AND NOT (h.segment = ANY (array_remove(coalesce(p_segments, '{}'), NULL)))
 $$;
 
 -- R17: per pool of org p_org (filtered by site and profile when given; the
@@ -96,4 +99,46 @@ LANGUAGE sql STABLE AS $$
                               ORDER BY c.available DESC, c.site), '[]'::jsonb)
       FROM capacity_pools(p_org, NULL, p_profile, p_vendor, p_segment) c
      WHERE c.site <> p_site AND c.available >= p_quantity
+$$;
+
+-- R18 for healing (R15), the turns of every pool with headroom that a live
+-- hold on machines p_machines belongs to, in one order (by key). Healing
+-- takes them after the machines and before the rows (the lock order): the
+-- machines are locked, so no hold can appear on them meanwhile, and a
+-- reserve, which holds a turn, never waits for a machine row.
+CREATE OR REPLACE FUNCTION pool_turns_of(p_machines bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v record;
+BEGIN
+    FOR v IN SELECT DISTINCT h.org_id, h.spec->>'site' AS site, h.spec->>'profile' AS profile,
+                    hashtext(h.org_id::text || '/' || (h.spec->>'site') || '/' || (h.spec->>'profile')) AS key
+               FROM reservations h
+              WHERE h.machine_id = ANY (p_machines) AND h.state = 'held' AND h.expires_at > clock_timestamp()
+                AND EXISTS (SELECT 1 FROM headroom k WHERE k.org_id = h.org_id AND k.site = h.spec->>'site'
+                                                       AND k.profile = h.spec->>'profile')
+              ORDER BY key
+    LOOP
+        PERFORM pool_turn(v.org_id, v.site, v.profile);
+    END LOOP;
+END
+$$;
+
+-- R18 for healing: whether hold p_hold may move to one more sellable
+-- machine of its pool, in the pool's turn (pool_turns_of took it). It may
+-- use the headroom of its own segment and of the organization's repairs
+-- segment, never another's.
+CREATE OR REPLACE FUNCTION healing_may_take(p_hold reservations) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_site    text := p_hold.spec->>'site';
+    v_profile text := p_hold.spec->>'profile';
+    v_kept    integer;
+BEGIN
+    v_kept := pool_kept_for_others(p_hold.org_id, v_site, v_profile,
+                                   ARRAY[p_hold.segment,
+                                         (SELECT o.repairs_segment FROM organizations o WHERE o.id = p_hold.org_id)]);
+    RETURN v_kept = 0
+        OR (SELECT count(*) FROM machine_candidates(p_hold.org_id, v_site, v_profile, NULL, v_kept + 1)) > v_kept;
+END
 $$;

@@ -43,6 +43,10 @@ DECLARE
     v_now     machine_verdict;
     v_reason  text;
 BEGIN
+    -- R18: never into headroom kept for another segment.
+    IF NOT healing_may_take(p_hold) THEN
+        RETURN NULL;
+    END IF;
     FOR v_cand IN SELECT * FROM machine_candidates(p_hold.org_id, v_site, v_profile, v_vendor, healing_walk_limit())
     LOOP
         CONTINUE WHEN v_cand.id = p_old.id;
@@ -116,8 +120,10 @@ DECLARE
     v_went   text;
     v_words  text;
 BEGIN
-    -- The rows of the order (lock order: after the machine, in id order),
+    -- The lock order: after the machine, the turn of its hold's pool (R18,
+    -- where it keeps headroom), then the rows of the order in id order,
     -- then our member again under the lock.
+    PERFORM pool_turns_of(ARRAY[NEW.id]);
     PERFORM lock_orders_on(ARRAY[NEW.id]);
     SELECT * INTO v_hold FROM reservations r
      WHERE r.machine_id = NEW.id AND r.state = 'held' AND r.expires_at > clock_timestamp();

@@ -3,9 +3,13 @@
 -- wait for each other:
 --
 --   1. machine rows, in id order, in one statement;
---   2. reservation rows, in id order, in one statement;
---   3. anything after that with SKIP LOCKED, never waited for (the
+--   2. the turns of the pools with headroom (R18, sql/capacity.sql), by key;
+--   3. reservation rows, in id order, in one statement;
+--   4. anything after that with SKIP LOCKED, never waited for (the
 --      candidates of the allocator and of healing, R3/R4).
+--
+-- A reserve takes its turns (a customer's, R19, then a pool's) first and
+-- then never waits for a machine row, so it cannot close a cycle with 1-3.
 --
 -- A transaction that holds reservation rows therefore holds every machine
 -- it will wait for, and waits only for reservation rows of higher id. The

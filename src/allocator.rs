@@ -41,7 +41,9 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Connection, PgConnection, PgExecutor};
 use tracing::Instrument;
 
-use crate::domain::{MachineStatus, OrderRef, ParseError, Profile, Site, Vendor};
+use crate::domain::{
+    CustomerRef, MachineStatus, OrderRef, ParseError, Profile, Segment, Site, Vendor,
+};
 use crate::inventory::{Machine, MachineFilter};
 use crate::reservations::{self, Reservation};
 use crate::tokens::{CallerRefusal, CallerRow};
@@ -418,6 +420,11 @@ pub struct ReserveRequest {
     pub quantity: Quantity,
     /// Who asked: a token name or a staff email (the `created` event's actor).
     pub actor: String,
+    /// R18: the segment the order belongs to (it may take that segment's
+    /// headroom); none: an order of no segment.
+    pub segment: Option<Segment>,
+    /// R19: the end customer, whose live holds the organization may cap.
+    pub customer_ref: Option<CustomerRef>,
 }
 
 /// What pass two did.
@@ -450,9 +457,32 @@ pub enum ReserveOutcome {
     },
     /// Something matched but someone was faster, or the walk hit its bound:
     /// retry in a moment (409 with Retry-After).
-    Contended { walk: WalkStats, candidates: i64 },
+    Contended {
+        walk: WalkStats,
+        candidates: i64,
+        alternatives: Vec<Alternative>,
+    },
     /// Nothing matches: buy hardware (409, no Retry-After).
-    Unavailable { excluded: ExcludedCounts },
+    Unavailable {
+        excluded: ExcludedCounts,
+        alternatives: Vec<Alternative>,
+    },
+    /// R18: enough machines match, but the sellable ones left are kept
+    /// for other segments.
+    Reserved {
+        candidates: i64,
+        kept: BTreeMap<String, i64>,
+        alternatives: Vec<Alternative>,
+    },
+    /// R19: the customer already holds `holds` machines of a cap of `limit`.
+    CustomerLimit { limit: i64, holds: i64 },
+}
+
+/// R17: another site whose pool could fill the same order now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alternative {
+    pub site: String,
+    pub available: i64,
 }
 
 impl ReserveOutcome {
@@ -463,6 +493,8 @@ impl ReserveOutcome {
             ReserveOutcome::Existing { .. } => "existing",
             ReserveOutcome::Contended { .. } => "contended",
             ReserveOutcome::Unavailable { .. } => "unavailable",
+            ReserveOutcome::Reserved { .. } => "reserved",
+            ReserveOutcome::CustomerLimit { .. } => "customer_limit",
         }
     }
 }
@@ -496,18 +528,21 @@ pub async fn reserve_on(
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<ReserveOutcome, sqlx::Error> {
-    let rows: Vec<ReserveRow> =
-        sqlx::query_as("SELECT * FROM reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8)")
-            .bind(org_id)
-            .bind(&req.actor)
-            .bind(req.order_ref.as_str())
-            .bind(req.spec.site.as_str())
-            .bind(req.spec.profile.as_str())
-            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-            .bind(req.hold.get() as i32)
-            .bind(i32::from(req.quantity.get()))
-            .fetch_all(db)
-            .await?;
+    let rows: Vec<ReserveRow> = sqlx::query_as(
+        "SELECT * FROM reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8, $9::text, $10::text)",
+    )
+    .bind(org_id)
+    .bind(&req.actor)
+    .bind(req.order_ref.as_str())
+    .bind(req.spec.site.as_str())
+    .bind(req.spec.profile.as_str())
+    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+    .bind(req.hold.get() as i32)
+    .bind(i32::from(req.quantity.get()))
+    .bind(req.segment.as_ref().map(Segment::as_str))
+    .bind(req.customer_ref.as_ref().map(CustomerRef::as_str))
+    .fetch_all(db)
+    .await?;
     ReserveRow::into_outcome(rows)
 }
 
@@ -522,7 +557,7 @@ pub async fn reserve_for_token(
     module_on: bool,
     req: &ReserveRequest,
 ) -> Result<Result<ReserveOutcome, CallerRefusal>, sqlx::Error> {
-    const SQL: &str = "SELECT c.caller, (c.result).* FROM api_reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8) c";
+    const SQL: &str = "SELECT c.caller, (c.result).* FROM api_reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8, $9::text, $10::text) c";
     // The statement is a child span of the request's; when that trace is
     // sampled, its traceparent is a comment before the statement, so that
     // it shows in pg_stat_activity and the PostgreSQL log. Such a statement
@@ -549,6 +584,8 @@ pub async fn reserve_for_token(
             .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
             .bind(req.hold.get() as i32)
             .bind(i32::from(req.quantity.get()))
+            .bind(req.segment.as_ref().map(Segment::as_str))
+            .bind(req.customer_ref.as_ref().map(CustomerRef::as_str))
             .fetch_all(db)
             .await
     }
@@ -575,7 +612,8 @@ struct ReserveRow {
     gone: Option<i32>,
     attempts: Option<i32>,
     candidates: Option<i64>,
-    excluded: Option<sqlx::types::Json<ExcludedCounts>>,
+    excluded: Option<sqlx::types::Json<serde_json::Value>>,
+    alternatives: Option<sqlx::types::Json<Vec<Alternative>>>,
 }
 
 impl ReserveRow {
@@ -619,13 +657,41 @@ impl ReserveRow {
         };
         let walk = first.walk();
         let candidates = first.candidates.unwrap_or(0);
+        let alternatives = first.alternatives.take().map(|j| j.0).unwrap_or_default();
+        let excluded = first.excluded.take().map(|j| j.0).unwrap_or_default();
+        let number = |key: &str| {
+            excluded
+                .get(key)
+                .and_then(serde_json::Value::as_i64)
+                .unwrap_or(0)
+        };
         Ok(match first.outcome.as_deref().unwrap_or_default() {
-            "contended" => ReserveOutcome::Contended { walk, candidates },
+            "contended" => ReserveOutcome::Contended {
+                walk,
+                candidates,
+                alternatives,
+            },
             "unavailable" => {
-                let mut excluded = first.excluded.take().map(|j| j.0).unwrap_or_default();
-                excluded.candidates = candidates;
-                ReserveOutcome::Unavailable { excluded }
+                let mut counts: ExcludedCounts = serde_json::from_value(excluded.clone())
+                    .map_err(|e| sqlx::Error::Decode(Box::new(e)))?;
+                counts.candidates = candidates;
+                ReserveOutcome::Unavailable {
+                    excluded: counts,
+                    alternatives,
+                }
             }
+            "reserved" => ReserveOutcome::Reserved {
+                candidates,
+                kept: excluded
+                    .get("kept")
+                    .and_then(|k| serde_json::from_value(k.clone()).ok())
+                    .unwrap_or_default(),
+                alternatives,
+            },
+            "customer_limit" => ReserveOutcome::CustomerLimit {
+                limit: number("limit"),
+                holds: number("holds"),
+            },
             _ => match Self::walked(rows)? {
                 Walked::Created(order) => {
                     let (reservation, others) = split_order(order)?;

@@ -25,9 +25,10 @@ pub enum RefusalReason {
     Unavailable,
     /// Machines match but faster orders are taking them.
     Contended,
-    /// R18: the sellable machines left are kept for another segment.
+    /// Machines match, but the sellable ones left are kept for other
+    /// segments (R18).
     Reserved,
-    /// R19: the order's customer already holds the organization's cap.
+    /// The customer already holds the organization's cap (R19).
     CustomerLimit,
 }
 
@@ -43,10 +44,11 @@ impl RefusalReason {
     }
 }
 
-// Recording: the allocator's `reserve_machine`
-// (sql/allocator.sql) inserts the refusal row in the
-// statement that read the counts: `excluded` holds docs/api.md's counts for
-// `unavailable`, `{"candidates": N}` for `contended`.
+// Recording: the allocator's `reserve_order` (sql/allocator.sql, through
+// `record_refusal`) inserts the refusal row in the statement that read the
+// counts: `excluded` holds docs/api.md's counts for `unavailable`,
+// `{"candidates": N}` for `contended`, the counts with what is kept for
+// which segment for `reserved`, `{"limit", "holds"}` for `customer_limit`.
 
 // ---------------------------------------------------------------------------
 // Counting (the labels are the metrics' own: `metrics::RefusalLabels`)
@@ -63,6 +65,8 @@ pub async fn count_refusal(
     let reason = match outcome {
         ReserveOutcome::Unavailable { .. } => RefusalReason::Unavailable,
         ReserveOutcome::Contended { .. } => RefusalReason::Contended,
+        ReserveOutcome::Reserved { .. } => RefusalReason::Reserved,
+        ReserveOutcome::CustomerLimit { .. } => RefusalReason::CustomerLimit,
         ReserveOutcome::Created { .. } | ReserveOutcome::Existing { .. } => return,
     };
     let (site, profile) = metrics

@@ -274,6 +274,8 @@ async fn reserve_order(
         hold: HoldSeconds::new(HOLD_SECONDS)?,
         quantity,
         actor: CHECKOUT.to_owned(),
+        segment: None,
+        customer_ref: None,
     };
     Ok(match allocator::reserve(pool, org_id, &req).await? {
         ReserveOutcome::Created {

@@ -110,7 +110,14 @@ pub async fn change_status(
     // with O's and P's machines, rack B with P's and O's others) then queue
     // on the first order's rows instead of each locking one order and
     // waiting for the other's.
-    for step in ["SELECT lock_machines($1)", "SELECT lock_orders_on($1)"] {
+    // Between the machines and the rows, the turns of the pools with
+    // headroom that the holds on these machines belong to (R18: healing
+    // decides on a pool's last machines as a reserve does).
+    for step in [
+        "SELECT lock_machines($1)",
+        "SELECT pool_turns_of($1)",
+        "SELECT lock_orders_on($1)",
+    ] {
         sqlx::query(step).bind(&ids).execute(&mut *conn).await?;
     }
     // Every member of every order with a live hold on these machines: the

@@ -96,6 +96,8 @@ async fn measure(db: &Db, org_id: i64, sites: i64, n: usize, tag: &str) -> anyho
             hold: HoldSeconds::new(900)?,
             quantity: poolkeeper::allocator::Quantity::ONE,
             actor: "bench".to_owned(),
+            segment: None,
+            customer_ref: None,
         };
         let t = Instant::now();
         let outcome = poolkeeper::allocator::reserve(&pool, org_id, &req).await?;

@@ -335,6 +335,8 @@ async fn cycle(
         hold: HoldSeconds::new(900)?,
         quantity: poolkeeper::allocator::Quantity::ONE,
         actor: "bench".to_owned(),
+        segment: None,
+        customer_ref: None,
     };
     let t = Instant::now();
     let outcome = poolkeeper::allocator::reserve_for_token(pool, hash, true, &req)

@@ -127,6 +127,8 @@ pub async fn run(db: &Db, rounds: usize) -> anyhow::Result<(Tally, Tally)> {
                     hold: HoldSeconds::new(900)?,
                     quantity: poolkeeper::allocator::Quantity::ONE,
                     actor: "bench".to_owned(),
+                    segment: None,
+                    customer_ref: None,
                 };
                 tasks.push(tokio::spawn(async move {
                     barrier.wait().await;

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::api::json;
-use crate::domain::{OrderRef, Profile, Scope, ServiceRef, Site, Vendor};
+use crate::domain::{CustomerRef, OrderRef, Profile, Scope, Segment, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
 use crate::reservations::{
@@ -61,6 +61,12 @@ pub struct ReserveBody {
     /// R13: how many machines, all or none (1 to 16; absent or null: 1).
     #[serde(default, deserialize_with = "json::quantity")]
     quantity: Option<i64>,
+    /// R18: the segment of the order (it may take that segment's headroom).
+    #[serde(default)]
+    segment: Option<Segment>,
+    /// R19: the end customer (its live holds may be capped).
+    #[serde(default)]
+    customer_ref: Option<CustomerRef>,
 }
 
 /// Bodies and path ids are parsed in the handler, after the module check,
@@ -181,6 +187,8 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
         hold,
         // api_reserve names the token as the actor.
         actor: String::new(),
+        segment: b.segment,
+        customer_ref: b.customer_ref,
     })
 }
 
@@ -220,12 +228,18 @@ async fn reserve(
             span.record("candidates", walk.scanned as i64);
             span.record("candidates_locked_by_others", walk.locked_by_others as i64);
         }
-        allocator::ReserveOutcome::Contended { walk, candidates } => {
+        allocator::ReserveOutcome::Contended {
+            walk, candidates, ..
+        } => {
             span.record("candidates", *candidates);
             span.record("candidates_locked_by_others", walk.locked_by_others as i64);
         }
-        allocator::ReserveOutcome::Unavailable { .. } => {
+        allocator::ReserveOutcome::Unavailable { .. }
+        | allocator::ReserveOutcome::CustomerLimit { .. } => {
             span.record("candidates", 0_i64);
+        }
+        allocator::ReserveOutcome::Reserved { candidates, .. } => {
+            span.record("candidates", *candidates);
         }
         allocator::ReserveOutcome::Existing { .. } => {}
     }
@@ -265,7 +279,11 @@ async fn reserve(
             let order = read_order(&pool, reservation.org_id, &reservation.order_ref).await?;
             Ok(HttpResponse::Ok().json(order_body(&order)?))
         }
-        ReserveOutcome::Contended { walk, candidates } => Err(conflict(
+        ReserveOutcome::Contended {
+            walk,
+            candidates,
+            alternatives,
+        } => Err(conflict(
             "contended",
             if quantity == 1 {
                 "machines match this order but faster orders are taking them; retry in a moment"
@@ -279,8 +297,12 @@ async fn reserve(
         .with("scanned", json!(walk.scanned))
         .with("candidates", json!(candidates))
         .with("quantity", json!(quantity))
+        .with("alternatives", json!(alternatives))
         .retry_after(allocator::RETRY_AFTER_SECONDS)),
-        ReserveOutcome::Unavailable { excluded } => Err(conflict(
+        ReserveOutcome::Unavailable {
+            excluded,
+            alternatives,
+        } => Err(conflict(
             "unavailable",
             if quantity == 1 {
                 "no machine matches this order; more hardware is needed".to_owned()
@@ -293,6 +315,33 @@ async fn reserve(
         )
         .with("excluded", json!(excluded))
         .with("candidates", json!(excluded.candidates))
+        .with("quantity", json!(quantity))
+        .with("alternatives", json!(alternatives))),
+        ReserveOutcome::Reserved {
+            candidates,
+            kept,
+            alternatives,
+        } => Err(conflict(
+            "reserved",
+            format!(
+                "{candidates} machines match this order of {quantity}, but the sellable machines left \
+                 are kept for {}; nothing more can be sold to orders outside those segments",
+                kept.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        )
+        .with("kept", json!(kept))
+        .with("candidates", json!(candidates))
+        .with("quantity", json!(quantity))
+        .with("alternatives", json!(alternatives))),
+        ReserveOutcome::CustomerLimit { limit, holds } => Err(conflict(
+            "customer_limit",
+            format!(
+                "this customer holds {holds} machines and the organization caps one customer's live \
+                 holds at {limit}; an order of {quantity} more is refused"
+            ),
+        )
+        .with("limit", json!(limit))
+        .with("holds", json!(holds))
         .with("quantity", json!(quantity))),
     }
 }

@@ -120,7 +120,7 @@ async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
         .await
         .expect("reserve")
     {
-        ReserveOutcome::Unavailable { excluded } => {
+        ReserveOutcome::Unavailable { excluded, .. } => {
             assert_eq!(
                 (
                     excluded.wrong_site,
@@ -302,7 +302,9 @@ async fn five_requests_one_order_ref_give_one_reservation() {
                     assert_eq!(reservation.id, id, "round {round}")
                 }
                 ReserveOutcome::Contended { .. } => {}
-                ReserveOutcome::Unavailable { .. } => {
+                ReserveOutcome::Unavailable { .. }
+                | ReserveOutcome::Reserved { .. }
+                | ReserveOutcome::CustomerLimit { .. } => {
                     panic!("round {round}: machines were left: {outcomes:#?}")
                 }
             }
@@ -359,7 +361,9 @@ async fn the_walk_stops_after_25_locked_candidates_without_waiting() {
         .expect("reserve");
     let elapsed = started.elapsed();
     match outcome {
-        ReserveOutcome::Contended { walk, candidates } => {
+        ReserveOutcome::Contended {
+            walk, candidates, ..
+        } => {
             assert_eq!(walk.scanned, 25, "{walk:?}");
             assert_eq!(walk.locked_by_others, 25);
             assert_eq!(
@@ -577,7 +581,7 @@ async fn convert_racing_a_new_order_never_frees_the_machine() {
         let second = order.await.expect("task");
         assert!(converted.is_ok(), "round {round}: {converted:?}");
         match &second {
-            ReserveOutcome::Unavailable { excluded } => {
+            ReserveOutcome::Unavailable { excluded, .. } => {
                 assert_eq!(
                     excluded.held + excluded.in_service,
                     1,

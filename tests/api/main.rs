@@ -18,6 +18,7 @@ mod failover;
 mod guardrails;
 #[path = "../ha/cluster.rs"]
 mod ha_cluster;
+mod headroom;
 mod healing;
 mod helpers;
 mod hostile_forms;

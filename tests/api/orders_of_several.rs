@@ -119,7 +119,7 @@ async fn eight_orders_of_two_on_five_machines_give_two_orders_and_no_reader_sees
                         machines.push(r.machine_id);
                     }
                 }
-                ReserveOutcome::Unavailable { excluded } => {
+                ReserveOutcome::Unavailable { excluded, .. } => {
                     assert_eq!(excluded.candidates, 1, "round {round}: one machine is left");
                 }
                 other => panic!("round {round}: orders of several take turns: {other:?}"),
@@ -226,7 +226,9 @@ async fn an_order_short_of_one_machine_holds_nothing() {
         .await
         .expect("reserve");
     match &outcome {
-        ReserveOutcome::Contended { walk, candidates } => {
+        ReserveOutcome::Contended {
+            walk, candidates, ..
+        } => {
             assert_eq!(*candidates, 3);
             assert_eq!(walk.locked_by_others, 1, "{walk:?}");
         }
@@ -263,7 +265,7 @@ async fn an_order_short_of_one_machine_holds_nothing() {
         .await
         .expect("reserve")
     {
-        ReserveOutcome::Unavailable { excluded } => {
+        ReserveOutcome::Unavailable { excluded, .. } => {
             assert_eq!((excluded.candidates, excluded.held), (2, 1));
         }
         other => panic!("expected unavailable, got {other:?}"),

@@ -51,6 +51,8 @@ pub fn request_for(order_ref: &str, profile: &str, vendor: Option<&str>) -> Rese
         hold: HoldSeconds::new(900).expect("hold"),
         quantity: Quantity::ONE,
         actor: "test".to_owned(),
+        segment: None,
+        customer_ref: None,
     }
 }
 
@@ -244,7 +246,7 @@ pub async fn check_round(
                     "round {round}: a decoy was chosen"
                 );
             }
-            ReserveOutcome::Unavailable { excluded } => {
+            ReserveOutcome::Unavailable { excluded, .. } => {
                 // Honest only when nothing was left: every eligible machine
                 // is held by now, next to the held decoy.
                 assert_eq!(excluded.candidates, 0, "round {round}");
@@ -279,6 +281,9 @@ pub async fn check_round(
             }
             ReserveOutcome::Existing { .. } => {
                 panic!("round {round}: distinct orders cannot replay")
+            }
+            ReserveOutcome::Reserved { .. } | ReserveOutcome::CustomerLimit { .. } => {
+                panic!("round {round}: no headroom and no cap here: {o:?}")
             }
         }
     }
