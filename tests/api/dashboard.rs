@@ -1863,13 +1863,44 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         .await,
         1
     );
+    // Through the real reserve path: an enterprise hold with its customer,
+    // a customer at the cap, and one refusal of each code.
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref = 'DEMO-ENT-1'
+              AND state = 'held' AND segment = 'enterprise' AND customer_ref = 'CUST-ORBIT'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations WHERE org_id = $1 AND state = 'held'
+              AND customer_ref = 'CUST-NOVA'"
+        )
+        .await,
+        2,
+        "the cap"
+    );
+    for reason in ["unavailable", "contended", "reserved", "customer_limit"] {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM reservation_refusals WHERE org_id = $1 AND reason = $2",
+        )
+        .bind(org)
+        .bind(reason)
+        .fetch_one(pool)
+        .await
+        .expect("refusals");
+        assert_eq!(n, 1, "one {reason} refusal");
+    }
     let rows = "SELECT (SELECT count(*) FROM reservations WHERE org_id = $1)
                      + (SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id WHERE r.org_id = $1)
                      + (SELECT count(*) FROM service_links WHERE org_id = $1)
                      + (SELECT count(*) FROM machines WHERE org_id = $1)
                      + (SELECT count(*) FROM users WHERE org_id = $1)
                      + (SELECT count(*) FROM api_tokens WHERE org_id = $1)
-                     + (SELECT count(*) FROM headroom WHERE org_id = $1)";
+                     + (SELECT count(*) FROM headroom WHERE org_id = $1)
+                     + (SELECT count(*) FROM reservation_refusals WHERE org_id = $1)";
     let before = one(rows).await;
     let again = poolkeeper::demo::load(pool).await.expect("demo again");
     assert_eq!(again.reservations, first.reservations);
