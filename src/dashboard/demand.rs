@@ -30,6 +30,9 @@ pub struct RefusedSpecView {
     pub reserved_7d: i64,
     pub customer_limit_7d: i64,
     pub last_at: String,
+    /// `last_at`'s day and time of day, each kept on one line on the page.
+    pub last_day: String,
+    pub last_clock: String,
     /// The latest `unavailable` refusal's excluded counts, as "held 3, not_ready 1".
     pub last_excluded: String,
     pub why_not: String,
@@ -78,6 +81,8 @@ async fn refused_specs(pool: &Db, org_id: i64) -> Result<Vec<RefusedSpecView>, D
                     ],
                 ),
                 last_excluded: excluded_summary(s.last_excluded.as_ref().map(|j| &j.0)),
+                last_day: s.last_at.format("%Y-%m-%d").to_string(),
+                last_clock: s.last_at.format("%H:%M:%S UTC").to_string(),
                 last_at: fmt_time(&s.last_at),
                 site: s.site,
                 profile: s.profile,

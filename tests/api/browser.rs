@@ -937,7 +937,7 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     d.goto(&app.url("/why-not?site=par1&profile=gpu-h100-8x&segment=enterprise"))
         .await;
     assert!(d.text("#answer").await.starts_with("Would reserve "));
-    d.goto(&app.url("/machines?spec_site=par1&spec_profile=gpu-h100-8x"))
+    d.goto(&app.url("/machines?profile=gpu-h100-8x&spec_site=par1&spec_profile=gpu-h100-8x"))
         .await;
     let verdicts = d.texts("td.verdict .badge").await;
     assert!(
@@ -947,6 +947,51 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         "{verdicts:?}"
     );
     check_page(&d, &shots, "22d-machines-kept-for", &axe, &mut problems).await;
+
+    // Lost demand: the demo's refused orders, each code in its own column,
+    // and the overview's chart in its own colours.
+    d.goto(&app.url("/demand")).await;
+    for k in [
+        "unavailable_7d",
+        "reserved_7d",
+        "customer_limit_7d",
+        "contended_7d",
+    ] {
+        let total: i64 = d
+            .texts(&format!("table.demand td[data-k={k}]"))
+            .await
+            .iter()
+            .filter_map(|t| t.parse::<i64>().ok())
+            .sum();
+        assert_eq!(total, 1, "one {k} refusal in the demo");
+    }
+    check_page(&d, &shots, "22e-lost-demand", &axe, &mut problems).await;
+    d.goto(&app.url("/")).await;
+    for class in [
+        "spark-unavailable",
+        "spark-reserved",
+        "spark-customer_limit",
+    ] {
+        assert_eq!(
+            d.texts(&format!("svg.spark rect.{class}")).await.len(),
+            1,
+            "{class} drawn"
+        );
+    }
+
+    // A hold with its customer and segment: in the live list and on its page.
+    let enterprise = id_of(&app, "DEMO-ENT-1").await;
+    d.goto(&app.url("/reservations")).await;
+    assert_eq!(
+        d.text(&format!("tr[data-reservation=\"{enterprise}\"] .customer"))
+            .await,
+        "for CUST-ORBIT (enterprise)"
+    );
+    d.goto(&app.url(&format!("/reservations/{enterprise}")))
+        .await;
+    assert_eq!(d.text("#customer").await, "CUST-ORBIT");
+    assert_eq!(d.text("#segment").await, "enterprise");
+    check_page(&d, &shots, "22f-hold-with-customer", &axe, &mut problems).await;
 
     for (path, shot) in [
         ("/machines", "23-machines"),
