@@ -21,6 +21,7 @@ mod growth;
 mod ha;
 #[path = "../../tests/ha/cluster.rs"]
 mod ha_cluster;
+mod headroom;
 mod healing;
 mod notes;
 mod pages;
@@ -163,6 +164,8 @@ pub struct Results {
     pub healing: Vec<healing::Run>,
     /// Item 12: item 1 at 8 clients, tracing off and on at a 1% sampler.
     pub tracing: Option<traced::Result>,
+    /// Item 13: item 1 at 8 clients on pools keeping headroom and not (R18).
+    pub headroom: Option<headroom::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -206,7 +209,7 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     let mut results = Results::default();
     let mut pg_version = String::new();
 
-    if cfg.runs_item("throughput") || cfg.runs_item("pages") {
+    if cfg.runs_item("throughput") || cfg.runs_item("pages") || cfg.runs_item("headroom") {
         let db = cluster.database("bench_api").await?;
         pg_version = sqlx::query_scalar("SELECT current_setting('server_version')")
             .fetch_one(&db.setup)
@@ -472,6 +475,15 @@ async fn api_items(
             let t = measure_throughput(cfg, meter, probe, db, org, base, clients).await?;
             results.throughput.push(t);
         }
+    }
+
+    if cfg.runs_item("headroom") {
+        eprintln!(
+            "headroom: {} clients, pools keeping 1 machine for a segment and none, {} runs each",
+            headroom::CLIENTS,
+            cfg.runs
+        );
+        results.headroom = Some(headroom::run(cfg, db, org, base, meter).await?);
     }
 
     if cfg.runs_item("throughput") {

@@ -129,7 +129,14 @@ const HOW: &str = "## How it is measured
   variable), and OpenTelemetry on at a 1% sampler
   (`parentbased_traceidratio`, 0.01; the clients send no `traceparent`),
   exporting over OTLP/HTTP to a sink the bench runs on loopback. Each server
-  is started fresh and stopped in order (which flushes its spans).";
+  is started fresh and stopped in order (which flushes its spans).
+- **13. Headroom (R18).** Item 1's cycle at 8 clients on item 1's database
+  and server, runs alternating: every pool keeping 1 machine for a segment
+  the orders never name (each reserve then takes the pool's turn, a
+  transaction-scoped advisory lock, and counts the pool's last sellable
+  machines in its own transaction), and no headroom at all. The headroom
+  never binds (a pool has 1,000 machines), so both sell the same machines;
+  the ratio is the cost of the turn and the count. `BENCH_ONLY=headroom`.";
 
 const THROUGHPUT: &str = "### What limits item 1 (HTTP API against the database's ceiling)
 

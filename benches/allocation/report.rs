@@ -368,6 +368,37 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
                 .join(", ")
         );
     }
+    if let Some(k) = &results.headroom {
+        let rate = |runs: &[crate::throughput::Run]| {
+            median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
+        };
+        let p99 = |runs: &[crate::throughput::Run]| {
+            median(&runs.iter().map(|r| r.reserve.p99_ms).collect::<Vec<_>>())
+        };
+        let (with, without) = (rate(&k.with), rate(&k.without));
+        let ratio = if without > 0.0 { with / without } else { 0.0 };
+        let _ = writeln!(
+            w,
+            "| 13 | headroom (R18): item 1's cycle at {} clients, every pool keeping 1 machine for a segment the orders do not name (each reserve takes the pool's turn), against no headroom | ×{:.2} ({:.0}/s against {:.0}/s; reserve p99 {:.2} ms against {:.2} ms; runs with: {}; without: {}) | ≥ ×0.80 | {} |",
+            crate::headroom::CLIENTS,
+            ratio,
+            with,
+            without,
+            p99(&k.with),
+            p99(&k.without),
+            k.with
+                .iter()
+                .map(|r| format!("{:.0}", r.cycles_per_s))
+                .collect::<Vec<_>>()
+                .join(", "),
+            k.without
+                .iter()
+                .map(|r| format!("{:.0}", r.cycles_per_s))
+                .collect::<Vec<_>>()
+                .join(", "),
+            met(ratio >= 0.8)
+        );
+    }
     if let Some(t) = &results.tracing {
         let med = |runs: &[crate::throughput::Run], f: fn(&crate::throughput::Run) -> f64| {
             median(&runs.iter().map(f).collect::<Vec<_>>())

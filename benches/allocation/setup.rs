@@ -116,6 +116,7 @@ impl Config {
                     "sweep",
                     "healing",
                     "tracing",
+                    "headroom",
                     "pages",
                     "fill",
                     "pooler",

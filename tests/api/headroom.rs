@@ -373,3 +373,61 @@ async fn healing_uses_the_repairs_headroom_and_never_another_segments() {
     assert_eq!(sellable(&app).await, 1, "the enterprise machine is left");
     invariants(&app, 0).await;
 }
+
+/// R17's alternatives on a refusal: sold out in one site, the order's
+/// answer names the sites whose same pool could fill it now, most first,
+/// and leaves out a site that could not (too few, or kept for a segment).
+#[tokio::test]
+async fn a_refused_order_names_the_sites_that_could_fill_it() {
+    let app = spawn_app().await;
+    let profile = literal(PROFILE);
+    for (site, n) in [("ams9", 12), ("fra2", 5), ("lon1", 2)] {
+        let (s, tag) = (literal(site), format!("'{site}-' || g"));
+        generated_machines(
+            &app.pool,
+            app.org.id,
+            n,
+            Generated {
+                tag: &tag,
+                site: &s,
+                vendor: "'dell'",
+                profile: &profile,
+                status: "'ready'",
+            },
+        )
+        .await;
+    }
+    // fra2 keeps 3 for enterprise: 2 available to an order of no segment.
+    sqlx::query(
+        "INSERT INTO headroom (org_id, site, profile, segment, machines, updated_by)
+         VALUES ($1, 'fra2', $2, 'enterprise', 3, 'test')",
+    )
+    .bind(app.org.id)
+    .bind(PROFILE)
+    .execute(&app.pool)
+    .await
+    .expect("headroom");
+    let (code, body) = app
+        .post_json("/api/v1/reservations", order("SOLD-OUT", 2, None, None))
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"], "unavailable", "{body}");
+    assert_eq!(
+        body["alternatives"],
+        json!([{"site": "ams9", "available": 12}, {"site": "fra2", "available": 2}, {"site": "lon1", "available": 2}]),
+        "{body}"
+    );
+    // Of the enterprise segment, fra2 offers all 5.
+    let (code, body) = app
+        .post_json(
+            "/api/v1/reservations",
+            order("SOLD-OUT-E", 3, Some("enterprise"), None),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        body["alternatives"],
+        json!([{"site": "ams9", "available": 12}, {"site": "fra2", "available": 5}]),
+        "{body}"
+    );
+}
