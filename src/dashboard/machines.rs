@@ -223,6 +223,9 @@ impl KeptForOthers {
     }
 }
 
+/// `capacity_pools`' `reserved`: machines kept per segment.
+pub type KeptJson = sqlx::types::Json<std::collections::BTreeMap<String, i64>>;
+
 /// The headroom `spec`'s pool keeps for segments other than `segment`;
 /// `None` when it keeps none for others.
 pub async fn kept_for_others(
@@ -231,11 +234,7 @@ pub async fn kept_for_others(
     spec: &OrderSpec,
     segment: Option<&Segment>,
 ) -> Result<Option<KeptForOthers>, sqlx::Error> {
-    let row: Option<(
-        sqlx::types::Json<std::collections::BTreeMap<String, i64>>,
-        i64,
-        i64,
-    )> = sqlx::query_as(
+    let row: Option<(KeptJson, i64, i64)> = sqlx::query_as(
         "SELECT reserved, available, sellable FROM capacity_pools($1, $2, $3, $4, $5)",
     )
     .bind(org_id)

@@ -352,12 +352,7 @@ async fn headroom_by_pool(
     pool: &Db,
     org_id: i64,
 ) -> Result<BTreeMap<(String, String), Headroom>, sqlx::Error> {
-    let rows: Vec<(
-        String,
-        String,
-        sqlx::types::Json<BTreeMap<String, i64>>,
-        i64,
-    )> = sqlx::query_as(
+    let rows: Vec<(String, String, super::machines::KeptJson, i64)> = sqlx::query_as(
         "SELECT site, profile, reserved, available FROM capacity_pools($1, NULL, NULL, NULL, NULL)",
     )
     .bind(org_id)
