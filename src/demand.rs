@@ -1,7 +1,9 @@
 //! Lost demand: the refusals of the reserve API, recorded for the
 //! people who act on them. `unavailable` means "buy hardware" and
 //! `contended` means "capacity exists but is hot" (R7: two messages, two
-//! buttons); both are kept apart here as they are in the API.
+//! buttons); `reserved` means "the machines left are kept for another
+//! segment" (R18) and `customer_limit` "this customer holds its cap"
+//! (R19). All four are kept apart here as they are in the API.
 //!
 //! Writing: one row per refusal, in the transaction that read the counts.
 //! Reading: the overview's per site and profile figures and `/demand`'s most
@@ -93,13 +95,18 @@ pub struct RefusedSpec {
     pub unavailable_24h: i64,
     pub unavailable_7d: i64,
     pub contended_7d: i64,
+    /// R18: refused because what was left was kept for another segment.
+    pub reserved_7d: i64,
+    /// R19: refused because the order's customer held the cap.
+    pub customer_limit_7d: i64,
     pub last_at: DateTime<Utc>,
     /// The `excluded` counts of the latest `unavailable` refusal, if any.
     pub last_excluded: Option<sqlx::types::Json<Value>>,
 }
 
 /// The specs of `org_id` refused in the last 7 days, most refused as
-/// `unavailable` first (then `contended`), at most `limit`.
+/// `unavailable` first (then `reserved`, `customer_limit`, `contended`), at
+/// most `limit`.
 pub async fn most_refused(
     pool: &Db,
     org_id: i64,
@@ -118,23 +125,27 @@ pub async fn most_refused(
                         AS unavailable_24h,
                     count(*) FILTER (WHERE reason = 'unavailable') AS unavailable_7d,
                     count(*) FILTER (WHERE reason = 'contended') AS contended_7d,
+                    count(*) FILTER (WHERE reason = 'reserved') AS reserved_7d,
+                    count(*) FILTER (WHERE reason = 'customer_limit') AS customer_limit_7d,
                     max(at) AS last_at,
                     max(at) FILTER (WHERE reason = 'unavailable') AS last_unavailable_at
                FROM reservation_refusals
               WHERE org_id = $1 AND at > (SELECT clock_timestamp() - interval '7 days')
               GROUP BY site, profile, vendor
-              ORDER BY unavailable_7d DESC, contended_7d DESC, last_at DESC, site, profile, vendor
+              ORDER BY unavailable_7d DESC, reserved_7d DESC, customer_limit_7d DESC, contended_7d DESC,
+                       last_at DESC, site, profile, vendor
               LIMIT $2
          )
          SELECT g.site, g.profile, g.vendor, g.unavailable_24h, g.unavailable_7d, g.contended_7d,
-                g.last_at,
+                g.reserved_7d, g.customer_limit_7d, g.last_at,
                 (SELECT l.excluded FROM reservation_refusals l
                   WHERE l.org_id = $1 AND l.at = g.last_unavailable_at AND l.reason = 'unavailable'
                     AND l.site = g.site AND l.profile = g.profile
                     AND l.vendor IS NOT DISTINCT FROM g.vendor
                   ORDER BY l.id DESC LIMIT 1) AS last_excluded
            FROM g
-          ORDER BY g.unavailable_7d DESC, g.contended_7d DESC, g.last_at DESC, g.site, g.profile, g.vendor",
+          ORDER BY g.unavailable_7d DESC, g.reserved_7d DESC, g.customer_limit_7d DESC, g.contended_7d DESC,
+                   g.last_at DESC, g.site, g.profile, g.vendor",
     )
     .bind(org_id)
     .bind(limit)
@@ -143,7 +154,8 @@ pub async fn most_refused(
 }
 
 /// Per site and profile of `org_id`: what is sellable now and how many
-/// orders were refused as `unavailable`, per hour of the last 7 days.
+/// orders were refused as `unavailable`, and apart from them as `reserved`
+/// (R18) and `customer_limit` (R19), per hour of the last 7 days.
 #[derive(Debug, Clone, Default)]
 pub struct SiteProfileDemand {
     pub site: String,
@@ -154,6 +166,10 @@ pub struct SiteProfileDemand {
     /// `unavailable` refusals per hour: index 0 is the hour ending now,
     /// index `CHART_HOURS - 1` the one that began 7 days ago.
     pub per_hour: Vec<i64>,
+    /// `reserved` refusals per hour, indexed as `per_hour`.
+    pub reserved_per_hour: Vec<i64>,
+    /// `customer_limit` refusals per hour, indexed as `per_hour`.
+    pub customer_limit_per_hour: Vec<i64>,
 }
 
 impl SiteProfileDemand {
@@ -163,6 +179,27 @@ impl SiteProfileDemand {
 
     pub fn unavailable_7d(&self) -> i64 {
         self.per_hour.iter().sum()
+    }
+
+    pub fn reserved_7d(&self) -> i64 {
+        self.reserved_per_hour.iter().sum()
+    }
+
+    pub fn customer_limit_7d(&self) -> i64 {
+        self.customer_limit_per_hour.iter().sum()
+    }
+
+    /// An empty row of `site` and `profile`.
+    pub fn empty(site: String, profile: String, sellable: i64) -> SiteProfileDemand {
+        let hours = vec![0; CHART_HOURS as usize];
+        SiteProfileDemand {
+            site,
+            profile,
+            sellable,
+            per_hour: hours.clone(),
+            reserved_per_hour: hours.clone(),
+            customer_limit_per_hour: hours,
+        }
     }
 }
 
@@ -191,15 +228,16 @@ pub async fn by_site_and_profile(
     .await?;
     // One reading of the clock: hour 0 ends now. A range scan of
     // reservation_refusals_by_org_at_idx.
-    let hours: Vec<(String, String, i32, i64)> = sqlx::query_as(
+    // `contended` is not charted here: capacity exists, it is only hot.
+    let hours: Vec<(String, String, String, i32, i64)> = sqlx::query_as(
         "WITH t AS (SELECT clock_timestamp() AS now)
-         SELECT f.site, f.profile,
+         SELECT f.site, f.profile, f.reason,
                 least(greatest(floor(extract(epoch FROM t.now - f.at) / 3600), 0), $2 - 1)::int AS hours_ago,
                 count(*)
            FROM reservation_refusals f, t
-          WHERE f.org_id = $1 AND f.reason = 'unavailable'
+          WHERE f.org_id = $1 AND f.reason IN ('unavailable', 'reserved', 'customer_limit')
             AND f.at > t.now - make_interval(hours => $2)
-          GROUP BY 1, 2, 3",
+          GROUP BY 1, 2, 3, 4",
     )
     .bind(org_id)
     .bind(CHART_HOURS)
@@ -207,36 +245,32 @@ pub async fn by_site_and_profile(
     .await?;
     let mut rows: Vec<SiteProfileDemand> = stock
         .into_iter()
-        .map(|(site, profile, sellable)| SiteProfileDemand {
-            site,
-            profile,
-            sellable,
-            per_hour: vec![0; CHART_HOURS as usize],
-        })
+        .map(|(site, profile, sellable)| SiteProfileDemand::empty(site, profile, sellable))
         .collect();
     let mut index: std::collections::HashMap<(String, String), usize> = rows
         .iter()
         .enumerate()
         .map(|(i, r)| ((r.site.clone(), r.profile.clone()), i))
         .collect();
-    for (site, profile, hours_ago, n) in hours {
+    for (site, profile, reason, hours_ago, n) in hours {
         let key = (site, profile);
         let i = match index.get(&key) {
             Some(&i) => i,
             None => {
-                rows.push(SiteProfileDemand {
-                    site: key.0.clone(),
-                    profile: key.1.clone(),
-                    sellable: 0,
-                    per_hour: vec![0; CHART_HOURS as usize],
-                });
+                rows.push(SiteProfileDemand::empty(key.0.clone(), key.1.clone(), 0));
                 index.insert(key, rows.len() - 1);
                 rows.len() - 1
             }
         };
+        let row = &mut rows[i];
+        let series = match reason.as_str() {
+            "reserved" => &mut row.reserved_per_hour,
+            "customer_limit" => &mut row.customer_limit_per_hour,
+            _ => &mut row.per_hour,
+        };
         if let Some(slot) = usize::try_from(hours_ago)
             .ok()
-            .and_then(|h| rows[i].per_hour.get_mut(h))
+            .and_then(|h| series.get_mut(h))
         {
             *slot += n;
         }
@@ -244,6 +278,10 @@ pub async fn by_site_and_profile(
     rows.sort_by(|a, b| {
         b.unavailable_7d()
             .cmp(&a.unavailable_7d())
+            .then_with(|| {
+                (b.reserved_7d() + b.customer_limit_7d())
+                    .cmp(&(a.reserved_7d() + a.customer_limit_7d()))
+            })
             .then_with(|| (&a.site, &a.profile).cmp(&(&b.site, &b.profile)))
     });
     rows.truncate(limit);

@@ -7,7 +7,8 @@ use crate::db::Db;
 
 use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::domain::{
-    AssetTag, Email, MachineStatus, OrderRef, Profile, Role, ServiceRef, Site, Slug, Vendor,
+    AssetTag, CustomerRef, Email, MachineStatus, OrderRef, Profile, Role, Segment, ServiceRef,
+    Site, Slug, Vendor,
 };
 use crate::inventory::{self, MachineSpec};
 use crate::lease::{self, Claim, SWEEP_KEY};
@@ -121,6 +122,7 @@ pub async fn load(pool: &Db) -> anyhow::Result<DemoReport> {
                 .1,
         )
     };
+    demo_capacity(pool, org.id).await?;
     let reservations = demo_reservations(pool, org.id).await?;
     let machines: i64 = sqlx::query_scalar("SELECT count(*) FROM machines WHERE org_id = $1")
         .bind(org.id)
@@ -144,6 +146,74 @@ pub async fn load(pool: &Db) -> anyhow::Result<DemoReport> {
     })
 }
 
+/// R18's pool of the demo: a scarce profile at one site, most of it kept
+/// for a segment; one more such machine at another site.
+pub const GPU_PROFILE: &str = "gpu-h100-8x";
+pub const GPU_SITE: &str = "par1";
+/// (asset tag, site) of the demo's GPU machines, all dell and ready.
+const GPU_MACHINES: [(&str, &str); 4] = [
+    ("PK-G0001", GPU_SITE),
+    ("PK-G0002", GPU_SITE),
+    ("PK-G0003", GPU_SITE),
+    ("PK-G0004", "ams1"),
+];
+/// The segment the GPU pool keeps machines for, and how many.
+pub const HEADROOM_SEGMENT: &str = "enterprise";
+pub const HEADROOM_MACHINES: i32 = 2;
+/// R18's repairs segment and R19's cap of the demo organization.
+pub const REPAIRS_SEGMENT: &str = "repairs";
+pub const CUSTOMER_HOLD_LIMIT: i32 = 2;
+
+/// R17-R19's setting: the GPU machines, the headroom their pool at
+/// `GPU_SITE` keeps for `HEADROOM_SEGMENT` (under the pool's turn, as the
+/// settings form takes it), the repairs segment and the cap on one
+/// customer's live holds. Idempotent: what exists is left as it is.
+async fn demo_capacity(pool: &Db, org_id: i64) -> anyhow::Result<()> {
+    for (tag, site) in GPU_MACHINES {
+        if inventory::by_tag(pool, org_id, tag).await?.is_some() {
+            continue;
+        }
+        let spec = MachineSpec {
+            site: Site::parse(site)?,
+            vendor: Vendor::parse(VENDORS[0])?,
+            profile: Profile::parse(GPU_PROFILE)?,
+            status: MachineStatus::Ready,
+        };
+        inventory::upsert(pool, org_id, &AssetTag::parse(tag)?, &spec, "demo").await?;
+    }
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pool_turn($1, $2, $3)")
+        .bind(org_id)
+        .bind(GPU_SITE)
+        .bind(GPU_PROFILE)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO headroom (org_id, site, profile, segment, machines, updated_by)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (org_id, site, profile, segment) DO NOTHING",
+    )
+    .bind(org_id)
+    .bind(GPU_SITE)
+    .bind(GPU_PROFILE)
+    .bind(HEADROOM_SEGMENT)
+    .bind(HEADROOM_MACHINES)
+    .bind(USERS[0].0)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE organizations SET repairs_segment = $2, customer_hold_limit = $3
+          WHERE id = $1 AND (repairs_segment IS DISTINCT FROM $2 OR customer_hold_limit <> $3)",
+    )
+    .bind(org_id)
+    .bind(REPAIRS_SEGMENT)
+    .bind(CUSTOMER_HOLD_LIMIT)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// How many demo holds with time left the demo keeps (topped up on re-run).
 pub const HOLDS: usize = 8;
 /// Seconds left on each new demo hold, shortest first: a re-run tops up
@@ -165,6 +235,154 @@ fn spec(i: usize, vendor: Option<&str>) -> anyhow::Result<OrderSpec> {
         site: Site::parse(SITES[i % SITES.len()])?,
         profile: Profile::parse(PROFILES[(i / SITES.len()) % PROFILES.len()])?,
         vendor: vendor.map(Vendor::parse).transpose()?,
+    })
+}
+
+/// The enterprise customer holding one of the GPU pool's kept machines,
+/// and the customer at the cap.
+pub const ENTERPRISE_CUSTOMER: &str = "CUST-ORBIT";
+pub const CAPPED_CUSTOMER: &str = "CUST-NOVA";
+
+/// One order through the real reserve path (R18, R19 included), with its
+/// segment and customer: what it answered.
+async fn order_of(
+    pool: &Db,
+    org_id: i64,
+    order_ref: &str,
+    spec: OrderSpec,
+    segment: Option<&str>,
+    customer: Option<&str>,
+) -> anyhow::Result<ReserveOutcome> {
+    let req = ReserveRequest {
+        order_ref: OrderRef::parse(order_ref)?,
+        spec,
+        hold: HoldSeconds::new(HOLD_SECONDS)?,
+        quantity: Quantity::ONE,
+        actor: CHECKOUT.to_owned(),
+        segment: segment.map(Segment::parse).transpose()?,
+        customer_ref: customer.map(CustomerRef::parse).transpose()?,
+    };
+    Ok(allocator::reserve(pool, org_id, &req).await?)
+}
+
+/// Whether the demo organization had a refusal of `reason` in the last 7
+/// days (the lost demand window): each refused order is made once a window.
+async fn refused_lately(pool: &Db, org_id: i64, reason: &str) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM reservation_refusals WHERE org_id = $1 AND reason = $2
+                          AND at > clock_timestamp() - interval '7 days')",
+    )
+    .bind(org_id)
+    .bind(reason)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// R17-R19's story, through the real reserve path: an enterprise order
+/// (with its customer) takes one of the GPU machines kept for enterprise; a
+/// customer holds the cap; then one refused order of each code: `reserved`
+/// (an order of no segment into the GPU pool), `customer_limit` (the capped
+/// customer's third), `unavailable` (a GPU at a site that has none) and
+/// `contended` (the one GPU at ams1 while another order in flight has it
+/// locked, as a concurrent reserve would).
+async fn demo_capacity_orders(pool: &Db, org_id: i64) -> anyhow::Result<()> {
+    let warn = |order_ref: &str, outcome: &ReserveOutcome| {
+        eprintln!("demo: {order_ref} answered {outcome:?}");
+    };
+    if !exists(pool, org_id, "DEMO-ENT-1").await? {
+        let o = order_of(
+            pool,
+            org_id,
+            "DEMO-ENT-1",
+            gpu_spec()?,
+            Some(HEADROOM_SEGMENT),
+            Some(ENTERPRISE_CUSTOMER),
+        )
+        .await?;
+        if !matches!(o, ReserveOutcome::Created { .. }) {
+            warn("DEMO-ENT-1", &o);
+        }
+    }
+    for (n, i) in [(1, 8), (2, 9)] {
+        let order_ref = format!("DEMO-NOVA-{n}");
+        if !exists(pool, org_id, &order_ref).await? {
+            let o = order_of(
+                pool,
+                org_id,
+                &order_ref,
+                spec(i, None)?,
+                None,
+                Some(CAPPED_CUSTOMER),
+            )
+            .await?;
+            if !matches!(o, ReserveOutcome::Created { .. }) {
+                warn(&order_ref, &o);
+            }
+        }
+    }
+    if !refused_lately(pool, org_id, "customer_limit").await? {
+        let o = order_of(
+            pool,
+            org_id,
+            "DEMO-NOVA-3",
+            spec(10, None)?,
+            None,
+            Some(CAPPED_CUSTOMER),
+        )
+        .await?;
+        if !matches!(o, ReserveOutcome::CustomerLimit { .. }) {
+            warn("DEMO-NOVA-3", &o);
+        }
+    }
+    if !refused_lately(pool, org_id, "reserved").await? {
+        let o = order_of(pool, org_id, "DEMO-GPU-2", gpu_spec()?, None, None).await?;
+        if !matches!(o, ReserveOutcome::Reserved { .. }) {
+            warn("DEMO-GPU-2", &o);
+        }
+    }
+    if !refused_lately(pool, org_id, "unavailable").await? {
+        let nowhere = OrderSpec {
+            site: Site::parse("par2")?,
+            ..gpu_spec()?
+        };
+        let o = order_of(pool, org_id, "DEMO-GPU-3", nowhere, None, None).await?;
+        if !matches!(o, ReserveOutcome::Unavailable { .. }) {
+            warn("DEMO-GPU-3", &o);
+        }
+    }
+    if !refused_lately(pool, org_id, "contended").await? {
+        // Another order in flight: a transaction holding the one GPU
+        // machine at ams1 locked, as a concurrent reserve does while it
+        // decides; it ends without writing.
+        let mut in_flight = pool.begin().await?;
+        let locked: Option<i64> = sqlx::query_scalar(
+            "SELECT id FROM machines WHERE org_id = $1 AND asset_tag = $2 FOR UPDATE",
+        )
+        .bind(org_id)
+        .bind(GPU_MACHINES[3].0)
+        .fetch_optional(&mut *in_flight)
+        .await?;
+        if locked.is_some() {
+            let hot = OrderSpec {
+                site: Site::parse(GPU_MACHINES[3].1)?,
+                ..gpu_spec()?
+            };
+            let o = order_of(pool, org_id, "DEMO-GPU-4", hot, None, None).await?;
+            if !matches!(o, ReserveOutcome::Contended { .. }) {
+                warn("DEMO-GPU-4", &o);
+            }
+        }
+        in_flight.rollback().await?;
+    }
+    Ok(())
+}
+
+/// The demo's GPU order at `GPU_SITE`.
+fn gpu_spec() -> anyhow::Result<OrderSpec> {
+    Ok(OrderSpec {
+        site: Site::parse(GPU_SITE)?,
+        profile: Profile::parse(GPU_PROFILE)?,
+        vendor: None,
     })
 }
 
@@ -441,6 +659,22 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
         reservations::end_service(pool, org_id, link.id, CHECKOUT).await?;
         backdate(pool, r.id, 20 * 3_600).await?;
     }
+    // R18: an order naming no segment took the one GPU machine at par1
+    // that is not kept for enterprise, and became a service: the two left
+    // are the headroom, which such an order can no longer take.
+    if let Some(r) = new_chapter(pool, org_id, "DEMO-GPU-1", gpu_spec()?).await? {
+        reservations::convert(
+            pool,
+            org_id,
+            r.id,
+            r.fence,
+            CHECKOUT,
+            &ServiceRef::parse("SRV-DEMO-GPU-1")?,
+        )
+        .await?;
+        backdate(pool, r.id, 30 * 3_600).await?;
+    }
+    demo_capacity_orders(pool, org_id).await?;
     // An order of three machines held together (R13), whose hold support
     // extended by 20 minutes while the customer's bank reviewed the payment
     // (R14): a new one whenever the last has run out.

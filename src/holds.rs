@@ -54,6 +54,27 @@ pub struct HeldRow {
     /// R15: the machine the hold last left, and when.
     pub replaced_tag: Option<String>,
     pub replaced_at: Option<DateTime<Utc>>,
+    /// R18, R19: the order's segment and end customer, when it named them.
+    pub segment: Option<String>,
+    pub customer_ref: Option<String>,
+}
+
+/// The segment (R18) and end customer (R19) reservation `id` of `org_id`
+/// was made for; both `None` where the order named none (or there is no
+/// such reservation).
+pub async fn segment_and_customer(
+    pool: &Db,
+    org_id: i64,
+    id: i64,
+) -> Result<(Option<String>, Option<String>), sqlx::Error> {
+    Ok(sqlx::query_as(
+        "SELECT segment, customer_ref FROM reservations WHERE id = $1 AND org_id = $2",
+    )
+    .bind(id)
+    .bind(org_id)
+    .fetch_optional(pool)
+    .await?
+    .unwrap_or((None, None)))
 }
 
 /// Held reservations matching `f`, in deadline order from `cursor`
@@ -77,7 +98,7 @@ pub async fn held_page(
     let sql = format!(
         "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.expires_at,
                 floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining,
-                r.quantity, r.slot, x.replaced_tag, x.replaced_at
+                r.quantity, r.slot, x.replaced_tag, x.replaced_at, r.segment, r.customer_ref
            FROM reservations r JOIN machines m ON m.id = r.machine_id
            -- R15: the last move of this hold, by its events' index.
            LEFT JOIN LATERAL (

@@ -27,7 +27,12 @@ pub struct RefusedSpecView {
     pub unavailable_24h: i64,
     pub unavailable_7d: i64,
     pub contended_7d: i64,
+    pub reserved_7d: i64,
+    pub customer_limit_7d: i64,
     pub last_at: String,
+    /// `last_at`'s day and time of day, each kept on one line on the page.
+    pub last_day: String,
+    pub last_clock: String,
     /// The latest `unavailable` refusal's excluded counts, as "held 3, not_ready 1".
     pub last_excluded: String,
     pub why_not: String,
@@ -76,6 +81,8 @@ async fn refused_specs(pool: &Db, org_id: i64) -> Result<Vec<RefusedSpecView>, D
                     ],
                 ),
                 last_excluded: excluded_summary(s.last_excluded.as_ref().map(|j| &j.0)),
+                last_day: s.last_at.format("%Y-%m-%d").to_string(),
+                last_clock: s.last_at.format("%H:%M:%S UTC").to_string(),
                 last_at: fmt_time(&s.last_at),
                 site: s.site,
                 profile: s.profile,
@@ -83,6 +90,8 @@ async fn refused_specs(pool: &Db, org_id: i64) -> Result<Vec<RefusedSpecView>, D
                 unavailable_24h: s.unavailable_24h,
                 unavailable_7d: s.unavailable_7d,
                 contended_7d: s.contended_7d,
+                reserved_7d: s.reserved_7d,
+                customer_limit_7d: s.customer_limit_7d,
             }
         })
         .collect())
@@ -110,6 +119,8 @@ pub(crate) async fn export(staff: Staff, pool: web::Data<Db>) -> Result<HttpResp
             "vendor",
             "unavailable_24h",
             "unavailable_7d",
+            "reserved_7d",
+            "customer_limit_7d",
             "contended_7d",
             "last_refused",
             "excluded_at_last_unavailable",
@@ -121,6 +132,8 @@ pub(crate) async fn export(staff: Staff, pool: web::Data<Db>) -> Result<HttpResp
                 s.vendor,
                 s.unavailable_24h.to_string(),
                 s.unavailable_7d.to_string(),
+                s.reserved_7d.to_string(),
+                s.customer_limit_7d.to_string(),
                 s.contended_7d.to_string(),
                 s.last_at,
                 s.last_excluded,
@@ -140,6 +153,9 @@ pub const HOUR_WIDTH: i32 = 3;
 pub const CHART_HEIGHT: f64 = 32.0;
 
 pub struct HourBar {
+    /// `unavailable`, `reserved` or `customer_limit`: the bar's CSS class
+    /// is `spark-<kind>`.
+    pub kind: &'static str,
     pub x: i32,
     pub y: f64,
     pub height: f64,
@@ -152,52 +168,86 @@ pub struct DemandRowView {
     pub sellable: i64,
     pub unavailable_24h: i64,
     pub unavailable_7d: i64,
+    pub reserved_7d: i64,
+    pub customer_limit_7d: i64,
     pub bars: Vec<HourBar>,
     pub summary: String,
     pub why_not: String,
 }
 
 /// What the overview includes: per site and profile, sellable stock beside
-/// `unavailable` refusals, with one bar per hour of the last 7 days.
+/// `unavailable` refusals and, apart from them, `reserved` (R18) and
+/// `customer_limit` (R19) ones, with one stacked bar per hour of the last 7
+/// days.
 pub struct OverviewDemand {
     pub rows: Vec<DemandRowView>,
     pub chart_width: i32,
 }
 
+/// The words of one series in a bar's title.
+fn series_words(kind: &str) -> &'static str {
+    match kind {
+        "reserved" => "kept for another segment",
+        "customer_limit" => "customer at its cap",
+        _ => "unavailable",
+    }
+}
+
 fn row_view(d: SiteProfileDemand) -> DemandRowView {
-    let peak = d.per_hour.iter().copied().max().unwrap_or(0);
-    // Oldest hour on the left, the hour ending now on the right.
-    let bars = d
-        .per_hour
-        .iter()
-        .enumerate()
-        .filter(|(_, n)| **n > 0)
-        .map(|(hours_ago, &n)| {
+    let series: [(&'static str, &[i64]); 3] = [
+        ("unavailable", &d.per_hour),
+        ("reserved", &d.reserved_per_hour),
+        ("customer_limit", &d.customer_limit_per_hour),
+    ];
+    // Stacked per hour (unavailable at the bottom), scaled to the busiest
+    // hour of the three together.
+    let total_at = |h: usize| series.iter().map(|(_, s)| s[h]).sum::<i64>();
+    let peak = (0..d.per_hour.len()).map(total_at).max().unwrap_or(0);
+    let mut bars = Vec::new();
+    for hours_ago in 0..d.per_hour.len() {
+        let mut top = CHART_HEIGHT;
+        for (kind, counts) in series {
+            let n = counts[hours_ago];
+            if n == 0 {
+                continue;
+            }
             let height = CHART_HEIGHT * n as f64 / peak.max(1) as f64;
-            HourBar {
+            top -= height;
+            let words = series_words(kind);
+            bars.push(HourBar {
+                kind,
                 x: (CHART_HOURS - 1 - hours_ago as i32) * HOUR_WIDTH,
-                y: CHART_HEIGHT - height,
+                y: top,
                 height,
                 label: if hours_ago == 0 {
-                    format!("{n} in the last hour")
+                    format!("{n} {words} in the last hour")
                 } else {
-                    format!("{n} between {} and {hours_ago} hours ago", hours_ago + 1)
+                    format!(
+                        "{n} {words} between {} and {hours_ago} hours ago",
+                        hours_ago + 1
+                    )
                 },
-            }
-        })
-        .collect();
+            });
+        }
+    }
     DemandRowView {
         summary: format!(
-            "{} {}: {} sellable now; {} orders refused as unavailable in the last 24 hours, {} in 7 days (at most {peak} in one hour)",
+            "{} {}: {} sellable now; {} orders refused as unavailable in the last 24 hours, {} in 7 days; \
+             in 7 days, {} refused as kept for another segment and {} as their customer at its cap \
+             (at most {peak} in one hour)",
             d.site,
             d.profile,
             d.sellable,
             d.unavailable_24h(),
-            d.unavailable_7d()
+            d.unavailable_7d(),
+            d.reserved_7d(),
+            d.customer_limit_7d(),
         ),
         why_not: url_with("/why-not", &[("site", &d.site), ("profile", &d.profile)]),
         unavailable_24h: d.unavailable_24h(),
         unavailable_7d: d.unavailable_7d(),
+        reserved_7d: d.reserved_7d(),
+        customer_limit_7d: d.customer_limit_7d(),
         sellable: d.sellable,
         bars,
         site: d.site,
@@ -233,10 +283,8 @@ mod tests {
         per_hour[0] = 4;
         per_hour[CHART_HOURS as usize - 1] = 2;
         let v = row_view(SiteProfileDemand {
-            site: "par1".into(),
-            profile: "epyc".into(),
-            sellable: 0,
             per_hour,
+            ..SiteProfileDemand::empty("par1".into(), "epyc".into(), 0)
         });
         assert_eq!(v.bars.len(), 2);
         assert_eq!(
@@ -250,5 +298,26 @@ mod tests {
         assert_eq!(v.bars[1].y, CHART_HEIGHT / 2.0);
         assert_eq!(v.unavailable_24h, 4);
         assert_eq!(v.unavailable_7d, 6);
+    }
+
+    #[test]
+    fn reserved_and_customer_limit_stack_on_unavailable_with_their_own_class() {
+        let mut d = SiteProfileDemand::empty("par1".into(), "epyc".into(), 2);
+        d.per_hour[0] = 1;
+        d.reserved_per_hour[0] = 2;
+        d.customer_limit_per_hour[0] = 1;
+        d.reserved_per_hour[5] = 1;
+        let v = row_view(d);
+        let kinds: Vec<&str> = v.bars.iter().map(|b| b.kind).collect();
+        assert_eq!(
+            kinds,
+            ["unavailable", "reserved", "customer_limit", "reserved"]
+        );
+        assert_eq!(v.bars[0].y, CHART_HEIGHT * 3.0 / 4.0, "at the bottom");
+        assert_eq!(v.bars[1].y, CHART_HEIGHT / 4.0);
+        assert_eq!(v.bars[2].y, 0.0, "the busiest hour fills the chart");
+        assert!(v.bars[1].label.contains("2 kept for another segment"));
+        assert_eq!((v.reserved_7d, v.customer_limit_7d), (3, 1));
+        assert!(v.summary.contains("3 refused as kept for another segment"));
     }
 }

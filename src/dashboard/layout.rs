@@ -52,6 +52,8 @@ pub fn flash_message(code: &str) -> Option<&'static str> {
         "webhook_rotated" => "A new signing secret was made: give it to the receiver now.",
         "webhook_removed" => "Webhook removed; its pending events were dropped.",
         "webhook_absent" => "No webhook was set; nothing changed.",
+        "headroom_saved" => "Headroom saved: the pool keeps it from the next reserve on.",
+        "headroom_removed" => "Headroom removed: orders of any segment may take those machines.",
         "user_added" => "The user was added.",
         "user_disabled" => "The user was disabled and their sessions ended.",
         "token_revoked" => "The token was revoked; it is refused from now on.",

@@ -16,7 +16,7 @@ use super::view::{
     Chrome, Select, fmt_opt_time, fmt_remaining, fmt_time, non_blank, page, url_with,
 };
 use crate::allocator::{self, OrderSpec};
-use crate::domain::{MachineStatus, Profile, Site, Vendor};
+use crate::domain::{MachineStatus, Profile, Segment, Site, Vendor};
 use crate::inventory::{self, Facets, MachineFilter, PoolState, PooledMachine};
 use crate::settings::Settings;
 
@@ -33,6 +33,8 @@ pub struct MachinesQuery {
     pub spec_site: Option<String>,
     pub spec_profile: Option<String>,
     pub spec_vendor: Option<String>,
+    /// R18: the segment of the order checked (empty: none).
+    pub spec_segment: Option<String>,
     pub after: Option<String>,
 }
 
@@ -126,8 +128,9 @@ impl PoolView {
 
 pub struct VerdictView {
     pub key: &'static str,
-    /// The reason in words (`reasons::label`), the same on every page.
-    pub label: &'static str,
+    /// The reason in words (`reasons::label`), the same on every page;
+    /// R18's names the segments (`kept for enterprise`).
+    pub label: String,
     pub reason: String,
 }
 
@@ -135,10 +138,126 @@ impl VerdictView {
     pub fn of(e: crate::allocator::Exclusion) -> VerdictView {
         VerdictView {
             key: e.key(),
-            label: super::reasons::label(e.key()),
+            label: super::reasons::label(e.key()).to_owned(),
             reason: e.describe(),
         }
     }
+}
+
+/// The optional segment of an order checked on a page (R18).
+pub fn parse_segment(v: &Option<String>) -> Result<Option<Segment>, DashError> {
+    parse_opt(v, Segment::parse)
+}
+
+/// R18 for an order checked against its pool: the headroom the pool (site,
+/// profile) keeps for segments other than the order's, and what the order
+/// could take now, read from `capacity_pools` (sql/capacity.sql), the same
+/// numbers the capacity API gives and the rule a reserve applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeptForOthers {
+    /// (segment, machines), by segment; never the order's own.
+    pub segments: Vec<(String, i64)>,
+    /// What an order of this segment (and vendor) could take now.
+    pub available: i64,
+    /// The sellable machines the order matches.
+    pub sellable: i64,
+}
+
+impl KeptForOthers {
+    /// "enterprise", "enterprise and repairs", "a, b and c".
+    pub fn names(&self) -> String {
+        let names: Vec<&str> = self.segments.iter().map(|(s, _)| s.as_str()).collect();
+        match names.split_last() {
+            None => String::new(),
+            Some((last, [])) => (*last).to_owned(),
+            Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        }
+    }
+
+    /// The sellable machines left do not exceed what is kept for others:
+    /// none of them is this order's to take.
+    pub fn takes_every_candidate(&self) -> bool {
+        !self.segments.is_empty() && self.available == 0
+    }
+
+    /// The verdict of a machine the allocator would offer but headroom keeps.
+    pub fn verdict(&self) -> VerdictView {
+        let kept: i64 = self.segments.iter().map(|(_, n)| n).sum();
+        VerdictView {
+            key: "reserved",
+            label: format!("kept for {}", self.names()),
+            reason: format!(
+                "R18: this pool keeps {kept} sellable machine{} for {} and has {} left that this order \
+                 matches, so an order outside {} cannot take one; an order of {} can.",
+                if kept == 1 { "" } else { "s" },
+                self.names(),
+                self.sellable,
+                if self.segments.len() == 1 {
+                    "that segment"
+                } else {
+                    "those segments"
+                },
+                if self.segments.len() == 1 {
+                    "it"
+                } else {
+                    "one of them"
+                },
+            ),
+        }
+    }
+
+    /// Marks the candidates of `spec`'s pool among `views` as kept, when the
+    /// headroom keeps every one of them.
+    pub fn apply(&self, spec: &OrderSpec, views: &mut [MachineView]) {
+        if !self.takes_every_candidate() {
+            return;
+        }
+        for v in views {
+            if matches!(v.verdict, Some(None))
+                && v.site == spec.site.as_str()
+                && v.profile == spec.profile.as_str()
+            {
+                v.verdict = Some(Some(self.verdict()));
+            }
+        }
+    }
+}
+
+/// `capacity_pools`' `reserved`: machines kept per segment.
+pub type KeptJson = sqlx::types::Json<std::collections::BTreeMap<String, i64>>;
+
+/// The headroom `spec`'s pool keeps for segments other than `segment`;
+/// `None` when it keeps none for others.
+pub async fn kept_for_others(
+    pool: &Db,
+    org_id: i64,
+    spec: &OrderSpec,
+    segment: Option<&Segment>,
+) -> Result<Option<KeptForOthers>, sqlx::Error> {
+    let row: Option<(KeptJson, i64, i64)> = sqlx::query_as(
+        "SELECT reserved, available, sellable FROM capacity_pools($1, $2, $3, $4, $5)",
+    )
+    .bind(org_id)
+    .bind(spec.site.as_str())
+    .bind(spec.profile.as_str())
+    .bind(spec.vendor.as_ref().map(Vendor::as_str))
+    .bind(segment.map(Segment::as_str))
+    .fetch_optional(pool)
+    .await?;
+    let Some((reserved, available, sellable)) = row else {
+        return Ok(None);
+    };
+    let own = segment.map(Segment::as_str);
+    let segments: Vec<(String, i64)> = reserved
+        .0
+        .into_iter()
+        .filter(|(s, _)| Some(s.as_str()) != own)
+        .collect();
+    Ok((!segments.is_empty()).then_some(KeptForOthers {
+        segments,
+        available,
+        sellable,
+    }))
 }
 
 impl MachineView {
@@ -182,6 +301,8 @@ struct MachinesPage {
     chrome: Chrome,
     filters: Vec<Select>,
     spec_filters: Vec<Select>,
+    /// The order's segment as typed (R18).
+    spec_segment: String,
     filtered: bool,
     states: Vec<StateCount>,
     has_spec: bool,
@@ -197,6 +318,7 @@ struct MachinesPage {
 struct Asked {
     filter: MachineFilter,
     spec: Option<OrderSpec>,
+    segment: Option<Segment>,
 }
 
 fn asked(q: &MachinesQuery) -> Result<Asked, DashError> {
@@ -216,7 +338,11 @@ fn asked(q: &MachinesQuery) -> Result<Asked, DashError> {
                 vendor: filter.vendor.clone(),
             }),
     };
-    Ok(Asked { filter, spec })
+    Ok(Asked {
+        filter,
+        spec,
+        segment: parse_segment(&q.spec_segment)?,
+    })
 }
 
 /// `path?filters...` with `state` and `after` as given.
@@ -232,6 +358,7 @@ fn link(path: &str, q: &MachinesQuery, state: &str, after: &str) -> String {
             ("spec_site", non_blank(&q.spec_site).unwrap_or("")),
             ("spec_profile", non_blank(&q.spec_profile).unwrap_or("")),
             ("spec_vendor", non_blank(&q.spec_vendor).unwrap_or("")),
+            ("spec_segment", non_blank(&q.spec_segment).unwrap_or("")),
             ("after", after),
         ],
     )
@@ -265,7 +392,7 @@ async fn rows(
             .into_iter()
             .map(|p| (p.machine.id, p))
             .collect();
-    Ok(verdicts
+    let mut views: Vec<MachineView> = verdicts
         .into_iter()
         .map(|v| {
             let pool_view = states.remove(&v.machine.id).map(|p| PoolView::of(&p));
@@ -273,7 +400,11 @@ async fn rows(
             view.pool = pool_view;
             view
         })
-        .collect())
+        .collect();
+    if let Some(kept) = kept_for_others(pool, org_id, spec, asked.segment.as_ref()).await? {
+        kept.apply(spec, &mut views);
+    }
+    Ok(views)
 }
 
 pub(crate) async fn list(
@@ -319,6 +450,11 @@ pub(crate) async fn list(
         chrome: Chrome::new(&req, &staff, "Machines", "machines"),
         filters,
         spec_filters,
+        spec_segment: asked
+            .segment
+            .as_ref()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default(),
         filtered: f.site.is_some()
             || f.vendor.is_some()
             || f.profile.is_some()

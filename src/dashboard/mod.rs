@@ -76,6 +76,7 @@ routes! {
     "/demand.csv" => [get => demand::export],
     "/settings" => [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => [post => org_settings::save_webhook],
+    "/settings/headroom" => [post => org_settings::save_headroom],
     "/audit" => [get => admin::audit_log],
     "/users" => [get => admin::users, post => admin::add_user],
     "/users/{id}/disable" => [post => admin::disable_user],

@@ -78,9 +78,36 @@ pub struct Tick {
     pub text: String,
 }
 
+/// R17, R18: a profile's headroom at a site and what is left to orders
+/// without a segment, from `capacity_pools` (sql/capacity.sql).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headroom {
+    /// (segment, machines kept for it), by segment.
+    pub kept: Vec<(String, i64)>,
+    /// What an order without a segment could take now.
+    pub available: i64,
+}
+
+impl Headroom {
+    /// "2 for enterprise, 1 for repairs"; empty when nothing is kept.
+    pub fn words(&self) -> String {
+        self.kept
+            .iter()
+            .map(|(segment, n)| format!("{n} for {segment}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+pub struct ProfileView {
+    pub profile: String,
+    pub counts: Counts,
+    pub headroom: Headroom,
+}
+
 pub struct SiteView {
     pub site: String,
-    pub profiles: Vec<(String, Counts)>,
+    pub profiles: Vec<ProfileView>,
     pub total: Counts,
     pub segments: Vec<Segment>,
     pub summary: String,
@@ -210,6 +237,7 @@ pub(crate) async fn overview(
         .bind(staff.org_id)
         .fetch_all(pool.get_ref())
         .await?;
+    let mut headroom = headroom_by_pool(pool.get_ref(), staff.org_id).await?;
     // The last 24 hours by the database clock, in whole hours: the 23 past
     // hours and the current one. One range of
     // reservations_recent_activity_idx holds every reservation created or
@@ -252,24 +280,32 @@ pub(crate) async fn overview(
             hours.entry(site).or_insert([[0; 4]; HOURS])[h][s] += count;
         }
     }
-    let mut by_site: BTreeMap<String, Vec<(String, Counts)>> = BTreeMap::new();
+    let mut by_site: BTreeMap<String, Vec<ProfileView>> = BTreeMap::new();
     for r in rows {
-        by_site.entry(r.site).or_default().push((
-            r.profile,
-            Counts {
-                sellable: r.sellable,
-                held: r.held,
-                sold: r.sold,
-                not_ready: r.not_ready,
-            },
-        ));
+        let counts = Counts {
+            sellable: r.sellable,
+            held: r.held,
+            sold: r.sold,
+            not_ready: r.not_ready,
+        };
+        let headroom = headroom
+            .remove(&(r.site.clone(), r.profile.clone()))
+            .unwrap_or_else(|| Headroom {
+                kept: vec![],
+                available: counts.sellable,
+            });
+        by_site.entry(r.site).or_default().push(ProfileView {
+            profile: r.profile,
+            counts,
+            headroom,
+        });
     }
     let sites = by_site
         .into_iter()
         .map(|(site, profiles)| {
             let mut total = Counts::default();
-            for (_, c) in &profiles {
-                total.add(c);
+            for p in &profiles {
+                total.add(&p.counts);
             }
             let per_hour = hours.remove(&site).unwrap_or([[0; 4]; HOURS]);
             let mut day = [0i64; 4];
@@ -309,6 +345,33 @@ pub(crate) async fn overview(
     })
 }
 
+/// Per pool (site, profile): the headroom kept per segment and what an
+/// order without a segment could take now, as the capacity API says it
+/// (`capacity_pools`, one snapshot).
+async fn headroom_by_pool(
+    pool: &Db,
+    org_id: i64,
+) -> Result<BTreeMap<(String, String), Headroom>, sqlx::Error> {
+    let rows: Vec<(String, String, super::machines::KeptJson, i64)> = sqlx::query_as(
+        "SELECT site, profile, reserved, available FROM capacity_pools($1, NULL, NULL, NULL, NULL)",
+    )
+    .bind(org_id)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(site, profile, kept, available)| {
+            (
+                (site, profile),
+                Headroom {
+                    kept: kept.0.into_iter().collect(),
+                    available,
+                },
+            )
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -326,5 +389,15 @@ mod tests {
         let cancelled = bars.iter().find(|b| b.label == "cancelled").expect("bar");
         assert_eq!(cancelled.height, CHART_H / 2.0);
         assert!(cancelled.x < created.x);
+    }
+
+    #[test]
+    fn headroom_is_said_per_segment() {
+        let h = Headroom {
+            kept: vec![("enterprise".into(), 2), ("repairs".into(), 1)],
+            available: 0,
+        };
+        assert_eq!(h.words(), "2 for enterprise, 1 for repairs");
+        assert_eq!(Headroom::default().words(), "");
     }
 }

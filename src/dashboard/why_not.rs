@@ -16,7 +16,9 @@ use serde::Deserialize;
 
 use super::error::DashError;
 use super::gate;
-use super::machines::{MachineView, PAGE_SIZE, parse_spec};
+use super::machines::{
+    KeptForOthers, MachineView, PAGE_SIZE, kept_for_others, parse_segment, parse_spec,
+};
 use super::reasons;
 use super::session::Staff;
 use super::view::{Chrome, Select, non_blank, page, url_with};
@@ -32,6 +34,8 @@ pub struct WhyNotQuery {
     pub vendor: Option<String>,
     /// R13: how many machines the order asks for (1 to 16; empty: 1).
     pub quantity: Option<String>,
+    /// R18: the order's segment (empty: none).
+    pub segment: Option<String>,
     /// One group of the summary: a key of `Exclusion::KEYS` or `candidate`.
     pub reason: Option<String>,
     pub after: Option<String>,
@@ -48,6 +52,27 @@ pub enum Answer {
     Unavailable {
         matching: usize,
     },
+    /// R18: enough match, but the sellable ones left are kept for these
+    /// segments.
+    Reserved {
+        kept_for: String,
+    },
+}
+
+/// R18 over the two passes: an order that would find its machines, or
+/// would only be contended, is refused as `reserved` when the pool has fewer
+/// than it asks for outside the headroom kept for other segments.
+pub fn with_headroom(a: Answer, kept: Option<&KeptForOthers>, quantity: u8) -> Answer {
+    match (a, kept) {
+        (Answer::WouldReserve(_) | Answer::Contended, Some(k))
+            if k.available < i64::from(quantity) =>
+        {
+            Answer::Reserved {
+                kept_for: k.names(),
+            }
+        }
+        (a, _) => a,
+    }
 }
 
 pub fn answer(pass_two: &PassTwo, quantity: Quantity) -> Answer {
@@ -97,6 +122,8 @@ struct WhyNotPage {
     next: Option<String>,
     first: Option<String>,
     summary_link: String,
+    /// R18: what the pool keeps for other segments, in words, when it does.
+    kept_note: Option<String>,
 }
 
 /// explain() is read in chunks of this many machines...
@@ -189,6 +216,7 @@ pub(crate) async fn why_not(
     gate::datacenter(&settings, &staff)?;
     let q = q.into_inner();
     let spec = parse_spec(&q.site, &q.profile, &q.vendor)?;
+    let segment = parse_segment(&q.segment)?;
     let quantity = match non_blank(&q.quantity) {
         None => Quantity::ONE,
         Some(text) => text
@@ -257,9 +285,11 @@ pub(crate) async fn why_not(
             next: None,
             first: None,
             summary_link: String::new(),
+            kept_note: None,
         });
     };
     let vendor = spec.vendor.as_ref().map_or("", |v| v.as_str());
+    let segment_text = segment.as_ref().map_or("", |s| s.as_str());
     let quantity_text = if quantity == Quantity::ONE {
         String::new()
     } else {
@@ -273,6 +303,7 @@ pub(crate) async fn why_not(
                 ("profile", spec.profile.as_str()),
                 ("vendor", vendor),
                 ("quantity", &quantity_text),
+                ("segment", segment_text),
                 ("reason", reason),
                 ("after", after),
             ],
@@ -305,8 +336,20 @@ pub(crate) async fn why_not(
     let total = summary.iter().map(|r| r.count).sum();
 
     let pass_two = allocator::lockable_now(&pool, staff.org_id, &spec, quantity).await?;
+    let kept = kept_for_others(&pool, staff.org_id, &spec, segment.as_ref()).await?;
     let n = quantity.get();
-    let (answer_kind, answer_text) = match answer(&pass_two, quantity) {
+    let (answer_kind, answer_text) = match with_headroom(
+        answer(&pass_two, quantity),
+        kept.as_ref(),
+        n,
+    ) {
+        Answer::Reserved { kept_for } => (
+            "reserved",
+            format!(
+                "Reserved: kept for {kept_for}. Machines match, but the sellable ones left are headroom \
+                 kept for {kept_for}; an order of that segment could take them."
+            ),
+        ),
         Answer::WouldReserve(tags) => ("reserve", format!("Would reserve {}.", tags.join(", "))),
         Answer::Contended if n == 1 => (
             "contended",
@@ -378,6 +421,15 @@ pub(crate) async fn why_not(
             )
         }
     };
+    let mut candidates: Vec<MachineView> = candidates
+        .into_iter()
+        .map(MachineView::of_verdict)
+        .collect();
+    let mut machines: Vec<MachineView> = rows.into_iter().map(MachineView::of_verdict).collect();
+    if let Some(k) = &kept {
+        k.apply(&spec, &mut candidates);
+        k.apply(&spec, &mut machines);
+    }
     let reason = group.unwrap_or("");
     let next = next.map(|after| format!("{}#machines", link(reason, &after)));
     let first = after.map(|_| format!("{}#machines", link(reason, "")));
@@ -396,15 +448,31 @@ pub(crate) async fn why_not(
         summary,
         total,
         group: group.map(reasons::label),
-        candidates: candidates
-            .into_iter()
-            .map(MachineView::of_verdict)
-            .collect(),
+        candidates,
         more_candidates,
-        machines: rows.into_iter().map(MachineView::of_verdict).collect(),
+        machines,
         next,
         first,
         summary_link: link("", ""),
+        kept_note: kept.as_ref().map(|k| {
+            let each: Vec<String> = k
+                .segments
+                .iter()
+                .map(|(s, n)| format!("{n} for {s}"))
+                .collect();
+            format!(
+                "This pool keeps headroom for other segments than this order's: {}. \
+                 An order {} may take {} of the {} sellable machines it matches.",
+                each.join(", "),
+                if segment.is_some() {
+                    "of this segment"
+                } else {
+                    "naming no segment"
+                },
+                k.available,
+                k.sellable
+            )
+        }),
         q,
     })
 }
@@ -462,5 +530,44 @@ mod tests {
             answer(&free, three),
             Answer::WouldReserve(vec!["PK-1".into(), "PK-5".into(), "PK-9".into()])
         );
+    }
+
+    #[test]
+    fn headroom_for_others_turns_a_reserve_into_reserved_only_when_short() {
+        let kept = KeptForOthers {
+            segments: vec![("enterprise".into(), 2)],
+            available: 1,
+            sellable: 3,
+        };
+        let would = || Answer::WouldReserve(vec!["PK-1".into()]);
+        assert_eq!(with_headroom(would(), Some(&kept), 1), would());
+        assert_eq!(
+            with_headroom(would(), Some(&kept), 2),
+            Answer::Reserved {
+                kept_for: "enterprise".into()
+            }
+        );
+        assert_eq!(
+            with_headroom(Answer::Contended, Some(&kept), 2),
+            Answer::Reserved {
+                kept_for: "enterprise".into()
+            }
+        );
+        let short = Answer::Unavailable { matching: 0 };
+        assert_eq!(
+            with_headroom(short, Some(&kept), 5),
+            Answer::Unavailable { matching: 0 },
+            "too few machines at all is unavailable, whatever is kept"
+        );
+        assert_eq!(with_headroom(would(), None, 2), would());
+        let two = KeptForOthers {
+            segments: vec![("enterprise".into(), 1), ("repairs".into(), 1)],
+            available: 0,
+            sellable: 2,
+        };
+        assert!(two.takes_every_candidate());
+        assert_eq!(two.names(), "enterprise and repairs");
+        assert_eq!(two.verdict().label, "kept for enterprise and repairs");
+        assert!(!kept.takes_every_candidate());
     }
 }

@@ -645,7 +645,7 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     let profiles = d
         .texts("section.site:first-of-type table.profiles tbody th")
         .await;
-    assert_eq!(profiles.len(), 3, "{profiles:?}");
+    assert_eq!(profiles.len(), 4, "three, and ams1's GPU: {profiles:?}");
     assert!(
         d.text("section.site:first-of-type h3")
             .await
@@ -655,6 +655,13 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         !d.texts("svg.hours rect").await.is_empty(),
         "the story drew bars"
     );
+    // R18: the GPU pool at par1 keeps 2 for enterprise; its third machine
+    // is sold, so an order without a segment has none left.
+    let gpu = "section.site tr[data-profile=\"gpu-h100-8x\"]";
+    let kept = d.texts(&format!("{gpu} td[data-k=kept]")).await;
+    assert_eq!(kept, ["nothing kept", "2 for enterprise"], "ams1, par1");
+    let available = d.texts(&format!("{gpu} td[data-k=available]")).await;
+    assert_eq!(available, ["1", "0"], "ams1, par1");
     check_page(&d, &shots, "11-overview", &axe, &mut problems).await;
     // The README's pictures come from this tour, so that they show the
     // pages as they are.
@@ -905,6 +912,86 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         "three machines named: {three}"
     );
     check_page(&d, &shots, "22b-why-not-three", &axe, &mut problems).await;
+
+    // R18 on why-not and the machines check: the GPU pool's two sellable
+    // machines are kept for enterprise, for an order of no segment; an
+    // enterprise order may take them.
+    d.goto(&app.url("/why-not?site=par1&profile=gpu-h100-8x"))
+        .await;
+    assert!(
+        d.text("#answer")
+            .await
+            .starts_with("Reserved: kept for enterprise."),
+        "{}",
+        d.text("#answer").await
+    );
+    let kept = d.texts("table.candidates td.verdict .badge").await;
+    assert!(
+        !kept.is_empty()
+            && kept
+                .iter()
+                .all(|v| v == "Not a candidate: kept for enterprise"),
+        "{kept:?}"
+    );
+    check_page(&d, &shots, "22c-why-not-kept-for", &axe, &mut problems).await;
+    d.goto(&app.url("/why-not?site=par1&profile=gpu-h100-8x&segment=enterprise"))
+        .await;
+    assert!(d.text("#answer").await.starts_with("Would reserve "));
+    d.goto(&app.url("/machines?profile=gpu-h100-8x&spec_site=par1&spec_profile=gpu-h100-8x"))
+        .await;
+    let verdicts = d.texts("td.verdict .badge").await;
+    assert!(
+        verdicts
+            .iter()
+            .any(|v| v == "Not a candidate: kept for enterprise"),
+        "{verdicts:?}"
+    );
+    check_page(&d, &shots, "22d-machines-kept-for", &axe, &mut problems).await;
+
+    // Lost demand: the demo's refused orders, each code in its own column,
+    // and the overview's chart in its own colours.
+    d.goto(&app.url("/demand")).await;
+    for k in [
+        "unavailable_7d",
+        "reserved_7d",
+        "customer_limit_7d",
+        "contended_7d",
+    ] {
+        let total: i64 = d
+            .texts(&format!("table.demand td[data-k={k}]"))
+            .await
+            .iter()
+            .filter_map(|t| t.parse::<i64>().ok())
+            .sum();
+        assert_eq!(total, 1, "one {k} refusal in the demo");
+    }
+    check_page(&d, &shots, "22e-lost-demand", &axe, &mut problems).await;
+    d.goto(&app.url("/")).await;
+    for class in [
+        "spark-unavailable",
+        "spark-reserved",
+        "spark-customer_limit",
+    ] {
+        assert_eq!(
+            d.texts(&format!("svg.spark rect.{class}")).await.len(),
+            1,
+            "{class} drawn"
+        );
+    }
+
+    // A hold with its customer and segment: in the live list and on its page.
+    let enterprise = id_of(&app, "DEMO-ENT-1").await;
+    d.goto(&app.url("/reservations")).await;
+    assert_eq!(
+        d.text(&format!("tr[data-reservation=\"{enterprise}\"] .customer"))
+            .await,
+        "for CUST-ORBIT (enterprise)"
+    );
+    d.goto(&app.url(&format!("/reservations/{enterprise}")))
+        .await;
+    assert_eq!(d.text("#customer").await, "CUST-ORBIT");
+    assert_eq!(d.text("#segment").await, "enterprise");
+    check_page(&d, &shots, "22f-hold-with-customer", &axe, &mut problems).await;
 
     for (path, shot) in [
         ("/machines", "23-machines"),

@@ -2,6 +2,8 @@
 //! followed, forms driven as a browser would (cookies, CSRF), roles, tenant
 //! isolation, the R12 gate, and agreement with the allocator's reasons.
 
+mod capacity;
+
 use std::collections::HashSet;
 
 use poolkeeper::allocator::{self, OrderSpec};
@@ -195,7 +197,7 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
     // not ready PK-005. By profile: epyc (5) and xeon (PK-004).
     let par1 = "section.site:nth-of-type(3)";
     assert_eq!(
-        text_of(&body, &format!("{par1} tfoot td")).join(" "),
+        text_of(&body, &format!("{par1} tfoot td[data-k]")).join(" "),
         "3 1 1 1 6",
         "par1 counts"
     );
@@ -206,11 +208,12 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
     );
     assert_eq!(
         text_of(&body, &format!("{par1} tbody tr[data-profile=epyc] td")).join(" "),
-        "2 1 1 1 5"
+        "2 1 1 1 5 nothing kept 2",
+        "then the headroom (none) and what an order without a segment may take"
     );
     assert_eq!(
         text_of(&body, &format!("{par1} tbody tr[data-profile=xeon] td")).join(" "),
-        "1 0 0 0 1"
+        "1 0 0 0 1 nothing kept 1"
     );
     // Each number once: the bar carries no text labels, the table has them.
     assert_eq!(
@@ -1829,8 +1832,8 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
               WHERE r.org_id = $1 AND r.state = 'converted' AND s.ended_at IS NULL"
         )
         .await,
-        1,
-        "a live service"
+        2,
+        "a live service, and the GPU order's"
     );
     assert_eq!(
         one(
@@ -1843,12 +1846,61 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         1,
         "a service ended, its machine back to provisioning"
     );
+    // R17-R19: a pool with headroom, a repairs segment, a customer cap.
+    assert_eq!(
+        one(
+            "SELECT sum(machines)::bigint FROM headroom WHERE org_id = $1 AND site = 'par1'
+              AND profile = 'gpu-h100-8x' AND segment = 'enterprise'"
+        )
+        .await,
+        i64::from(poolkeeper::demo::HEADROOM_MACHINES)
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM organizations WHERE id = $1 AND repairs_segment = 'repairs'
+              AND customer_hold_limit = 2"
+        )
+        .await,
+        1
+    );
+    // Through the real reserve path: an enterprise hold with its customer,
+    // a customer at the cap, and one refusal of each code.
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref = 'DEMO-ENT-1'
+              AND state = 'held' AND segment = 'enterprise' AND customer_ref = 'CUST-ORBIT'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations WHERE org_id = $1 AND state = 'held'
+              AND customer_ref = 'CUST-NOVA'"
+        )
+        .await,
+        2,
+        "the cap"
+    );
+    for reason in ["unavailable", "contended", "reserved", "customer_limit"] {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM reservation_refusals WHERE org_id = $1 AND reason = $2",
+        )
+        .bind(org)
+        .bind(reason)
+        .fetch_one(pool)
+        .await
+        .expect("refusals");
+        assert_eq!(n, 1, "one {reason} refusal");
+    }
     let rows = "SELECT (SELECT count(*) FROM reservations WHERE org_id = $1)
                      + (SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id WHERE r.org_id = $1)
                      + (SELECT count(*) FROM service_links WHERE org_id = $1)
                      + (SELECT count(*) FROM machines WHERE org_id = $1)
                      + (SELECT count(*) FROM users WHERE org_id = $1)
-                     + (SELECT count(*) FROM api_tokens WHERE org_id = $1)";
+                     + (SELECT count(*) FROM api_tokens WHERE org_id = $1)
+                     + (SELECT count(*) FROM headroom WHERE org_id = $1)
+                     + (SELECT count(*) FROM reservation_refusals WHERE org_id = $1)";
     let before = one(rows).await;
     let again = poolkeeper::demo::load(pool).await.expect("demo again");
     assert_eq!(again.reservations, first.reservations);

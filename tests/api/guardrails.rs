@@ -80,6 +80,7 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/settings",                   "get",  [303, 403, 403, 200, 200]),
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
     ("/settings/webhook",           "post", [303, 403, 403, 303, 303]),
+    ("/settings/headroom",          "post", [303, 403, 403, 303, 303]),
     ("/audit",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "post", [303, 403, 403, 303, 303]),
@@ -298,6 +299,12 @@ async fn dashboard_cell(
         }
         "/settings" => fields.push(("datacenter".into(), "on".into())),
         "/settings/webhook" => fields.push(("action".into(), "remove".into())),
+        "/settings/headroom" => {
+            fields.push(("site".into(), "par1".into()));
+            fields.push(("profile".into(), "epyc".into()));
+            fields.push(("segment".into(), "enterprise".into()));
+            fields.push(("machines".into(), "1".into()));
+        }
         "/users" => {
             fields.push(("email".into(), format!("new{n}@example.com")));
             fields.push(("role".into(), "viewer".into()));

@@ -310,14 +310,16 @@ async fn headroom_raised_while_orders_race_is_never_undercut() {
             );
         }
         let (after, before, kept_at): (i64, i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE r.created_at > h.updated_at),
-                    count(*) FILTER (WHERE r.created_at < h.updated_at),
-                    max(h.machines)::bigint
-               FROM reservations r, headroom h
-              WHERE r.order_ref LIKE $1 AND r.state = 'held' AND h.org_id = r.org_id
-                AND h.segment = 'enterprise'",
+            "SELECT (SELECT count(*) FROM reservations r
+                      WHERE r.order_ref LIKE $1 AND r.state = 'held' AND r.created_at > h.updated_at),
+                    (SELECT count(*) FROM reservations r
+                      WHERE r.order_ref LIKE $1 AND r.state = 'held' AND r.created_at < h.updated_at),
+                    h.machines::bigint
+               FROM headroom h
+              WHERE h.org_id = $2 AND h.segment = 'enterprise'",
         )
         .bind(format!("Q-{round}-%"))
+        .bind(app.org.id)
         .fetch_one(&app.pool)
         .await
         .expect("holds around the raise");

@@ -196,7 +196,7 @@ fn shape(url: &str) -> String {
     let (path, query) = url.split_once('?').unwrap_or((url, ""));
     let mut segs: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
     for (i, s) in segs.iter_mut().enumerate() {
-        if i == 1 && !matches!(*s, "webhook") {
+        if i == 1 && !matches!(*s, "webhook" | "headroom") {
             *s = "*";
         }
     }
@@ -584,6 +584,7 @@ async fn every_form_survives_hostile_values_as_every_role() {
         "POST /tokens? [name]",
         "POST /users? [email]",
         "POST /settings/webhook? [url]",
+        "POST /settings/headroom? [site]",
         "POST /settings? [datacenter]",
         "POST /login? [email]",
     ] {

@@ -732,6 +732,46 @@ async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made()
             ),
         },
         Form {
+            name: "settings: customer cap and repairs segment",
+            route: "/settings",
+            path: "/settings".into(),
+            fields: vec![
+                c(),
+                ("datacenter", "on".into()),
+                ("customer_hold_limit", "7".into()),
+                ("repairs_segment", "repairs".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/settings", "Open the settings"),
+            says: "the cap on one customer",
+            written: format!(
+                "(SELECT customer_hold_limit = 7 AND repairs_segment = 'repairs'
+                    FROM organizations WHERE id = {org})
+                 AND (SELECT count(*) FROM audit_log
+                       WHERE action IN ('org.customer_hold_limit', 'org.repairs_segment')) = 2"
+            ),
+        },
+        Form {
+            name: "settings: headroom",
+            route: "/settings/headroom",
+            path: "/settings/headroom".into(),
+            fields: vec![
+                c(),
+                ("site", "par1".into()),
+                ("profile", "epyc".into()),
+                ("segment", "enterprise".into()),
+                ("machines", "2".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/settings#headroom", "Open the settings"),
+            says: "the headroom of the pool",
+            written: format!(
+                "(SELECT machines FROM headroom WHERE org_id = {org} AND site = 'par1'
+                    AND profile = 'epyc' AND segment = 'enterprise') = 2
+                 AND (SELECT count(*) FROM audit_log WHERE action = 'headroom.set') = 1"
+            ),
+        },
+        Form {
             name: "users: add",
             route: "/users",
             path: "/users".into(),

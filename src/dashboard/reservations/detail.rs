@@ -42,6 +42,10 @@ struct ReservationPage {
     /// R15: the last time the hold moved to another machine (when, by whom,
     /// the event's words: from which machine and why).
     replaced: Option<(String, String, String)>,
+    /// R19, R18: the end customer and the segment the order named, frozen
+    /// with it (`None`: not named).
+    customer_ref: Option<String>,
+    segment: Option<String>,
 }
 
 /// The reservation and its machine; another organization's is absent.
@@ -71,7 +75,10 @@ pub(crate) async fn detail(
     let events = reservations::events(&pool, staff.org_id, id).await?;
     let sentence = outcome::sentence(&r, &events, m.service_ref.as_deref(), m.remaining);
     let order = holds::order_lines(&pool, staff.org_id, &r).await?;
+    let (segment, customer_ref) = holds::segment_and_customer(&pool, staff.org_id, id).await?;
     page(&ReservationPage {
+        segment,
+        customer_ref,
         order,
         chrome: Chrome::new(&req, &staff, format!("Reservation {id}"), "reservations"),
         sentence,

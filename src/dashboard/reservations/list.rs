@@ -31,6 +31,9 @@ pub struct LiveView {
     pub soon: bool,
     /// R15: "PK-00011, 14:02:11 UTC" when the hold moved off that machine.
     pub replaced: Option<(String, String)>,
+    /// R19, R18: the end customer and the segment the order named (empty: none).
+    pub customer_ref: String,
+    pub segment: String,
 }
 
 /// A hold with less than this left is flagged "expires soon" in text.
@@ -157,6 +160,8 @@ pub(crate) async fn list(
             overdue: r.remaining <= 0,
             soon: r.remaining > 0 && r.remaining < SOON_SECONDS,
             replaced: r.replaced_tag.zip(r.replaced_at.as_ref().map(fmt_time)),
+            customer_ref: r.customer_ref.unwrap_or_default(),
+            segment: r.segment.unwrap_or_default(),
         })
         .collect();
     page(&ReservationsPage {
@@ -196,6 +201,8 @@ pub(crate) async fn export(
             "site",
             "expires_at",
             "seconds_left",
+            "customer_ref",
+            "segment",
         ],
         rows.into_iter().map(|r| {
             vec![
@@ -205,6 +212,8 @@ pub(crate) async fn export(
                 r.site,
                 fmt_time(&r.expires_at),
                 r.remaining.max(0).to_string(),
+                r.customer_ref.unwrap_or_default(),
+                r.segment.unwrap_or_default(),
             ]
         }),
     );
