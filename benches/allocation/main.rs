@@ -15,6 +15,7 @@
 //! ceiling at one client count on any database and server (e.g. a primary
 //! with a synchronous standby), with the per-cycle WAL counters.
 
+mod capacity;
 mod cpu;
 mod fill;
 mod growth;
@@ -166,6 +167,8 @@ pub struct Results {
     pub tracing: Option<traced::Result>,
     /// Item 13: item 1 at 8 clients on pools keeping headroom and not (R18).
     pub headroom: Option<headroom::Result>,
+    /// Item 14: readers of one pool's capacity beside item 1's load (R17).
+    pub capacity: Option<capacity::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -209,7 +212,10 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     let mut results = Results::default();
     let mut pg_version = String::new();
 
-    if cfg.runs_item("throughput") || cfg.runs_item("pages") || cfg.runs_item("headroom") {
+    if ["throughput", "pages", "headroom", "capacity"]
+        .iter()
+        .any(|item| cfg.runs_item(item))
+    {
         let db = cluster.database("bench_api").await?;
         pg_version = sqlx::query_scalar("SELECT current_setting('server_version')")
             .fetch_one(&db.setup)
@@ -526,7 +532,7 @@ async fn api_items(
         }
     }
 
-    if cfg.runs_item("pages") {
+    if cfg.runs_item("pages") || cfg.runs_item("capacity") {
         let login_page = reqwest::get(format!("{base}/login")).await?.status();
         if login_page != 200 {
             results.skipped.push(format!(
@@ -569,6 +575,16 @@ async fn api_items(
                 org.id
             ))
             .await?;
+        if cfg.runs_item("capacity") {
+            eprintln!(
+                "capacity: {} readers of one pool's capacity among {machines_in_org} machines, beside item 1's load",
+                cfg.page_readers
+            );
+            results.capacity = Some(capacity::run(cfg, meter, base, org, machines_in_org).await?);
+        }
+        if !cfg.runs_item("pages") {
+            return Ok(());
+        }
         pages::create_viewer(db, org.id).await?;
         let http = pages::login(base).await?;
         let pages = pages::pages(&setup::site(2), PROFILE);

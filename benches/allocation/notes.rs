@@ -136,7 +136,12 @@ const HOW: &str = "## How it is measured
   transaction-scoped advisory lock, and counts the pool's last sellable
   machines in its own transaction), and no headroom at all. The headroom
   never binds (a pool has 1,000 machines), so both sell the same machines;
-  the ratio is the cost of the turn and the count. `BENCH_ONLY=headroom`.";
+  the ratio is the cost of the turn and the count. `BENCH_ONLY=headroom`.
+- **14. Capacity (R17).** On item 5's organization (50,000 machines),
+  `page_readers` clients read `GET /api/v1/capacity` of one pool (a site and
+  profile) in a loop beside item 1's load at 8 clients; each run measures the
+  load alone first, then the load with the readers, so that the reserve rate
+  with readers is read against the rate without. `BENCH_ONLY=capacity`.";
 
 const THROUGHPUT: &str = "### What limits item 1 (HTTP API against the database's ceiling)
 

@@ -399,6 +399,31 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             met(ratio >= 0.8)
         );
     }
+    if let Some(c) = &results.capacity {
+        let reads = crate::stats::Latency::median_of(&c.reads);
+        let rate = |runs: &[crate::throughput::Run]| {
+            median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
+        };
+        let (beside, alone) = (rate(&c.beside), rate(&c.alone));
+        let ratio = if alone > 0.0 { beside / alone } else { 0.0 };
+        let _ = writeln!(
+            w,
+            "| 14 | capacity (R17): `GET /api/v1/capacity` of one pool among {} machines, {} readers beside item 1's load at 8 clients | p50 {:.2} ms, p99 {:.2} ms | p99 < 10 ms | {} |",
+            c.machines,
+            c.readers,
+            reads.p50_ms,
+            reads.p99_ms,
+            met(reads.p99_ms < 10.0)
+        );
+        let _ = writeln!(
+            w,
+            "| 14 | capacity (R17): item 1's reserve rate with those readers against without | ×{:.2} ({:.0}/s against {:.0}/s) | ≥ ×0.90 | {} |",
+            ratio,
+            beside,
+            alone,
+            met(ratio >= 0.9)
+        );
+    }
     if let Some(t) = &results.tracing {
         let med = |runs: &[crate::throughput::Run], f: fn(&crate::throughput::Run) -> f64| {
             median(&runs.iter().map(f).collect::<Vec<_>>())

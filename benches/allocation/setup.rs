@@ -117,6 +117,7 @@ impl Config {
                     "healing",
                     "tracing",
                     "headroom",
+                    "capacity",
                     "pages",
                     "fill",
                     "pooler",
