@@ -402,6 +402,7 @@ BEGIN
         IF v_live + p_quantity > v_cap THEN
             v_result := reserve_result_of('customer_limit', NULL, 0, 0, 0, 0);
             v_result.quantity := p_quantity;
+            v_result.org_id := p_org;
             v_result.excluded := jsonb_build_object('limit', v_cap, 'holds', v_live);
             PERFORM record_refusal(p_org, 'customer_limit', p_site, p_profile, p_vendor, v_result.excluded,
                                    p_quantity, p_segment, p_customer);
@@ -500,8 +501,9 @@ BEGIN
                                                AND h.segment IS DISTINCT FROM p_segment))
                               ELSE v_counts END;
     v_result.quantity := p_quantity;
-    -- R17: the other sites that could fill the same order now.
-    v_result.alternatives := capacity_alternatives(p_org, p_site, p_profile, p_vendor, p_segment, p_quantity);
+    -- The organization, for R17's alternatives: the caller reads them in a
+    -- statement of its own, after this one has released its turns.
+    v_result.org_id := p_org;
     -- Lost demand, recorded by the statement that read the
     -- counts. When this transaction has written nothing else (no
     -- transaction id yet: the API's autocommit call), its commit need not

@@ -53,39 +53,59 @@ CREATE OR REPLACE FUNCTION capacity_pools(p_org bigint, p_site text, p_profile t
 RETURNS TABLE (site text, profile text, total bigint, sellable bigint, held bigint, sold bigint,
                not_ready bigint, reserved jsonb, available bigint)
 LANGUAGE sql STABLE AS $$
-    WITH states AS (
-        SELECT m.site, m.profile, m.vendor,
-               CASE WHEN EXISTS (SELECT 1 FROM service_links s WHERE s.machine_id = m.id AND s.ended_at IS NULL)
-                    THEN 'sold'
-                    WHEN EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = m.id AND r.state = 'held'
-                                    AND r.expires_at > clock_timestamp())
-                    THEN 'held'
-                    WHEN m.status = 'ready' THEN 'sellable'
-                    ELSE 'not_ready' END AS state
+    -- Counted by pool, not probed per machine: the machines by status (an
+    -- index-only scan of machines_pool_counts_idx), then the few live holds
+    -- and the live services joined to their machines, each subtracted from
+    -- what their machine's status counted. `_any` counts every vendor (what
+    -- the headroom is kept from), the others the vendor asked.
+    WITH pools AS (
+        SELECT m.site, m.profile,
+               count(*) FILTER (WHERE p_vendor IS NULL OR m.vendor = p_vendor) AS total,
+               count(*) FILTER (WHERE m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS ready,
+               count(*) FILTER (WHERE m.status = 'ready') AS ready_any
           FROM machines m
-         WHERE m.org_id = p_org
-           AND (p_site IS NULL OR m.site = p_site)
+         WHERE m.org_id = p_org AND (p_site IS NULL OR m.site = p_site)
            AND (p_profile IS NULL OR m.profile = p_profile)
-    ), pools AS (
-        SELECT s.site, s.profile,
-               count(*) FILTER (WHERE p_vendor IS NULL OR s.vendor = p_vendor) AS total,
-               count(*) FILTER (WHERE s.state = 'sellable' AND (p_vendor IS NULL OR s.vendor = p_vendor)) AS sellable,
-               count(*) FILTER (WHERE s.state = 'held' AND (p_vendor IS NULL OR s.vendor = p_vendor)) AS held,
-               count(*) FILTER (WHERE s.state = 'sold' AND (p_vendor IS NULL OR s.vendor = p_vendor)) AS sold,
-               count(*) FILTER (WHERE s.state = 'not_ready' AND (p_vendor IS NULL OR s.vendor = p_vendor)) AS not_ready,
-               count(*) FILTER (WHERE s.state = 'sellable') AS sellable_any_vendor
-          FROM states s
-         GROUP BY s.site, s.profile
+         GROUP BY m.site, m.profile
+    ), sold AS (
+        SELECT m.site, m.profile,
+               count(*) FILTER (WHERE p_vendor IS NULL OR m.vendor = p_vendor) AS n,
+               count(*) FILTER (WHERE m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS ready,
+               count(*) FILTER (WHERE m.status = 'ready') AS ready_any
+          FROM service_links l JOIN machines m ON m.id = l.machine_id
+         WHERE l.org_id = p_org AND l.ended_at IS NULL
+           AND (p_site IS NULL OR m.site = p_site) AND (p_profile IS NULL OR m.profile = p_profile)
+         GROUP BY m.site, m.profile
+    ), held AS (
+        SELECT m.site, m.profile,
+               count(*) FILTER (WHERE p_vendor IS NULL OR m.vendor = p_vendor) AS n,
+               count(*) FILTER (WHERE m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS ready,
+               count(*) FILTER (WHERE m.status = 'ready') AS ready_any
+          FROM reservations r JOIN machines m ON m.id = r.machine_id
+         WHERE r.org_id = p_org AND r.state = 'held' AND r.expires_at > clock_timestamp()
+           AND (p_site IS NULL OR m.site = p_site) AND (p_profile IS NULL OR m.profile = p_profile)
+           AND NOT EXISTS (SELECT 1 FROM service_links l WHERE l.machine_id = m.id AND l.ended_at IS NULL)
+         GROUP BY m.site, m.profile
+    ), counted AS (
+        SELECT p.site, p.profile, p.total,
+               p.ready - coalesce(h.ready, 0) - coalesce(s.ready, 0) AS sellable,
+               coalesce(h.n, 0) AS held,
+               coalesce(s.n, 0) AS sold,
+               p.ready_any - coalesce(h.ready_any, 0) - coalesce(s.ready_any, 0) AS sellable_any_vendor
+          FROM pools p
+          LEFT JOIN held h ON h.site = p.site AND h.profile = p.profile
+          LEFT JOIN sold s ON s.site = p.site AND s.profile = p.profile
     )
-    SELECT p.site, p.profile, p.total, p.sellable, p.held, p.sold, p.not_ready,
+    SELECT c.site, c.profile, c.total, c.sellable, c.held, c.sold,
+           c.total - c.sellable - c.held - c.sold,
            coalesce((SELECT jsonb_object_agg(h.segment, h.machines ORDER BY h.segment) FROM headroom h
-                      WHERE h.org_id = p_org AND h.site = p.site AND h.profile = p.profile), '{}'::jsonb),
-           greatest(least(p.sellable,
-                          p.sellable_any_vendor
-                          - pool_kept_for_others(p_org, p.site, p.profile, ARRAY[p_segment])), 0)
-      FROM pools p
-     WHERE p.total > 0
-     ORDER BY p.site, p.profile
+                      WHERE h.org_id = p_org AND h.site = c.site AND h.profile = c.profile), '{}'::jsonb),
+           greatest(least(c.sellable,
+                          c.sellable_any_vendor
+                          - pool_kept_for_others(p_org, c.site, c.profile, ARRAY[p_segment])), 0)
+      FROM counted c
+     WHERE c.total > 0
+     ORDER BY c.site, c.profile
 $$;
 
 -- R17's alternatives: the other sites whose pool of profile p_profile (and

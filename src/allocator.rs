@@ -460,11 +460,13 @@ pub enum ReserveOutcome {
     Contended {
         walk: WalkStats,
         candidates: i64,
+        org_id: i64,
         alternatives: Vec<Alternative>,
     },
     /// Nothing matches: buy hardware (409, no Retry-After).
     Unavailable {
         excluded: ExcludedCounts,
+        org_id: i64,
         alternatives: Vec<Alternative>,
     },
     /// R18: enough machines match, but the sellable ones left are kept
@@ -472,6 +474,7 @@ pub enum ReserveOutcome {
     Reserved {
         candidates: i64,
         kept: BTreeMap<String, i64>,
+        org_id: i64,
         alternatives: Vec<Alternative>,
     },
     /// R19: the customer already holds `holds` machines of a cap of `limit`.
@@ -497,6 +500,51 @@ impl ReserveOutcome {
             ReserveOutcome::CustomerLimit { .. } => "customer_limit",
         }
     }
+
+    /// The organization and the alternatives of a refusal that carries
+    /// them (R17): empty from the reserve, filled by `alternatives`.
+    pub fn alternatives_mut(&mut self) -> Option<(i64, &mut Vec<Alternative>)> {
+        match self {
+            ReserveOutcome::Contended {
+                org_id,
+                alternatives,
+                ..
+            }
+            | ReserveOutcome::Unavailable {
+                org_id,
+                alternatives,
+                ..
+            }
+            | ReserveOutcome::Reserved {
+                org_id,
+                alternatives,
+                ..
+            } => Some((*org_id, alternatives)),
+            _ => None,
+        }
+    }
+}
+
+/// R17: the other sites whose pool of the same profile (and vendor) could
+/// fill `req` now, most available first. A statement of its own, read
+/// after a refusal, so that the reserve's turns are not held while the
+/// other sites are counted.
+pub async fn alternatives(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+    req: &ReserveRequest,
+) -> Result<Vec<Alternative>, sqlx::Error> {
+    let found: sqlx::types::Json<Vec<Alternative>> =
+        sqlx::query_scalar("SELECT capacity_alternatives($1, $2, $3, $4::text, $5::text, $6)")
+            .bind(org_id)
+            .bind(req.spec.site.as_str())
+            .bind(req.spec.profile.as_str())
+            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+            .bind(req.segment.as_ref().map(Segment::as_str))
+            .bind(i32::from(req.quantity.get()))
+            .fetch_one(db)
+            .await?;
+    Ok(found.0)
 }
 
 /// What the walk over a candidate list ended with: every reservation of
@@ -658,6 +706,7 @@ impl ReserveRow {
         let walk = first.walk();
         let candidates = first.candidates.unwrap_or(0);
         let alternatives = first.alternatives.take().map(|j| j.0).unwrap_or_default();
+        let org_id = first.reservation.org_id().unwrap_or(0);
         let excluded = first.excluded.take().map(|j| j.0).unwrap_or_default();
         let number = |key: &str| {
             excluded
@@ -669,6 +718,7 @@ impl ReserveRow {
             "contended" => ReserveOutcome::Contended {
                 walk,
                 candidates,
+                org_id,
                 alternatives,
             },
             "unavailable" => {
@@ -677,6 +727,7 @@ impl ReserveRow {
                 counts.candidates = candidates;
                 ReserveOutcome::Unavailable {
                     excluded: counts,
+                    org_id,
                     alternatives,
                 }
             }
@@ -686,6 +737,7 @@ impl ReserveRow {
                     .get("kept")
                     .and_then(|k| serde_json::from_value(k.clone()).ok())
                     .unwrap_or_default(),
+                org_id,
                 alternatives,
             },
             "customer_limit" => ReserveOutcome::CustomerLimit {

@@ -407,6 +407,11 @@ pub(crate) struct MaybeReservation {
 }
 
 impl MaybeReservation {
+    /// The organization, also set on a refusal's row (no reservation).
+    pub(crate) fn org_id(&self) -> Option<i64> {
+        self.org_id
+    }
+
     /// The reservation a function promised.
     pub(crate) fn required(self) -> Result<Reservation, sqlx::Error> {
         let missing = || {

@@ -222,6 +222,10 @@ async fn reserve(
         span.record("outcome", "refused");
         caller_refused(e)
     })?;
+    let mut outcome = outcome;
+    if let Some((org_id, alternatives)) = outcome.alternatives_mut() {
+        *alternatives = allocator::alternatives(&**pool, org_id, &req).await?;
+    }
     span.record("outcome", outcome.label());
     match &outcome {
         allocator::ReserveOutcome::Created { walk, .. } => {
@@ -283,6 +287,7 @@ async fn reserve(
             walk,
             candidates,
             alternatives,
+            ..
         } => Err(conflict(
             "contended",
             if quantity == 1 {
@@ -302,6 +307,7 @@ async fn reserve(
         ReserveOutcome::Unavailable {
             excluded,
             alternatives,
+            ..
         } => Err(conflict(
             "unavailable",
             if quantity == 1 {
@@ -321,6 +327,7 @@ async fn reserve(
             candidates,
             kept,
             alternatives,
+            ..
         } => Err(conflict(
             "reserved",
             format!(
