@@ -2,6 +2,10 @@
 //! and what an order may take now (sql/capacity.sql), and the headroom
 //! staff keep per pool and segment.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -11,7 +15,7 @@ use crate::domain::{Profile, Segment, Site, Vendor};
 
 /// The filters of a capacity read; `None` is "any" (for `segment`: an order
 /// without a segment).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]
 pub struct Filter {
     pub site: Option<Site>,
     pub profile: Option<Profile>,
@@ -65,6 +69,69 @@ pub async fn read(
     .bind(f.quantity)
     .fetch_one(db)
     .await
+}
+
+/// R17 for a shop front that asks on every page view: for `ttl`, this
+/// process answers the same question of the same organization from the
+/// snapshot it last read, instead of counting the pool again. Each answer is
+/// still one snapshot (its counts add up) and says when it was read
+/// (`as_of`); it may be up to `ttl` older than the request, which R17
+/// allows: what capacity says and what a reserve does disagree about time,
+/// never about the rules. The reserve itself never reads this.
+pub struct Cache {
+    ttl: Duration,
+    entries: Mutex<HashMap<(i64, Filter), (Instant, Snapshot)>>,
+}
+
+/// Past this many questions the cache forgets the stale ones, then all: a
+/// bound, whatever the filters clients make up.
+const CACHE_ENTRIES: usize = 4096;
+
+impl Cache {
+    pub fn new(ttl: Duration) -> Cache {
+        Cache {
+            ttl,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `read`, or the snapshot of the same question read less than `ttl`
+    /// ago.
+    pub async fn read(
+        &self,
+        db: impl PgExecutor<'_>,
+        org_id: i64,
+        f: &Filter,
+    ) -> Result<Snapshot, sqlx::Error> {
+        if self.ttl.is_zero() {
+            return read(db, org_id, f).await;
+        }
+        let key = (org_id, f.clone());
+        if let Some((at, snap)) = self.lock().get(&key)
+            && at.elapsed() < self.ttl
+        {
+            return Ok(snap.clone());
+        }
+        let snap = read(db, org_id, f).await?;
+        let mut entries = self.lock();
+        if entries.len() >= CACHE_ENTRIES {
+            let ttl = self.ttl;
+            entries.retain(|_, (at, _)| at.elapsed() < ttl);
+            if entries.len() >= CACHE_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(key, (Instant::now(), snap.clone()));
+        Ok(snap)
+    }
+
+    /// A poisoned lock only means another request panicked while holding
+    /// it; the map is still a valid cache.
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(i64, Filter), (Instant, Snapshot)>> {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// R18: the machines of one pool kept for one segment.

@@ -72,6 +72,10 @@ pub struct Settings {
     /// `POOLKEEPER_WEBHOOK_POLL_MS` (default 1000): how often the delivery
     /// worker looks for due deliveries.
     pub webhook_poll: Duration,
+    /// `POOLKEEPER_CAPACITY_CACHE_MS` (default 1000, 0: none): how long one
+    /// process answers `GET /api/v1/capacity` of the same question from the
+    /// snapshot it last read (R17).
+    pub capacity_cache: Duration,
     /// `POOLKEEPER_WEBHOOK_BACKOFF_MS` (default 10000): the first retry's
     /// delay; each further retry doubles it (capped at an hour), with jitter.
     pub webhook_backoff_base: Duration,
@@ -134,6 +138,7 @@ impl Settings {
             db_max_connections: 20,
             webhook_allow_private: false,
             webhook_poll: Duration::from_millis(1000),
+            capacity_cache: Duration::from_millis(1000),
             webhook_backoff_base: Duration::from_millis(10_000),
             webhook_lease_duration: Duration::from_secs(30),
             webhook_give_up: Duration::from_secs(86_400),
@@ -406,6 +411,15 @@ pub const VARIABLES: &[Variable] = &[
         help: "how often the delivery worker looks for due deliveries (10-60000)",
         apply: |s, name, v| {
             s.webhook_poll = Duration::from_millis(parse_number(name, &v, 10, 60_000)?);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_CAPACITY_CACHE_MS",
+        default: "1000",
+        help: "how long a capacity answer is served from the snapshot last read, per process (0-60000; 0: every request reads)",
+        apply: |s, name, v| {
+            s.capacity_cache = Duration::from_millis(parse_number(name, &v, 0, 60_000)?);
             Ok(())
         },
     },

@@ -25,6 +25,8 @@ pub struct AppState {
     pub metrics: web::Data<Metrics>,
     /// Shutting down or not, for `/readyz` (set by `serve` on SIGTERM).
     pub readiness: web::Data<crate::ops::Readiness>,
+    /// R17's answers, kept `capacity_cache` per process.
+    pub capacity: web::Data<crate::capacity::Cache>,
 }
 
 impl AppState {
@@ -32,8 +34,10 @@ impl AppState {
         metrics
             .sweep_period
             .set(settings.sweep_period.as_secs_f64());
+        let capacity = web::Data::new(crate::capacity::Cache::new(settings.capacity_cache));
         AppState {
             settings: web::Data::new(settings),
+            capacity,
             pool: web::Data::new(pool),
             metrics: web::Data::new(metrics),
             readiness: web::Data::new(crate::ops::Readiness::default()),
@@ -48,6 +52,7 @@ pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
             .app_data(state.pool)
             .app_data(state.metrics)
             .app_data(state.readiness)
+            .app_data(state.capacity)
             .configure(crate::ops::configure)
             .configure(crate::api::configure)
             // The dashboard and its /static/ assets: explicit paths only,

@@ -59,6 +59,7 @@ async fn get_capacity(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
+    cache: web::Data<capacity::Cache>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Orders)?;
@@ -86,7 +87,7 @@ async fn get_capacity(
         segment: opt(&query.segment, Segment::parse)?,
         quantity,
     };
-    let snap = capacity::read(pool.get_ref(), client.org_id, &filter).await?;
+    let snap = cache.read(pool.get_ref(), client.org_id, &filter).await?;
     let opaque = format!("\"{}\"", snap.tag);
     let fresh = req
         .headers()

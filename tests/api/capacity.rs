@@ -7,7 +7,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{TestApp, binary, spawn_app};
+use crate::helpers::{PROFILE, SITE, TestApp, binary, spawn_app};
 
 async fn capacity(app: &TestApp, query: &str) -> (StatusCode, Value) {
     let r = app
@@ -595,5 +595,70 @@ async fn org_set_changes_the_cap_and_the_repairs_segment() {
             ("org.customer_hold_limit_set", "command line", Some("0")),
             ("org.repairs_segment_set", "command line", Some("")),
         ]
+    );
+}
+
+/// R17 for a shop front polling on every page view: with the cache on, a
+/// process answers the same question from the snapshot it read, dated by
+/// its `as_of`, until the period ends, even after a reserve; with it off
+/// (the other tests), every request reads.
+#[tokio::test]
+async fn a_cached_capacity_answer_is_one_snapshot_dated_by_as_of() {
+    let app = crate::helpers::spawn_app_with(|s| {
+        s.capacity_cache = std::time::Duration::from_secs(3600);
+    })
+    .await;
+    for i in 0..3 {
+        app.put_machine(
+            &app.org.token,
+            &format!("CACHE-{i}"),
+            SITE,
+            "dell",
+            PROFILE,
+            "ready",
+        )
+        .await;
+    }
+    let path = format!("/api/v1/capacity?site={SITE}&profile={PROFILE}");
+    let read = || async {
+        let r = app
+            .http
+            .get(app.url(&path))
+            .bearer_auth(&app.org.token)
+            .send()
+            .await
+            .expect("capacity");
+        assert_eq!(r.status(), 200);
+        r.json::<serde_json::Value>().await.expect("json")
+    };
+    let first = read().await;
+    assert_eq!(first["pools"][0]["sellable"], 3, "{first}");
+    let (code, body) = app
+        .post_json(
+            "/api/v1/reservations",
+            serde_json::json!({"order_ref": "CACHE-ORD", "site": SITE, "profile": PROFILE}),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    let again = read().await;
+    assert_eq!(again, first, "the same snapshot, as_of included");
+    // Another question is read afresh: it sees the hold.
+    let other = app
+        .http
+        .get(app.url(&format!("{path}&vendor=dell")))
+        .bearer_auth(&app.org.token)
+        .send()
+        .await
+        .expect("capacity")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    assert_eq!(
+        (
+            other["pools"][0]["sellable"].clone(),
+            other["pools"][0]["held"].clone()
+        ),
+        (serde_json::json!(2), serde_json::json!(1)),
+        "{other}"
     );
 }
