@@ -234,6 +234,21 @@ pub async fn kept_for_others(
     spec: &OrderSpec,
     segment: Option<&Segment>,
 ) -> Result<Option<KeptForOthers>, sqlx::Error> {
+    // Most pools keep nothing: one probe of the headroom table's key, and
+    // the pool is not counted at all (the page's cost without headroom).
+    let keeps: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM headroom
+                         WHERE org_id = $1 AND site = $2 AND profile = $3 AND segment IS DISTINCT FROM $4)",
+    )
+    .bind(org_id)
+    .bind(spec.site.as_str())
+    .bind(spec.profile.as_str())
+    .bind(segment.map(Segment::as_str))
+    .fetch_one(pool)
+    .await?;
+    if !keeps {
+        return Ok(None);
+    }
     let row: Option<(KeptJson, i64, i64)> = sqlx::query_as(
         "SELECT reserved, available, sellable FROM capacity_pools($1, $2, $3, $4, $5)",
     )
