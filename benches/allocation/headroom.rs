@@ -17,7 +17,7 @@ pub struct Result {
     pub with: Vec<Run>,
 }
 
-async fn keep(db: &Db, org: &Org, sites: i64, on: bool) -> anyhow::Result<()> {
+pub(crate) async fn keep(db: &Db, org: &Org, sites: i64, on: bool) -> anyhow::Result<()> {
     db.exec("DELETE FROM headroom").await?;
     if on {
         for i in 0..sites {

@@ -32,6 +32,7 @@ mod report;
 mod roundtrips;
 mod server;
 mod setup;
+mod statements;
 mod stats;
 mod sweep;
 mod throughput;
@@ -169,6 +170,9 @@ pub struct Results {
     pub headroom: Option<headroom::Result>,
     /// Item 14: readers of one pool's capacity beside item 1's load (R17).
     pub capacity: Option<capacity::Result>,
+    /// Item 15: item 1's cycle statement by statement, without and with
+    /// headroom.
+    pub statements: Vec<statements::Table>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -212,7 +216,7 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     let mut results = Results::default();
     let mut pg_version = String::new();
 
-    if ["throughput", "pages", "headroom", "capacity"]
+    if ["throughput", "statements", "pages", "headroom", "capacity"]
         .iter()
         .any(|item| cfg.runs_item(item))
     {
@@ -248,6 +252,18 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         // checkpoint runs now, not during the measured runs.
         db.exec("CHECKPOINT").await?;
         let server = server::Server::start(&db.url, &cluster.dir, &cfg.server_log).await?;
+        // Profiling: a change of sql/ measured against the code before it
+        // without a second build. The files' definitions replace the ones
+        // the server applied at start; its connections read them on their
+        // next call.
+        if let Ok(files) = std::env::var("BENCH_SQL_FILES") {
+            for path in files.split(';').filter(|p| !p.is_empty()) {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| anyhow::anyhow!("BENCH_SQL_FILES: {path}: {e}"))?;
+                db.exec(&text).await?;
+                eprintln!("bench: applied {path} over the server's definitions");
+            }
+        }
         let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&db.setup)
             .await?;
@@ -480,6 +496,20 @@ async fn api_items(
         for &clients in &cfg.clients {
             let t = measure_throughput(cfg, meter, probe, db, org, base, clients).await?;
             results.throughput.push(t);
+        }
+    }
+
+    if cfg.runs_item("statements") {
+        if roundtrips::available(db).await {
+            eprintln!(
+                "statements: item 1's cycle at {} clients, pg_stat_statements.track = all",
+                statements::CLIENTS
+            );
+            results.statements = statements::run(cfg, db, org, base, meter).await?;
+        } else {
+            results
+                .skipped
+                .push("15 (statements): the server does not preload pg_stat_statements".to_owned());
         }
     }
 

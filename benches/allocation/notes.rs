@@ -141,7 +141,14 @@ const HOW: &str = "## How it is measured
   `page_readers` clients read `GET /api/v1/capacity` of one pool (a site and
   profile) in a loop beside item 1's load at 8 clients; each run measures the
   load alone first, then the load with the readers, so that the reserve rate
-  with readers is read against the rate without. `BENCH_ONLY=capacity`.";
+  with readers is read against the rate without. `BENCH_ONLY=capacity`.
+- **15. Statement by statement.** Item 1's cycle at 8 clients on item 1's
+  database and server, one run with `pg_stat_statements.track = all` (set
+  with `ALTER SYSTEM` and a reload, then set back), on pools without
+  headroom and on pools keeping 1 machine for a segment (item 13's); the
+  table gives each statement's calls, executor time, buffers and WAL per
+  cycle, nested statements included, so that a regression names its
+  statement. `BENCH_ONLY=statements`.";
 
 const THROUGHPUT: &str = "### What limits item 1 (HTTP API against the database's ceiling)
 

@@ -134,6 +134,7 @@ fn command(cfg: &Config) -> String {
         "BENCH_DURABLE",
         "BENCH_PG_SET",
         "BENCH_SETTLE",
+        "BENCH_SQL_FILES",
         "POOLKEEPER_DB_MAX_CONNECTIONS",
     ] {
         if let Ok(v) = std::env::var(name) {
@@ -150,6 +151,7 @@ fn is_full(cfg: &Config) -> bool {
         && cfg.durable
         && cfg.pg_set.is_empty()
         && std::env::var("POOLKEEPER_DB_MAX_CONNECTIONS").is_err()
+        && std::env::var("BENCH_SQL_FILES").is_err()
         && ["throughput", "race", "growth", "sweep", "pages"]
             .iter()
             .all(|i| cfg.runs_item(i))
@@ -568,8 +570,43 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
     for s in &results.skipped {
         let _ = writeln!(w, "\nLeft out: {s}.");
     }
+    statement_tables(w, &results.statements);
     let _ = writeln!(w, "\n{}", crate::notes::notes(results));
     md
+}
+
+/// Item 15: where a cycle's time goes inside PostgreSQL, per statement, so
+/// that a regression names its statement.
+fn statement_tables(w: &mut String, tables: &[crate::statements::Table]) {
+    if tables.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "\n## 15. Statement by statement\n\nItem 1's reserve then cancel through the API at {} clients, one run with `pg_stat_statements.track = all` (not one of item 1's measured runs: counting costs CPU). Per completed cycle: calls, executor time (CPU waits included: {} clients share the machine's cores, so read the shares, not the milliseconds, as CPU), shared buffers touched and the statement's own WAL bytes. Top-level statements are the server's round trips; the nested ones run inside them. Statements under {} calls per cycle (the background workers) are left out.",
+        crate::statements::CLIENTS,
+        crate::statements::CLIENTS,
+        0.005
+    );
+    for t in tables {
+        let _ = writeln!(
+            w,
+            "\nPools with {}: {} cycles, {:.0}/s.\n\n| statement | level | calls | ms | buffers | WAL bytes |\n| --- | --- | --- | --- | --- | --- |",
+            t.pools, t.cycles, t.cycles_per_s
+        );
+        for r in t.rows.iter().take(25) {
+            let _ = writeln!(
+                w,
+                "| `{}` | {} | {:.2} | {:.3} | {:.1} | {:.0} |",
+                r.statement.replace('|', "\\|").replace('`', "'"),
+                if r.toplevel { "top" } else { "nested" },
+                r.calls_per_cycle,
+                r.ms_per_cycle,
+                r.buffers_per_cycle,
+                r.wal_bytes_per_cycle
+            );
+        }
+    }
 }
 
 fn throughput_rows(w: &mut String, t: &Throughput, cfg: &Config) {

@@ -111,6 +111,7 @@ impl Config {
                 "BENCH_ONLY",
                 [
                     "throughput",
+                    "statements",
                     "race",
                     "growth",
                     "sweep",
