@@ -66,6 +66,24 @@ LANGUAGE sql STABLE AS $$
      ORDER BY v.id LIMIT p_limit
 $$;
 
+-- The same candidates after machine p_after (in id order): pass one
+-- widened where its first batch ran out (reserve_walk_slots).
+CREATE OR REPLACE FUNCTION machine_candidates_after(p_org bigint, p_site text, p_profile text, p_vendor text,
+                                                    p_after bigint, p_limit bigint)
+RETURNS SETOF machine_verdict
+LANGUAGE sql STABLE AS $$
+    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v
+     WHERE v.site = p_site AND v.profile = p_profile AND (p_vendor IS NULL OR v.vendor = p_vendor)
+       AND v.status = 'ready' AND v.exclusion IS NULL AND v.id > p_after
+     ORDER BY v.id LIMIT p_limit
+$$;
+
+-- R4: pass one's first batch for an order of p_quantity machines. Without
+-- contention the first candidate is taken, so the walk starts with a few
+-- and widens, once, to the whole bound of 24 + N when they run out.
+CREATE OR REPLACE FUNCTION first_batch(p_quantity integer) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 4 + p_quantity $$;
+
 -- A reserve_result carrying reservation p_row (or none). PL/pgSQL, not
 -- SQL: PostgreSQL 15 plans a SQL function that it cannot inline on every
 -- call, and this one (a row of 23 columns) cannot be inlined.
@@ -109,6 +127,11 @@ $$;
 -- partial order), the order's 'existing' rows (it was written behind our
 -- back), or one 'nothing' row; every row carries the walk's counters.
 --
+-- p_candidates is pass one's first batch (first_batch): when the walk has
+-- tried all of them and still lacks machines, it reads the candidates after
+-- the last one, up to the bound, once (R4 counts them all). A shorter list
+-- (pass one found no more, or a test's chosen list) is walked as it is.
+--
 -- R4 for an order of N machines: at most 24 + N candidates scanned and
 -- 4 + N insert attempts, i.e. the slack an order of one has (24 candidates
 -- skipped or found gone besides the one taken; 4 insert races lost besides
@@ -135,6 +158,8 @@ DECLARE
     v_attempts   integer := 0;
     v_position   integer := 0;
     v_machine_id bigint;
+    v_candidates bigint[] := coalesce(p_candidates, '{}');
+    v_widened    boolean := false;
     v_verdict    machine_verdict;
     v_expired    reservations;
     v_reason     text;
@@ -148,8 +173,22 @@ BEGIN
     IF p_quantity IS NULL OR p_quantity NOT BETWEEN 1 AND 16 THEN
         RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_quantity;
     END IF;
-    FOREACH v_machine_id IN ARRAY coalesce(p_candidates, '{}') LOOP
+    LOOP
+        IF v_position = cardinality(v_candidates) THEN
+            -- The first batch is spent (every candidate locked, gone or
+            -- taken): the rest of pass one, once. A list shorter than a
+            -- first batch is all there is.
+            EXIT WHEN v_widened OR v_position < first_batch(p_quantity) OR v_position >= max_scanned
+                      OR v_attempts >= max_attempts;
+            v_widened := true;
+            v_candidates := v_candidates || ARRAY(
+                SELECT c.id FROM machine_candidates_after(p_org, p_site, p_profile, p_vendor,
+                                                          v_candidates[v_position], max_scanned - v_position) c);
+            v_total := cardinality(v_candidates);
+            EXIT WHEN v_position = v_total;
+        END IF;
         v_position := v_position + 1;
+        v_machine_id := v_candidates[v_position];
         EXIT WHEN v_position > max_scanned OR v_attempts >= max_attempts;
         v_scanned := v_scanned + 1;
         -- R3/R4: lock this one row by its key; locked by someone else is
@@ -299,9 +338,9 @@ BEGIN
 END
 $$;
 
--- R13: all of an order or nothing. For an order of one, the walk as it is
--- (it takes one machine or none). For an order of several, the walk runs in
--- a savepoint of its own: if it ends with fewer machines than asked, the
+-- R13: all of an order of several machines or nothing (reserve_order
+-- calls the walk itself for an order of one). The walk runs in a
+-- savepoint of its own: if it ends with fewer machines than asked, the
 -- savepoint is rolled back (the slots it took, their events and any expiry
 -- it wrote with them) and the answer is 'nothing'. Nothing of a partial
 -- order was ever committed, so no reader saw it.
@@ -314,11 +353,6 @@ DECLARE
     v_rows reserve_result[];
     v_last reserve_result;
 BEGIN
-    IF p_quantity = 1 THEN
-        RETURN QUERY SELECT * FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
-                                                      p_hold, p_candidates, 1);
-        RETURN;
-    END IF;
     BEGIN
         v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
                                                          p_hold, p_candidates, p_quantity) w);
@@ -443,11 +477,20 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- R7, pass one (the walk never looks beyond 24 + N, R4).
-    v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, p_site, p_profile, p_vendor, 24 + p_quantity) c);
+    -- R7, pass one: its first batch; the walk widens it when it runs out
+    -- and never looks beyond 24 + N (R4). The batch holds at least N
+    -- whenever pass one would.
+    v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, p_site, p_profile, p_vendor,
+                                                              first_batch(p_quantity)) c);
     IF cardinality(v_candidates) >= p_quantity AND NOT v_reserved THEN
-        v_rows := ARRAY(SELECT w FROM reserve_order_walk(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
-                                                         p_hold, v_candidates, p_quantity) w);
+        -- An order of one is the walk itself (it takes one machine or none).
+        IF p_quantity = 1 THEN
+            v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
+                                                             p_hold, v_candidates, 1) w);
+        ELSE
+            v_rows := ARRAY(SELECT w FROM reserve_order_walk(p_org, p_actor, p_order_ref, p_site, p_profile,
+                                                             p_vendor, p_hold, v_candidates, p_quantity) w);
+        END IF;
         v_result := v_rows[1];
         IF v_result.outcome = 'created' AND (p_segment IS NOT NULL OR p_customer IS NOT NULL) THEN
             -- R18/R19: the order's segment and customer, frozen with it.

@@ -102,7 +102,17 @@ async fn counted(
     pools: &str,
 ) -> anyhow::Result<Table> {
     // Plans made and functions compiled under `all` before the reset.
-    throughput::http_run(meter, base, &org.token, cfg.sites, CLIENTS, 1.0, "s-warm").await?;
+    let tag = pools.replace(' ', "-");
+    throughput::http_run(
+        meter,
+        base,
+        &org.token,
+        cfg.sites,
+        CLIENTS,
+        1.0,
+        &format!("sw-{tag}"),
+    )
+    .await?;
     crate::roundtrips::reset(db).await?;
     let run = throughput::http_run(
         meter,
@@ -111,7 +121,7 @@ async fn counted(
         cfg.sites,
         CLIENTS,
         cfg.run_seconds,
-        &format!("s-{}", pools.replace(' ', "-")),
+        &format!("s-{tag}"),
     )
     .await?;
     let rows = read(db, run.cycles).await?;

@@ -397,6 +397,63 @@ async fn the_walk_stops_after_25_locked_candidates_without_waiting() {
     assert_eq!(r.machine.asset_tag, "OK-00");
 }
 
+/// R4: pass one reads a first batch of 4 + N candidates; when every one of
+/// them is row-locked by another transaction, the walk widens once to the
+/// rest of the bound and takes the first free machine after them, counting
+/// every candidate it looked at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_walk_whose_first_batch_is_locked_widens_and_takes_the_next_machine() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "widen", true).await;
+    let mut machines = Vec::new();
+    for i in 0..8 {
+        machines.push(
+            machine(
+                &pool,
+                org.id,
+                &format!("W-{i:02}"),
+                SITE,
+                "dell",
+                PROFILE,
+                "ready",
+            )
+            .await,
+        );
+    }
+    // The first batch of an order of one is 5 machines: all locked.
+    let mut holder = limited_connection(&db).await;
+    sqlx::query("BEGIN")
+        .execute(&mut holder)
+        .await
+        .expect("begin");
+    let locked: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM machines WHERE id = ANY($1) FOR UPDATE")
+            .bind(&machines[..5])
+            .fetch_all(&mut holder)
+            .await
+            .expect("lock five machines");
+    assert_eq!(locked.len(), 5);
+    let outcome = allocator::reserve(&pool, org.id, &request("ORD-W", None))
+        .await
+        .expect("reserve");
+    match outcome {
+        ReserveOutcome::Created {
+            reservation, walk, ..
+        } => {
+            assert_eq!(reservation.machine.asset_tag, "W-05");
+            assert_eq!(walk.scanned, 6, "{walk:?}");
+            assert_eq!(walk.locked_by_others, 5, "{walk:?}");
+            assert_eq!(walk.attempts, 1, "{walk:?}");
+        }
+        other => panic!("expected created, got {other:?}"),
+    }
+    sqlx::query("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .expect("rollback");
+}
+
 /// R5/R6: a collision on the first attempt (a competitor committed a held
 /// reservation on the first candidate after pass one) is rolled back to its
 /// savepoint; the same transaction goes on to insert on the next candidate.
