@@ -66,6 +66,7 @@ const RUNGS: &[(&str, &[&str])] = &[
         "pages: HTTP over the rules and workers' reads",
         &[
             "api",
+            "api::caller",
             "api::capacity",
             "api::json",
             "api::machines",

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
+use crate::api::caller::{ApiClient, BearerToken};
 use crate::api::json;
 use crate::domain::{CustomerRef, OrderRef, Profile, Scope, Segment, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
@@ -19,7 +20,7 @@ use crate::reservations::{
     self, Named, OrderAction, OrderAfter, Reservation, ServiceLink, Transition, TransitionError,
 };
 use crate::settings::Settings;
-use crate::tokens::{ApiClient, BearerToken, CallerRefusal};
+use crate::tokens::CallerRefusal;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
