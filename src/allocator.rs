@@ -404,12 +404,6 @@ pub fn max_scanned(quantity: Quantity) -> usize {
     MAX_SCANNED - 1 + usize::from(quantity.get())
 }
 
-/// R4 for an order of N machines: at most 4 + N insert attempts (4 lost
-/// insert races besides the N won, as for an order of one).
-pub fn max_attempts(quantity: Quantity) -> usize {
-    MAX_ATTEMPTS - 1 + usize::from(quantity.get())
-}
-
 /// A reserve request.
 #[derive(Debug, Clone)]
 pub struct ReserveRequest {

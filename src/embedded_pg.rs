@@ -197,8 +197,7 @@ pub struct ClusterOptions {
 
 /// What a cluster may add to the default Unix-socket-only server: a TCP
 /// listener on 127.0.0.1 and TLS (for tests of a remote, TLS-only
-/// PostgreSQL). Separate from `ClusterOptions` so that existing callers are
-/// unchanged.
+/// PostgreSQL). Separate from `ClusterOptions`, whose callers need neither.
 #[derive(Debug, Clone, Default)]
 pub struct ServerExtras {
     /// Listen on 127.0.0.1 at this port (also the socket's port number).

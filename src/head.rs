@@ -10,7 +10,7 @@
 //! (decided before any middleware runs) and send the headers, the
 //! Content-Length of the GET answer included, without the body. A path
 //! without GET stays 405 for HEAD. Where an `Allow` header lists GET, HEAD
-//! is added to it, since it is now served too.
+//! is added to it, since it is served too.
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::db::Db;
 use actix_web::{FromRequest as _, HttpResponse, web};
 
+use crate::api::caller::ApiClient;
 use crate::domain::Scope;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::tokens::ApiClient;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     // One resource per path: another method is 405, not 404.

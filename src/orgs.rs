@@ -52,13 +52,6 @@ pub async fn by_slug(pool: &Db, slug: &str) -> Result<Organization, OrgError> {
         .ok_or_else(|| OrgError::Unknown(slug.to_owned()))
 }
 
-pub async fn by_id(pool: &Db, id: i64) -> Result<Option<Organization>, sqlx::Error> {
-    sqlx::query_as("SELECT id, slug, name, datacenter_enabled FROM organizations WHERE id = $1")
-        .bind(id)
-        .fetch_optional(pool)
-        .await
-}
-
 pub async fn set_datacenter_enabled(
     pool: &Db,
     org_id: i64,

@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Everything `serve` needs to know. Tests build one directly.
+/// Everything `serve` needs to know. Tests build one directly. Each
+/// field's default is declared once, in `VARIABLES`.
 #[derive(Debug, Clone)]
 pub struct Settings {
     /// `DATABASE_URL`; `None` means the embedded default.
@@ -18,25 +19,25 @@ pub struct Settings {
     pub datacenter_module: bool,
     /// `POOLKEEPER_HOLD_SECONDS`: default reservation lifetime (R11).
     pub hold_seconds: u32,
-    /// `POOLKEEPER_HOLD_MAX_SECONDS` (default 3600, 1 to 604800): R14's cap
+    /// `POOLKEEPER_HOLD_MAX_SECONDS` (1 to 604800): R14's cap
     /// on a whole hold, from its creation to its deadline, that an extension
     /// may not pass.
     pub hold_max_seconds: u32,
     /// `POOLKEEPER_SWEEP_SECONDS`: sweep period.
     pub sweep_period: Duration,
     /// `POOLKEEPER_LEASE_SECONDS`: how long a sweep lease lasts without a
-    /// heartbeat. Defaults to three sweep periods, at least 5 seconds.
+    /// heartbeat.
     pub lease_duration: Duration,
     /// `POOLKEEPER_REPLICA`: unique per process.
     pub replica: String,
     /// `POOLKEEPER_SECURE_COOKIES`: served behind TLS, so cookies get
     /// `Secure` and the `__Host-` prefix.
     pub secure_cookies: bool,
-    /// `POOLKEEPER_SESSION_IDLE_SECONDS` (default 1800).
+    /// `POOLKEEPER_SESSION_IDLE_SECONDS`.
     pub session_idle: Duration,
-    /// `POOLKEEPER_SESSION_MAX_SECONDS` (default 12 h).
+    /// `POOLKEEPER_SESSION_MAX_SECONDS`.
     pub session_max: Duration,
-    /// `POOLKEEPER_DB_ACQUIRE_SECONDS` (default 2): how long a request waits
+    /// `POOLKEEPER_DB_ACQUIRE_SECONDS`: how long a request waits
     /// for a pooled connection before it gets `503` with `Retry-After`
     /// instead of hanging.
     pub db_acquire_timeout: Duration,
@@ -45,7 +46,7 @@ pub struct Settings {
     /// startup `options` are sent (a pooler refuses them) and start-up checks
     /// that the session limits are set on the role instead.
     pub db_pooler: DbPooler,
-    /// `POOLKEEPER_DB_STATEMENT_CACHE` (`on` or `off`, default on): off,
+    /// `POOLKEEPER_DB_STATEMENT_CACHE` (`on` or `off`): off,
     /// nothing is prepared for later and every statement runs inside an
     /// explicit transaction (`db::Db`, pinned), for a transaction-mode
     /// pooler that passes prepared statements through (PgBouncer 1.18).
@@ -53,36 +54,36 @@ pub struct Settings {
     /// `POOLKEEPER_MIGRATION_DATABASE_URL`: a direct session (no pooler)
     /// as the owner role, for the migrations and their advisory lock.
     pub migration_database_url: Option<String>,
-    /// `POOLKEEPER_SHUTDOWN_DRAIN_SECONDS` (default 5): after SIGTERM,
+    /// `POOLKEEPER_SHUTDOWN_DRAIN_SECONDS`: after SIGTERM,
     /// `/readyz` answers 503 for this long while requests are still served,
     /// so that a load balancer stops sending new ones before the listener
     /// closes.
     pub shutdown_drain: Duration,
-    /// `POOLKEEPER_REFUSAL_RETENTION_DAYS` (default 90, 1 to 3650): refusal
+    /// `POOLKEEPER_REFUSAL_RETENTION_DAYS` (1 to 3650): refusal
     /// rows older than this are purged by the sweep worker.
     pub refusal_retention_days: u32,
-    /// `POOLKEEPER_DB_MAX_CONNECTIONS` (default 20, 1 to 1000): the
+    /// `POOLKEEPER_DB_MAX_CONNECTIONS` (1 to 1000): the
     /// application pool's size (the sweep and the webhook worker have their
     /// own small pools).
     pub db_max_connections: u32,
-    /// `POOLKEEPER_WEBHOOK_ALLOW_PRIVATE` (default off): let webhook URLs
+    /// `POOLKEEPER_WEBHOOK_ALLOW_PRIVATE`: let webhook URLs
     /// reach loopback, private, link-local and unspecified addresses. Off,
     /// a tenant admin cannot make the server call internal services.
     pub webhook_allow_private: bool,
-    /// `POOLKEEPER_WEBHOOK_POLL_MS` (default 1000): how often the delivery
+    /// `POOLKEEPER_WEBHOOK_POLL_MS`: how often the delivery
     /// worker looks for due deliveries.
     pub webhook_poll: Duration,
-    /// `POOLKEEPER_CAPACITY_CACHE_MS` (default 1000, 0: none): how long one
+    /// `POOLKEEPER_CAPACITY_CACHE_MS` (0: none): how long one
     /// process answers `GET /api/v1/capacity` of the same question from the
     /// snapshot it last read (R17).
     pub capacity_cache: Duration,
-    /// `POOLKEEPER_WEBHOOK_BACKOFF_MS` (default 10000): the first retry's
+    /// `POOLKEEPER_WEBHOOK_BACKOFF_MS`: the first retry's
     /// delay; each further retry doubles it (capped at an hour), with jitter.
     pub webhook_backoff_base: Duration,
-    /// `POOLKEEPER_WEBHOOK_LEASE_SECONDS` (default 30): the delivery
+    /// `POOLKEEPER_WEBHOOK_LEASE_SECONDS`: the delivery
     /// worker's lease (key `webhooks`).
     pub webhook_lease_duration: Duration,
-    /// `POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS` (default 86400): retries stop
+    /// `POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS`: retries stop
     /// this long after the event.
     pub webhook_give_up: Duration,
 }
@@ -114,34 +115,52 @@ pub struct SettingsError {
 }
 
 impl Settings {
-    /// Defaults of docs/configuration.md, for a replica named `replica`.
+    /// The defaults: every variable's declared default (`VARIABLES`,
+    /// `WhenUnset::Value`) read as if it were set, over `before_defaults`.
     pub fn defaults() -> Settings {
+        let mut s = Settings::before_defaults();
+        for var in VARIABLES {
+            if let WhenUnset::Value(value) = var.when_unset {
+                // A constant of VARIABLES; `tests::every_declared_default_parses`
+                // reads each one.
+                (var.apply)(&mut s, var.name, value.to_owned())
+                    .expect("settings::VARIABLES declares a default that parses");
+            }
+        }
+        s
+    }
+
+    /// The settings before the declared defaults are read: the fields whose
+    /// default is described rather than a value (`WhenUnset::Described`)
+    /// hold it here; every other field is overwritten by `defaults`.
+    fn before_defaults() -> Settings {
         Settings {
             database_url: None,
-            bind: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_bind: None,
             datacenter_module: false,
-            hold_seconds: 900,
-            hold_max_seconds: 3600,
-            sweep_period: Duration::from_secs(60),
-            lease_duration: Duration::from_secs(180),
+            hold_seconds: 0,
+            hold_max_seconds: 0,
+            sweep_period: Duration::ZERO,
+            // Set with the sweep period (`POOLKEEPER_SWEEP_SECONDS`).
+            lease_duration: Duration::ZERO,
             replica: default_replica_name(),
             secure_cookies: false,
-            session_idle: Duration::from_secs(30 * 60),
-            session_max: Duration::from_secs(12 * 3600),
-            db_acquire_timeout: Duration::from_secs(2),
+            session_idle: Duration::ZERO,
+            session_max: Duration::ZERO,
+            db_acquire_timeout: Duration::ZERO,
             db_pooler: DbPooler::None,
-            db_statement_cache: true,
+            db_statement_cache: false,
             migration_database_url: None,
-            shutdown_drain: Duration::from_secs(5),
-            refusal_retention_days: 90,
-            db_max_connections: 20,
+            shutdown_drain: Duration::ZERO,
+            refusal_retention_days: 0,
+            db_max_connections: 0,
             webhook_allow_private: false,
-            webhook_poll: Duration::from_millis(1000),
-            capacity_cache: Duration::from_millis(1000),
-            webhook_backoff_base: Duration::from_millis(10_000),
-            webhook_lease_duration: Duration::from_secs(30),
-            webhook_give_up: Duration::from_secs(86_400),
+            webhook_poll: Duration::ZERO,
+            capacity_cache: Duration::ZERO,
+            webhook_backoff_base: Duration::ZERO,
+            webhook_lease_duration: Duration::ZERO,
+            webhook_give_up: Duration::ZERO,
         }
     }
 
@@ -179,11 +198,31 @@ impl Settings {
 /// list with docs/configuration.md.
 pub struct Variable {
     pub name: &'static str,
-    /// The default, as docs/configuration.md writes it.
-    pub default: &'static str,
+    /// What holds when the variable is unset: the one place its default
+    /// is written.
+    pub when_unset: WhenUnset,
     pub help: &'static str,
     /// Parses a set value into the settings (`name` for its error).
     apply: fn(&mut Settings, &'static str, String) -> Result<(), SettingsError>,
+}
+
+/// A variable's default.
+#[derive(Debug, Clone, Copy)]
+pub enum WhenUnset {
+    /// This value, read as if it were set (`Settings::defaults`).
+    Value(&'static str),
+    /// No value: what holds instead, in words (the settings' field holds
+    /// it from `Settings::before_defaults`, or the logger reads the variable).
+    Described(&'static str),
+}
+
+impl Variable {
+    /// The default, as docs/configuration.md and `--help` write it.
+    pub fn default_text(&self) -> &'static str {
+        match self.when_unset {
+            WhenUnset::Value(text) | WhenUnset::Described(text) => text,
+        }
+    }
 }
 
 /// Read before the settings, by the logger and the trace exporter
@@ -201,7 +240,7 @@ fn secs(n: u64) -> Duration {
 pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "DATABASE_URL",
-        default: "unset",
+        when_unset: WhenUnset::Described("unset"),
         help: "PostgreSQL URL; unset, a private PostgreSQL under ./.poolkeeper/pg",
         apply: |s, _, v| {
             s.database_url = Some(v);
@@ -210,7 +249,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_BIND",
-        default: "127.0.0.1:8080",
+        when_unset: WhenUnset::Value("127.0.0.1:8080"),
         help: "address to listen on",
         apply: |s, name, v| {
             s.bind = parse_addr(name, &v, "an address and port such as 127.0.0.1:8080")?;
@@ -219,7 +258,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_METRICS_BIND",
-        default: "unset",
+        when_unset: WhenUnset::Described("unset"),
         help: "serve /metrics only on this address",
         apply: |s, name, v| {
             s.metrics_bind = Some(parse_addr(
@@ -232,7 +271,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_DATACENTER_MODULE",
-        default: "off",
+        when_unset: WhenUnset::Value("off"),
         help: "the datacenter module's deployment switch (on/off)",
         apply: |s, name, v| {
             s.datacenter_module = parse_switch(name, &v)?;
@@ -241,7 +280,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_HOLD_SECONDS",
-        default: "900",
+        when_unset: WhenUnset::Value("900"),
         help: "default reservation lifetime (1-86400, at most the cap)",
         apply: |s, name, v| {
             s.hold_seconds = parse_seconds(name, &v, 1, 86_400)? as u32;
@@ -250,7 +289,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_HOLD_MAX_SECONDS",
-        default: "3600",
+        when_unset: WhenUnset::Value("3600"),
         help: "the cap on a whole hold, from its creation (1-604800)",
         apply: |s, name, v| {
             s.hold_max_seconds = parse_seconds(name, &v, 1, 604_800)? as u32;
@@ -259,7 +298,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_SWEEP_SECONDS",
-        default: "60",
+        when_unset: WhenUnset::Value("60"),
         help: "sweep period (1-86400)",
         apply: |s, name, v| {
             s.sweep_period = secs(parse_seconds(name, &v, 1, 86_400)?);
@@ -270,7 +309,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_LEASE_SECONDS",
-        default: "3 × sweep period, at least 5",
+        when_unset: WhenUnset::Described("3 × sweep period, at least 5"),
         help: "how long the sweep lease lasts without a heartbeat (1-86400)",
         apply: |s, name, v| {
             s.lease_duration = secs(parse_seconds(name, &v, 1, 86_400)?);
@@ -279,7 +318,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_REPLICA",
-        default: "hostname + random suffix",
+        when_unset: WhenUnset::Described("hostname + random suffix"),
         help: "this replica's name in lease rows and logs; unique per process",
         apply: |s, _, v| {
             s.replica = v;
@@ -288,7 +327,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_SECURE_COOKIES",
-        default: "off",
+        when_unset: WhenUnset::Value("off"),
         help: "served behind TLS: Secure cookies with the __Host- prefix (on/off)",
         apply: |s, name, v| {
             s.secure_cookies = parse_switch(name, &v)?;
@@ -297,7 +336,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_SESSION_IDLE_SECONDS",
-        default: "1800",
+        when_unset: WhenUnset::Value("1800"),
         help: "staff session idle timeout (1-86400)",
         apply: |s, name, v| {
             s.session_idle = secs(parse_seconds(name, &v, 1, 86_400)?);
@@ -306,7 +345,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_SESSION_MAX_SECONDS",
-        default: "43200",
+        when_unset: WhenUnset::Value("43200"),
         help: "staff session absolute lifetime (1-604800)",
         apply: |s, name, v| {
             s.session_max = secs(parse_seconds(name, &v, 1, 7 * 86_400)?);
@@ -315,7 +354,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_DB_MAX_CONNECTIONS",
-        default: "20",
+        when_unset: WhenUnset::Value("20"),
         help: "the application pool's size (1-1000)",
         apply: |s, name, v| {
             s.db_max_connections = parse_number(name, &v, 1, 1000)? as u32;
@@ -324,7 +363,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_DB_ACQUIRE_SECONDS",
-        default: "2",
+        when_unset: WhenUnset::Value("2"),
         help: "how long a request waits for a connection before 503 (1-60)",
         apply: |s, name, v| {
             s.db_acquire_timeout = secs(parse_seconds(name, &v, 1, 60)?);
@@ -333,7 +372,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_DB_POOLER",
-        default: "none",
+        when_unset: WhenUnset::Value("none"),
         help: "none, session or transaction: what is between poolkeeper and PostgreSQL",
         apply: |s, name, v| {
             s.db_pooler = match v.trim().to_ascii_lowercase().as_str() {
@@ -353,7 +392,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_DB_STATEMENT_CACHE",
-        default: "on",
+        when_unset: WhenUnset::Value("on"),
         help: "off behind a transaction pooler that passes prepared statements through",
         apply: |s, name, v| {
             s.db_statement_cache = parse_switch(name, &v)?;
@@ -362,7 +401,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_MIGRATION_DATABASE_URL",
-        default: "unset (DATABASE_URL)",
+        when_unset: WhenUnset::Described("unset (DATABASE_URL)"),
         help: "a direct URL as the owner role, for migrations and definitions",
         apply: |s, _, v| {
             s.migration_database_url = Some(v);
@@ -371,7 +410,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_SHUTDOWN_DRAIN_SECONDS",
-        default: "5",
+        when_unset: WhenUnset::Value("5"),
         help: "after SIGTERM, /readyz answers 503 this long before the listener closes (0-300)",
         apply: |s, name, v| {
             s.shutdown_drain = secs(parse_seconds(name, &v, 0, 300)?);
@@ -380,7 +419,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_REFUSAL_RETENTION_DAYS",
-        default: "90",
+        when_unset: WhenUnset::Value("90"),
         help: "how long refused reserves are kept (1-3650 days)",
         apply: |s, name, v| {
             s.refusal_retention_days = v
@@ -398,7 +437,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_WEBHOOK_ALLOW_PRIVATE",
-        default: "off",
+        when_unset: WhenUnset::Value("off"),
         help: "let webhook URLs reach loopback and private addresses (on/off)",
         apply: |s, name, v| {
             s.webhook_allow_private = parse_switch(name, &v)?;
@@ -407,7 +446,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_WEBHOOK_POLL_MS",
-        default: "1000",
+        when_unset: WhenUnset::Value("1000"),
         help: "how often the delivery worker looks for due deliveries (10-60000)",
         apply: |s, name, v| {
             s.webhook_poll = Duration::from_millis(parse_number(name, &v, 10, 60_000)?);
@@ -416,7 +455,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_CAPACITY_CACHE_MS",
-        default: "1000",
+        when_unset: WhenUnset::Value("1000"),
         help: "how long a capacity answer is served from the snapshot last read, per process (0-60000; 0: every request reads)",
         apply: |s, name, v| {
             s.capacity_cache = Duration::from_millis(parse_number(name, &v, 0, 60_000)?);
@@ -425,7 +464,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_WEBHOOK_BACKOFF_MS",
-        default: "10000",
+        when_unset: WhenUnset::Value("10000"),
         help: "delay before a failed delivery's first retry (1-3600000)",
         apply: |s, name, v| {
             s.webhook_backoff_base = Duration::from_millis(parse_number(name, &v, 1, 3_600_000)?);
@@ -434,7 +473,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_WEBHOOK_LEASE_SECONDS",
-        default: "30",
+        when_unset: WhenUnset::Value("30"),
         help: "the delivery worker's lease (1-3600)",
         apply: |s, name, v| {
             s.webhook_lease_duration = secs(parse_seconds(name, &v, 1, 3_600)?);
@@ -443,7 +482,7 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "POOLKEEPER_WEBHOOK_GIVE_UP_SECONDS",
-        default: "86400",
+        when_unset: WhenUnset::Value("86400"),
         help: "retries of a delivery stop this long after its event (1-604800)",
         apply: |s, name, v| {
             s.webhook_give_up = secs(parse_seconds(name, &v, 1, 7 * 86_400)?);
@@ -452,47 +491,59 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "RUST_LOG",
-        default: "info",
+        when_unset: WhenUnset::Value("info,sqlx=warn,actix_server=warn"),
         help: "log filter (the logs only, never the exported spans)",
         apply: read_by_the_logger,
     },
     Variable {
         name: "POOLKEEPER_LOG_FORMAT",
-        default: "text",
+        when_unset: WhenUnset::Value("text"),
         help: "json for one JSON object per log line",
         apply: read_by_the_logger,
     },
     Variable {
         name: "OTEL_EXPORTER_OTLP_ENDPOINT",
-        default: "unset",
+        when_unset: WhenUnset::Described("unset"),
         help: "OTLP/HTTP collector (spans to <endpoint>/v1/traces); unset, no trace is exported",
         apply: read_by_the_logger,
     },
     Variable {
         name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        default: "unset",
+        when_unset: WhenUnset::Described("unset"),
         help: "the full URL for spans, instead of the endpoint above",
         apply: read_by_the_logger,
     },
     Variable {
         name: "OTEL_SERVICE_NAME",
-        default: "poolkeeper",
+        when_unset: WhenUnset::Value("poolkeeper"),
         help: "service.name of the exported spans",
         apply: read_by_the_logger,
     },
     Variable {
         name: "OTEL_TRACES_SAMPLER",
-        default: "parentbased_always_on",
+        when_unset: WhenUnset::Described("parentbased_always_on"),
         help: "sampler, e.g. parentbased_traceidratio",
         apply: read_by_the_logger,
     },
     Variable {
         name: "OTEL_TRACES_SAMPLER_ARG",
-        default: "unset",
+        when_unset: WhenUnset::Described("unset"),
         help: "the sampler's ratio, e.g. 0.01",
         apply: read_by_the_logger,
     },
 ];
+
+/// The declared default value of variable `name` (`WhenUnset::Value`), for
+/// the code that reads it outside `Settings` (the logger).
+pub fn declared_default(name: &str) -> Option<&'static str> {
+    VARIABLES
+        .iter()
+        .find(|v| v.name == name)
+        .and_then(|v| match v.when_unset {
+            WhenUnset::Value(value) => Some(value),
+            WhenUnset::Described(_) => None,
+        })
+}
 
 /// The variables for `--help`: one line each, with the default.
 pub fn help_text() -> String {
@@ -500,7 +551,9 @@ pub fn help_text() -> String {
     for v in VARIABLES {
         out.push_str(&format!(
             "  {:<36} {} [default: {}]\n",
-            v.name, v.help, v.default
+            v.name,
+            v.help,
+            v.default_text()
         ));
     }
     out
@@ -587,15 +640,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_match_api_md() {
-        let s = Settings::from_lookup(|_| None).expect("defaults parse");
-        assert_eq!(s.bind.to_string(), "127.0.0.1:8080");
-        assert!(!s.datacenter_module);
-        assert_eq!(s.hold_seconds, 900);
-        assert_eq!(s.hold_max_seconds, 3600);
-        assert_eq!(s.sweep_period, Duration::from_secs(60));
-        assert!(s.database_url.is_none());
-        assert_eq!(s.db_acquire_timeout, Duration::from_secs(2));
+    fn every_declared_default_parses_and_is_the_default() {
+        let defaults = Settings::defaults();
+        for var in VARIABLES {
+            if let WhenUnset::Value(value) = var.when_unset {
+                let mut s = defaults.clone();
+                (var.apply)(&mut s, var.name, value.to_owned())
+                    .unwrap_or_else(|e| panic!("{}'s declared default: {e}", var.name));
+                assert_eq!(format!("{s:?}"), format!("{defaults:?}"), "{}", var.name);
+            }
+        }
+        let unset = Settings::from_lookup(|_| None).expect("defaults parse");
+        assert_eq!(unset.lease_duration, (unset.sweep_period * 3).max(secs(5)));
+        assert!(unset.database_url.is_none() && unset.migration_database_url.is_none());
+        assert!(unset.metrics_bind.is_none());
+        assert_eq!(
+            declared_default("POOLKEEPER_HOLD_SECONDS"),
+            Some(unset.hold_seconds.to_string().as_str())
+        );
     }
 
     #[test]

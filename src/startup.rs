@@ -45,8 +45,9 @@ impl AppState {
     }
 }
 
-/// Routes and state of the application; also used by in-process tests.
-pub fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
+/// Routes and state of the application, for each worker of
+/// `Application::build`.
+fn configure(state: AppState) -> impl FnOnce(&mut web::ServiceConfig) {
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(state.settings)
             .app_data(state.pool)

@@ -1,6 +1,6 @@
 //! Structured logs with tracing, and OpenTelemetry traces over OTLP.
 //!
-//! Logs: `RUST_LOG` filters them (default `info`), and only them (the
+//! Logs: `RUST_LOG` filters them, and only them (the
 //! exported spans have a filter of their own); `POOLKEEPER_LOG_FORMAT=json`
 //! prints one JSON object per line. A request's log lines carry its
 //! `trace_id` (tracing-actix-web's root span).
@@ -10,8 +10,8 @@
 //! over OTLP/HTTP (protobuf), in batches from a thread of their own, to
 //! `<endpoint>/v1/traces`, sampled as `OTEL_TRACES_SAMPLER` and
 //! `OTEL_TRACES_SAMPLER_ARG` say (default: follow the caller's `traceparent`,
-//! else sample every trace), named `OTEL_SERVICE_NAME` (default
-//! `poolkeeper`). A `traceparent` header continues the caller's trace.
+//! else sample every trace), named `OTEL_SERVICE_NAME`
+//! (the defaults are in `settings::VARIABLES`). A `traceparent` header continues the caller's trace.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -145,7 +145,8 @@ fn tracer_provider() -> Result<SdkTracerProvider, opentelemetry_otlp::ExporterBu
     let name = std::env::var(SERVICE_NAME)
         .ok()
         .filter(|s| !s.trim().is_empty())
-        .unwrap_or_else(|| "poolkeeper".to_owned());
+        .or_else(|| crate::settings::declared_default(SERVICE_NAME).map(str::to_owned))
+        .unwrap_or_default();
     Ok(SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
         .with_resource(
@@ -171,8 +172,9 @@ fn exported() -> tracing_subscriber::filter::Targets {
 /// once, before the runtime starts: the exporter's HTTP client is a
 /// blocking one, on the batch thread.
 pub fn init() -> Telemetry {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,actix_server=warn"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(crate::settings::declared_default("RUST_LOG").unwrap_or_default())
+    });
     let json = std::env::var("POOLKEEPER_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let fmt = if json {

@@ -1,12 +1,9 @@
 //! API tokens: created by `poolkeeper token add`, printed once, stored only
-//! as a SHA-256 digest. The bearer extractor resolves a request's token to
-//! its organization and scopes.
-
-use std::future::Future;
-use std::pin::Pin;
+//! as a SHA-256 digest; what a token says of its caller (`caller`, and
+//! `CallerRefusal` for the functions that check it in their own statement).
+//! The request extractors over them are in `api::caller`.
 
 use crate::db::Db;
-use actix_web::{FromRequest, HttpRequest, dev::Payload, web};
 use base64::Engine;
 use chrono::{DateTime, Utc};
 use rand::RngCore;
@@ -14,8 +11,6 @@ use sha2::{Digest, Sha256};
 use sqlx::{PgConnection, PgExecutor};
 
 use crate::domain::Scope;
-use crate::error::ApiError;
-use crate::settings::Settings;
 
 const PREFIX: &str = "pk_";
 
@@ -124,123 +119,27 @@ pub async fn revoke_on(
     .await
 }
 
-/// The caller of an API request, resolved from its bearer token.
-#[derive(Debug, Clone)]
-pub struct ApiClient {
+/// What a live token says of its caller: its organization, name and
+/// scopes, and the organization's datacenter-module setting (R12).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TokenCaller {
     pub org_id: i64,
     pub token_name: String,
-    scopes: Vec<String>,
-    datacenter_enabled: bool,
+    pub scopes: Vec<String>,
+    pub datacenter_enabled: bool,
 }
 
-impl ApiClient {
-    /// 403 `forbidden` unless the token carries `scope`.
-    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
-        if self.scopes.iter().any(|s| s == scope.as_str()) {
-            Ok(())
-        } else {
-            Err(ApiError::Forbidden(format!(
-                "this token lacks the {} scope",
-                scope.as_str()
-            )))
-        }
-    }
-
-    /// R12: 403 `module_disabled` unless both the deployment switch and the
-    /// organization's setting are on.
-    pub fn require_module(&self, settings: &Settings) -> Result<(), ApiError> {
-        if !settings.datacenter_module {
-            return Err(ApiError::ModuleDisabled("on this deployment"));
-        }
-        if !self.datacenter_enabled {
-            return Err(ApiError::ModuleDisabled("for this organization"));
-        }
-        Ok(())
-    }
-
-    /// Both checks every module endpoint makes before anything else.
-    pub fn module_call(&self, settings: &Settings, scope: Scope) -> Result<(), ApiError> {
-        self.require(scope)?;
-        self.require_module(settings)
-    }
-}
-
-/// The bearer token of a request, as its SHA-256, parsed without a
-/// database round trip: the order endpoints pass it to the function that
-/// decides (`api_reserve`, `api_transition`), which checks it in the same
-/// statement. Missing or malformed: 401.
-#[derive(Debug, Clone)]
-pub struct BearerToken {
-    digest: Vec<u8>,
-}
-
-impl BearerToken {
-    pub fn digest(&self) -> &[u8] {
-        &self.digest
-    }
-
-    fn from_header(req: &HttpRequest) -> Result<BearerToken, ApiError> {
-        let token = match req
-            .headers()
-            .get(actix_web::http::header::AUTHORIZATION)
-            .map(|v| v.to_str())
-        {
-            Some(Ok(v)) => v.strip_prefix("Bearer ").map(str::trim),
-            _ => None,
-        }
-        .filter(|t| !t.is_empty())
-        .ok_or(ApiError::Unauthorized("send Authorization: Bearer TOKEN"))?;
-        Ok(BearerToken {
-            digest: digest(token),
-        })
-    }
-
-    /// The caller this token names (one round trip): 401 when unknown or
-    /// revoked.
-    pub async fn resolve(&self, pool: &Db) -> Result<ApiClient, ApiError> {
-        let row: Option<(i64, String, Vec<String>, bool)> = sqlx::query_as(
-            "SELECT t.org_id, t.name, t.scopes, o.datacenter_enabled
-               FROM api_tokens t JOIN organizations o ON o.id = t.org_id
-              WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
-        )
-        .bind(&self.digest)
-        .fetch_optional(pool)
-        .await?;
-        let (org_id, token_name, scopes, datacenter_enabled) =
-            row.ok_or(ApiError::Unauthorized("unknown or revoked token"))?;
-        Ok(ApiClient {
-            org_id,
-            token_name,
-            scopes,
-            datacenter_enabled,
-        })
-    }
-}
-
-impl FromRequest for BearerToken {
-    type Error = ApiError;
-    type Future = std::future::Ready<Result<BearerToken, ApiError>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        std::future::ready(BearerToken::from_header(req))
-    }
-}
-
-impl FromRequest for ApiClient {
-    type Error = ApiError;
-    type Future = Pin<Box<dyn Future<Output = Result<ApiClient, ApiError>>>>;
-
-    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let token = BearerToken::from_header(req);
-        let pool = req.app_data::<web::Data<Db>>().cloned();
-        Box::pin(async move {
-            let token = token?;
-            let pool = pool.ok_or_else(|| {
-                ApiError::Internal(anyhow::anyhow!("no database pool configured"))
-            })?;
-            token.resolve(pool.get_ref()).await
-        })
-    }
+/// The caller of the token with SHA-256 `digest` (one round trip); `None`
+/// when no live token has it (unknown or revoked).
+pub async fn caller(pool: &Db, digest: &[u8]) -> Result<Option<TokenCaller>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT t.org_id, t.name AS token_name, t.scopes, o.datacenter_enabled
+           FROM api_tokens t JOIN organizations o ON o.id = t.org_id
+          WHERE t.token_hash = $1 AND t.revoked_at IS NULL",
+    )
+    .bind(digest)
+    .fetch_optional(pool)
+    .await
 }
 
 /// What the order service's token says about its request (`api_caller`):

@@ -32,7 +32,7 @@ fn documented() -> Vec<(String, String)> {
 fn the_documented_configuration_is_the_declared_one() {
     let declared: Vec<(String, String)> = VARIABLES
         .iter()
-        .map(|v| (v.name.to_owned(), v.default.to_owned()))
+        .map(|v| (v.name.to_owned(), v.default_text().to_owned()))
         .collect();
     assert_eq!(
         documented(),
@@ -52,11 +52,11 @@ fn help_lists_every_variable() {
         let text = String::from_utf8_lossy(&out.stdout);
         for v in VARIABLES {
             assert!(
-                text.contains(v.name) && text.contains(v.default),
+                text.contains(v.name) && text.contains(v.default_text()),
                 "`poolkeeper {}` does not list {} (default {})",
                 args.join(" "),
                 v.name,
-                v.default
+                v.default_text()
             );
         }
     }

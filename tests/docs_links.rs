@@ -6,15 +6,6 @@
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
-/// Targets another piece of work adds, or a test produces: the rules
-/// document, the operations guide, and the browser test's screenshots.
-const ADDED_ELSEWHERE: &[&str] = &[
-    "docs/rules.md",
-    "docs/operations.md",
-    "docs/img/reservations.png",
-    "docs/img/overview.png",
-];
-
 /// The Markdown files whose links are checked, relative to the crate root.
 fn documents(root: &Path) -> Vec<PathBuf> {
     let mut docs = vec![
@@ -127,9 +118,6 @@ fn broken_links(root: &Path) -> Vec<String> {
                 normalize(&dir.join(file))
             };
             let name = resolved.to_string_lossy().replace('\\', "/");
-            if ADDED_ELSEWHERE.contains(&name.as_str()) {
-                continue;
-            }
             let Ok(target_text) = std::fs::read_to_string(root.join(&resolved)) else {
                 if !root.join(&resolved).exists() {
                     broken.push(format!("{}: {target}: no such file", doc.display()));

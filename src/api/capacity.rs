@@ -7,6 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::caller::ApiClient;
 use crate::api::json::{self, integer_text};
 use crate::api::reservations::{json_body, read_body};
 use crate::api::write::{Shape, write};
@@ -15,7 +16,6 @@ use crate::db::Db;
 use crate::domain::{Profile, Scope, Segment, Site, Vendor};
 use crate::error::{ApiError, invalid};
 use crate::settings::Settings;
-use crate::tokens::ApiClient;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::resource("/capacity").route(web::get().to(get_capacity)))

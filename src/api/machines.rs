@@ -7,13 +7,13 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::caller::ApiClient;
 use crate::api::json::integer_text;
 use crate::domain::{AssetTag, MachineStatus, Profile, Scope, Site, Vendor, parse_label};
 use crate::error::{ApiError, invalid};
 use crate::healing::{self, Refused, StatusChange};
 use crate::inventory::{self, MachineFilter, MachineSpec, Upserted};
 use crate::settings::Settings;
-use crate::tokens::ApiClient;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::resource("/machines").route(web::get().to(list)))

@@ -1,5 +1,6 @@
 //! The JSON API of docs/api.md, under `/api/v1`.
 
+pub mod caller;
 pub mod capacity;
 pub mod json;
 pub mod machines;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
+use crate::api::caller::{ApiClient, BearerToken};
 use crate::api::json;
 use crate::domain::{CustomerRef, OrderRef, Profile, Scope, Segment, ServiceRef, Site, Vendor};
 use crate::error::{ApiError, conflict, invalid, not_found};
@@ -19,7 +20,7 @@ use crate::reservations::{
     self, Named, OrderAction, OrderAfter, Reservation, ServiceLink, Transition, TransitionError,
 };
 use crate::settings::Settings;
-use crate::tokens::{ApiClient, BearerToken, CallerRefusal};
+use crate::tokens::CallerRefusal;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(
@@ -140,9 +141,10 @@ fn caller_refused(refusal: CallerRefusal) -> ApiError {
 
 /// The order endpoints parse the request first and check the token in the
 /// same statement as the decision (one round trip). A request that does not
-/// parse is answered as before the fold: the token, the scope and the
-/// module switches (R12) are checked first, so that with the module off
-/// every request is refused the same way, and only then `400 invalid`.
+/// parse never reaches that statement, so its token, scope and module
+/// switches (R12) are checked here first, in the API's order (401, 403,
+/// 403 module, then `400 invalid`): with the module off every request is
+/// refused the same way, parsed or not.
 async fn parsed<T>(
     parsed: Result<T, ApiError>,
     token: &BearerToken,

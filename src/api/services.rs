@@ -4,13 +4,13 @@
 use crate::db::Db;
 use actix_web::{HttpResponse, web};
 
+use crate::api::caller::ApiClient;
 use crate::api::reservations::path_id;
 use crate::api::write::{Shape, write};
 use crate::domain::Scope;
 use crate::error::{ApiError, conflict, not_found};
 use crate::reservations::{self, EndServiceError};
 use crate::settings::Settings;
-use crate::tokens::ApiClient;
 
 pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::resource("/services/{id}/end").route(web::post().to(end)));

@@ -9,12 +9,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::api::caller::ApiClient;
 use crate::api::reservations::{json_body, read_body};
 use crate::api::write::{Shape, write};
 use crate::domain::Scope;
 use crate::error::{ApiError, not_found};
 use crate::settings::Settings;
-use crate::tokens::ApiClient;
 use crate::webhooks::{self, Saved};
 
 pub fn configure(cfg: &mut web::ServiceConfig) {

@@ -117,8 +117,9 @@ async fn method_not_allowed(req: actix_web::HttpRequest) -> actix_web::HttpRespo
     resp
 }
 
-/// Unknown paths get the dashboard's 404 page; under /api/ the answer stays
-/// the bare 404 the API had (its own handlers speak JSON).
+/// Unknown paths get the dashboard's 404 page; under /api/ an empty 404, so
+/// that an API client never receives the dashboard's HTML (the API's own
+/// handlers speak JSON).
 async fn not_found(req: actix_web::HttpRequest) -> actix_web::HttpResponse {
     if req.path().starts_with("/api/") {
         return actix_web::HttpResponse::NotFound().finish();

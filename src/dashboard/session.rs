@@ -99,9 +99,8 @@ fn app_data(req: &HttpRequest) -> Result<(Db, web::Data<Settings>), DashError> {
 /// How stale a session's `last_seen_at` may be before a request moves it
 /// forward: a tenth of the idle timeout, at most a minute. A session may
 /// thus end up to that much before `session_idle` of true inactivity (a
-/// minute early at the default 30 minutes); in exchange a page view writes
-/// nothing, where every view used to wait for a durable commit
-/// (BENCHMARKS.md item 5).
+/// minute early at the default idle timeout); in exchange most page views
+/// write nothing and wait for no durable commit (BENCHMARKS.md item 5).
 pub fn touch_every(session_idle: std::time::Duration) -> std::time::Duration {
     (session_idle / 10).min(std::time::Duration::from_secs(60))
 }

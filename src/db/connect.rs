@@ -185,13 +185,12 @@ pub fn parse_url(url: &str) -> Result<PgConnectOptions, sqlx::Error> {
     PgConnectOptions::from_str(url)
 }
 
-/// How long a request waits for a pooled connection by default: past it the
-/// answer is `503` with `Retry-After` (error.rs), not a hung request.
-pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The application's pool.
+/// The application's pool, waiting for a connection as long as the
+/// settings' default (`POOLKEEPER_DB_ACQUIRE_SECONDS`): past it the answer
+/// is `503` with `Retry-After` (error.rs), not a hung request.
 pub async fn connect(opts: PgConnectOptions, max_connections: u32) -> Result<Db, sqlx::Error> {
-    connect_with_acquire_timeout(opts, max_connections, DEFAULT_ACQUIRE_TIMEOUT).await
+    let acquire_timeout = crate::settings::Settings::defaults().db_acquire_timeout;
+    connect_with_acquire_timeout(opts, max_connections, acquire_timeout).await
 }
 
 /// The application's database, direct, waiting at most `acquire_timeout`

@@ -1380,7 +1380,8 @@ async fn a_transition_replayed_with_its_fence_answers_what_it_did() {
     assert_eq!(again["state"], "cancelled");
     assert_eq!(again["ended_at"], first["ended_at"], "ended once");
 
-    // Not the same action: refused as before.
+    // Not the same action (another action, or another actor): refused,
+    // the replay above notwithstanding.
     let refusals = [
         (
             token.as_str(),

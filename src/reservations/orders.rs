@@ -1,0 +1,254 @@
+//! Whole orders (R13): cancel, convert or extend every reservation of an
+//! order or none, and the extension of one reservation (R14), each one
+//! statement (`order_transition`, or `api_order_transition` for an API
+//! caller).
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use super::rows::{Reservation, ServiceLink};
+use super::transitions::{TransitionError, TransitionRow};
+use crate::db::lock_order::Savepoint;
+use crate::domain::ServiceRef;
+
+/// What an order transition does (R13, R14), with its texts.
+#[derive(Debug, Clone, Copy)]
+pub enum OrderAction<'a> {
+    /// Cancel every reservation of the order, with one reason.
+    Cancel { reason: &'a str },
+    /// Convert every reservation of the order: one service reference per
+    /// named reservation, in the order they are named.
+    Convert { service_refs: &'a [ServiceRef] },
+    /// Extend the hold (R14): the deadline becomes `until`, or without it
+    /// `seconds` from now by the database's clock (never earlier than it
+    /// was), and the whole hold may not last more than `cap_seconds` from
+    /// creation. With `until` the same request again answers the same
+    /// deadline (F3); with `seconds` it moves it again.
+    Extend {
+        seconds: u32,
+        until: Option<DateTime<Utc>>,
+        cap_seconds: u32,
+        reason: Option<&'a str>,
+    },
+}
+
+impl OrderAction<'_> {
+    fn action(&self) -> &'static str {
+        match self {
+            OrderAction::Cancel { .. } => "cancel",
+            OrderAction::Convert { .. } => "convert",
+            OrderAction::Extend { .. } => "extend",
+        }
+    }
+
+    fn reason(&self) -> Option<&str> {
+        match self {
+            OrderAction::Cancel { reason } => Some(reason),
+            OrderAction::Convert { .. } => None,
+            OrderAction::Extend { reason, .. } => *reason,
+        }
+    }
+
+    fn texts(&self) -> Vec<&str> {
+        match self {
+            OrderAction::Convert { service_refs } => {
+                service_refs.iter().map(ServiceRef::as_str).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn seconds(&self) -> (Option<i32>, Option<i32>) {
+        match self {
+            OrderAction::Extend {
+                seconds,
+                cap_seconds,
+                until,
+                ..
+            } => (
+                until
+                    .is_none()
+                    .then(|| i32::try_from(*seconds).ok())
+                    .flatten(),
+                i32::try_from(*cap_seconds).ok(),
+            ),
+            _ => (None, None),
+        }
+    }
+
+    fn until(&self) -> Option<DateTime<Utc>> {
+        match self {
+            OrderAction::Extend { until, .. } => *until,
+            _ => None,
+        }
+    }
+
+    fn cap_seconds(&self) -> u32 {
+        match self {
+            OrderAction::Extend { cap_seconds, .. } => *cap_seconds,
+            _ => 0,
+        }
+    }
+}
+
+/// A reservation named by a request: its id and the fence the caller holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Named {
+    pub id: i64,
+    pub fence: i64,
+}
+
+/// Every reservation of an order after an order transition, in slot order,
+/// each with its service link once converted.
+pub type OrderAfter = Vec<(Reservation, Option<ServiceLink>)>;
+
+/// Cancel, convert or extend a whole order in the caller's transaction
+/// (`order_transition`): all of its reservations or none (R13). With
+/// `order_ref` `None`, the order of reservation `named[0]`, which must be an
+/// order of one (`PartOfOrder` otherwise): the single-reservation extension.
+/// Finish with `settle` (an expiry found at the point of use is committed).
+pub async fn order_transition_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    order_ref: Option<&str>,
+    named: &[Named],
+    actor: &str,
+    what: OrderAction<'_>,
+) -> Result<OrderAfter, TransitionError> {
+    order_transition_changed_on(conn, org_id, order_ref, named, actor, what)
+        .await
+        .map(|(order, _)| order)
+}
+
+/// `order_transition_on`, also saying whether anything changed: false for
+/// an extension that asked for no later deadline (nothing was written, so
+/// there is nothing to audit).
+pub async fn order_transition_changed_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    order_ref: Option<&str>,
+    named: &[Named],
+    actor: &str,
+    what: OrderAction<'_>,
+) -> Result<(OrderAfter, bool), TransitionError> {
+    let (seconds, cap) = what.seconds();
+    let (ids, fences): (Vec<i64>, Vec<i64>) = named.iter().map(|n| (n.id, n.fence)).unzip();
+    let mut run = 1;
+    let rows: Vec<TransitionRow> = loop {
+        let mut savepoint = Savepoint::begin(&mut *conn).await?;
+        let outcome = sqlx::query_as(
+            "SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(org_id)
+        .bind(order_ref)
+        .bind(&ids)
+        .bind(&fences)
+        .bind(what.texts())
+        .bind(actor)
+        .bind(what.action())
+        .bind(what.reason())
+        .bind(seconds)
+        .bind(cap)
+        .bind(what.until())
+        .fetch_all(savepoint.conn())
+        .await;
+        match savepoint.end(outcome, run).await? {
+            Some(rows) => break rows,
+            None => run += 1,
+        }
+    };
+    let changed = rows
+        .first()
+        .is_some_and(|r| r.outcome.as_deref() != Some("unchanged"));
+    TransitionRow::into_order(rows, what.cap_seconds()).map(|order| (order, changed))
+}
+
+/// `order_transition_on` for an API caller, in one autocommitted statement
+/// (`api_order_transition`): the token, its scope and both module switches
+/// checked in the same statement as the transition.
+pub async fn order_transition_for_token(
+    conn: &mut PgConnection,
+    token_hash: &[u8],
+    module_on: bool,
+    order_ref: Option<&str>,
+    named: &[Named],
+    what: OrderAction<'_>,
+) -> Result<Result<Result<OrderAfter, TransitionError>, crate::tokens::CallerRefusal>, sqlx::Error>
+{
+    let (seconds, cap) = what.seconds();
+    let rows: Vec<crate::tokens::CallerRow<TransitionRow>> = sqlx::query_as(
+        "SELECT c.caller, (c.result).* FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c",
+    )
+    .bind(token_hash)
+    .bind(module_on)
+    .bind(order_ref)
+    .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
+    .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
+    .bind(what.texts())
+    .bind(what.action())
+    .bind(what.reason())
+    .bind(seconds)
+    .bind(cap)
+    .bind(what.until())
+    .fetch_all(conn)
+    .await?;
+    let caller = rows
+        .first()
+        .map(|r| r.caller.clone())
+        .ok_or_else(|| sqlx::Error::Protocol("api_order_transition answered no row".to_owned()))?;
+    match crate::tokens::CallerRefusal::parse(&caller)? {
+        Some(refusal) => Ok(Err(refusal)),
+        None => Ok(Ok(TransitionRow::into_order(
+            rows.into_iter().map(|r| r.result).collect(),
+            what.cap_seconds(),
+        ))),
+    }
+}
+
+impl TransitionRow {
+    /// The rows of `order_transition`: one per reservation of the order,
+    /// all with the same outcome.
+    fn into_order(
+        rows: Vec<TransitionRow>,
+        cap_seconds: u32,
+    ) -> Result<OrderAfter, TransitionError> {
+        let outcome = rows
+            .first()
+            .and_then(|r| r.outcome.clone())
+            .unwrap_or_else(|| "not_found".to_owned());
+        match outcome.as_str() {
+            "ok" | "unchanged" => rows.into_iter().map(TransitionRow::into_result).collect(),
+            "not_found" => Err(TransitionError::NotFound),
+            "mismatch" => Err(TransitionError::Mismatch {
+                ids: rows.iter().filter_map(|r| r.reservation.id).collect(),
+            }),
+            "not_held" => {
+                let order = rows
+                    .into_iter()
+                    .map(|r| r.reservation.required())
+                    .collect::<Result<Vec<_>, _>>()?;
+                let state = order
+                    .iter()
+                    .find(|r| r.state != "held")
+                    .map(|r| r.state.clone())
+                    .unwrap_or_default();
+                Err(TransitionError::NotHeld { state })
+            }
+            "hold_cap" => {
+                let created_at = rows.into_iter().next().map(|r| r.reservation.required());
+                let created_at = created_at.transpose()?.map(|r| r.created_at);
+                Err(TransitionError::HoldCap {
+                    cap_seconds,
+                    latest: created_at.unwrap_or_default()
+                        + chrono::Duration::seconds(i64::from(cap_seconds)),
+                })
+            }
+            // One reservation's refusal stands for the order's (stale_fence,
+            // expired with the order's one deadline, part_of_order).
+            _ => match rows.into_iter().next() {
+                Some(row) => row.into_result().map(|one| vec![one]),
+                None => Err(TransitionError::NotFound),
+            },
+        }
+    }
+}

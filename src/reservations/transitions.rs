@@ -1,0 +1,321 @@
+//! Cancel and convert of one reservation (R10, R11), each one statement
+//! (`reservation_transition`, or `api_transition` for an API caller), and
+//! `settle`, which ends a transition's transaction.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+
+use super::rows::{MaybeReservation, Reservation, ServiceLink};
+use crate::db::Db;
+use crate::db::lock_order::Savepoint;
+use crate::domain::ServiceRef;
+
+/// Why a convert or cancel was refused; nothing was written except, for
+/// `Expired`, the reservation's own expiry (ended by `conversion` when a
+/// convert found it overdue, `cancellation` when a cancel did).
+#[derive(Debug, thiserror::Error)]
+pub enum TransitionError {
+    #[error("reservation not found")]
+    NotFound,
+    #[error("the fence does not match this reservation")]
+    StaleFence,
+    #[error("the reservation has already ended: {state}")]
+    NotHeld { state: String },
+    #[error("the reservation expired at {expires_at}")]
+    Expired { expires_at: DateTime<Utc> },
+    /// R13: the reservation belongs to an order of several machines, which
+    /// is cancelled, converted or extended as a whole.
+    #[error(
+        "reservation {id} is one of the {quantity} machines of order {order_ref}; act on the order"
+    )]
+    PartOfOrder {
+        id: i64,
+        order_ref: String,
+        quantity: i16,
+    },
+    /// The request did not name exactly the order's reservations.
+    #[error("the request must name every reservation of the order once: {ids:?}")]
+    Mismatch { ids: Vec<i64> },
+    /// R14: the new deadline would make the whole hold longer than the cap.
+    #[error("the hold cannot last more than {cap_seconds} s from its creation, until {latest}")]
+    HoldCap {
+        cap_seconds: u32,
+        latest: DateTime<Utc>,
+    },
+    /// R15: a machine under the reservation (or the order) is not `ready`
+    /// at the commit, so it is not sold.
+    #[error("machine {asset_tag} is not ready; it cannot be sold")]
+    MachineNotReady {
+        reservation_id: i64,
+        machine_id: i64,
+        asset_tag: String,
+    },
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+}
+
+/// The longest cancellation reason, in characters.
+pub const MAX_REASON_CHARS: usize = 500;
+
+/// A cancellation reason: trimmed, 1 to 500 characters, no control
+/// characters except newlines and tabs (a person wrote it).
+pub fn check_reason(reason: &str) -> Result<&str, &'static str> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err("a reason is required");
+    }
+    if reason.chars().count() > MAX_REASON_CHARS {
+        return Err("the reason must be at most 500 characters");
+    }
+    if reason
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return Err("the reason must not contain control characters");
+    }
+    Ok(reason)
+}
+
+/// Cancels a held reservation; `actor` is a staff email or a token name.
+/// `reason` is stored as given: callers check it first with `check_reason`
+/// (required, 1 to 500 characters).
+///
+/// A held reservation past its deadline is not cancelled: it is recorded as
+/// expired, ended by `cancellation` (nobody decided before the deadline,
+/// R2), that write is committed, and the answer is `Expired`.
+pub async fn cancel(
+    pool: &Db,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<Reservation, TransitionError> {
+    let mut tx = pool.begin().await?;
+    let outcome = cancel_on(&mut tx, org_id, id, fence, actor, reason).await;
+    settle(tx, outcome).await
+}
+
+/// `cancel` inside the caller's transaction, so that the caller can write
+/// more (an audit row) atomically with it; finish with `settle`.
+pub async fn cancel_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    reason: &str,
+) -> Result<Reservation, TransitionError> {
+    transition_on(conn, org_id, id, fence, actor, Transition::Cancel(reason))
+        .await
+        .map(|(r, _)| r)
+}
+
+/// What a transition does, with its text.
+#[derive(Debug, Clone, Copy)]
+pub enum Transition<'a> {
+    /// Cancel, with the reason (checked first with `check_reason`).
+    Cancel(&'a str),
+    /// Convert into the service with this reference.
+    Convert(&'a ServiceRef),
+}
+
+impl Transition<'_> {
+    fn action(&self) -> &'static str {
+        match self {
+            Transition::Cancel(_) => "cancel",
+            Transition::Convert(_) => "convert",
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            Transition::Cancel(reason) => reason,
+            Transition::Convert(service_ref) => service_ref.as_str(),
+        }
+    }
+}
+
+/// One transition, as one statement (`reservation_transition`).
+async fn transition_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    what: Transition<'_>,
+) -> Result<(Reservation, Option<ServiceLink>), TransitionError> {
+    let mut run = 1;
+    let row: TransitionRow = loop {
+        let mut savepoint = Savepoint::begin(&mut *conn).await?;
+        let outcome =
+            sqlx::query_as("SELECT * FROM reservation_transition($1, $2, $3, $4, $5, $6)")
+                .bind(org_id)
+                .bind(id)
+                .bind(fence)
+                .bind(actor)
+                .bind(what.action())
+                .bind(what.text())
+                .fetch_one(savepoint.conn())
+                .await;
+        match savepoint.end(outcome, run).await? {
+            Some(row) => break row,
+            None => run += 1,
+        }
+    };
+    row.into_result()
+}
+
+/// `POST /api/v1/reservations/{id}/cancel` or `.../convert` in one statement
+/// (`api_transition`): the token, its scope and both module switches are
+/// checked in the same statement as the transition. Autocommit: an expiry
+/// found at the point of use (R11) is committed with the refusal.
+pub async fn transition_for_token(
+    db: impl sqlx::PgExecutor<'_>,
+    token_hash: &[u8],
+    module_on: bool,
+    id: i64,
+    fence: i64,
+    what: Transition<'_>,
+) -> Result<
+    Result<
+        Result<(Reservation, Option<ServiceLink>), TransitionError>,
+        crate::tokens::CallerRefusal,
+    >,
+    sqlx::Error,
+> {
+    let row: crate::tokens::CallerRow<TransitionRow> = sqlx::query_as(
+        "SELECT c.caller, (c.result).* FROM api_transition($1, $2, $3, $4, $5, $6) c",
+    )
+    .bind(token_hash)
+    .bind(module_on)
+    .bind(id)
+    .bind(fence)
+    .bind(what.action())
+    .bind(what.text())
+    .fetch_one(db)
+    .await?;
+    match crate::tokens::CallerRefusal::parse(&row.caller)? {
+        Some(refusal) => Ok(Err(refusal)),
+        None => Ok(Ok(row.result.into_result())),
+    }
+}
+
+/// A row of the SQL type `transition_result`.
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct TransitionRow {
+    pub(super) outcome: Option<String>,
+    #[sqlx(flatten)]
+    pub(super) reservation: MaybeReservation,
+    link_id: Option<i64>,
+    link_service_ref: Option<String>,
+    link_created_at: Option<DateTime<Utc>>,
+    /// The link as it is now (F3: a replayed convert after its service
+    /// ended shows the end).
+    link_ended_at: Option<DateTime<Utc>>,
+    link_ended_by: Option<String>,
+}
+
+impl TransitionRow {
+    pub(super) fn into_result(self) -> Result<(Reservation, Option<ServiceLink>), TransitionError> {
+        let outcome = self.outcome.unwrap_or_default();
+        if outcome == "not_found" {
+            return Err(TransitionError::NotFound);
+        }
+        let r = self.reservation.required()?;
+        match outcome.as_str() {
+            // 'unchanged': an extension that asked for no later deadline.
+            "ok" | "unchanged" => {
+                let link = match (self.link_id, self.link_service_ref, self.link_created_at) {
+                    (Some(id), Some(service_ref), Some(created_at)) => Some(ServiceLink {
+                        id,
+                        machine_id: r.machine_id,
+                        reservation_id: r.id,
+                        service_ref,
+                        created_at,
+                        ended_at: self.link_ended_at,
+                        ended_by: self.link_ended_by,
+                    }),
+                    _ => None,
+                };
+                Ok((r, link))
+            }
+            "stale_fence" => Err(TransitionError::StaleFence),
+            "part_of_order" => Err(TransitionError::PartOfOrder {
+                id: r.id,
+                order_ref: r.order_ref,
+                quantity: r.quantity,
+            }),
+            "not_held" => Err(TransitionError::NotHeld { state: r.state }),
+            "machine_not_ready" => Err(TransitionError::MachineNotReady {
+                reservation_id: r.id,
+                machine_id: r.machine_id,
+                asset_tag: r.machine.asset_tag,
+            }),
+            "expired" => Err(TransitionError::Expired {
+                expires_at: r.expires_at,
+            }),
+            other => Err(TransitionError::Database(sqlx::Error::Protocol(format!(
+                "reservation_transition answered an unknown outcome {other:?}"
+            )))),
+        }
+    }
+}
+
+/// Ends a transition's transaction: commit on success, and on `Expired`
+/// too (R11: the expiry found at the point of use is recorded even though
+/// the transition is refused); roll back on any other refusal.
+pub async fn settle<T>(
+    tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    outcome: Result<T, TransitionError>,
+) -> Result<T, TransitionError> {
+    match &outcome {
+        Ok(_) | Err(TransitionError::Expired { .. }) => tx.commit().await?,
+        Err(_) => tx.rollback().await?,
+    }
+    outcome
+}
+
+/// Converts a held reservation into a service link in one transaction (R10).
+///
+/// The link is written first while the reservation is still held, then the
+/// reservation turns converted: at every instant another order sees one or
+/// the other.
+pub async fn convert(
+    pool: &Db,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    service_ref: &ServiceRef,
+) -> Result<(Reservation, ServiceLink), TransitionError> {
+    let mut tx = pool.begin().await?;
+    let outcome = convert_on(&mut tx, org_id, id, fence, actor, service_ref).await;
+    settle(tx, outcome).await
+}
+
+/// `convert` inside the caller's transaction; finish with `settle`.
+pub async fn convert_on(
+    conn: &mut PgConnection,
+    org_id: i64,
+    id: i64,
+    fence: i64,
+    actor: &str,
+    service_ref: &ServiceRef,
+) -> Result<(Reservation, ServiceLink), TransitionError> {
+    let (r, link) = transition_on(
+        conn,
+        org_id,
+        id,
+        fence,
+        actor,
+        Transition::Convert(service_ref),
+    )
+    .await?;
+    let link = link.ok_or_else(|| {
+        TransitionError::Database(sqlx::Error::Protocol(
+            "a conversion answered without its service link".to_owned(),
+        ))
+    })?;
+    Ok((r, link))
+}
