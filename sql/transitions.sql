@@ -1,8 +1,9 @@
 -- Reservations after creation, in the database: cancel and convert (R10,
 -- R11) each in one statement, and the same for a whole order with its
--- extension (R13, R14: order_transition). src/reservations.rs calls these and says what
--- they guarantee; the API calls them through api_cancel / api_convert with
--- the token check in the same statement.
+-- extension (R13, R14: order_transition). src/reservations/transitions.rs
+-- calls these and says what they guarantee; the API calls them through
+-- api_transition and api_order_transition, with the token check in the same
+-- statement.
 --
 -- Locks: the lock order of sql/locks.sql (machines, then reservations,
 -- each in id order), through lock_holds. The allocator never waits for a

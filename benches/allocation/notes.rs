@@ -217,10 +217,12 @@ requests.";
 
 const WRITES: &str = "### What each cycle writes
 
-Measured with `pg_walinspect` (`pg_get_wal_stats` between two LSNs) on a
-durable cluster of this machine, 8 connections calling the shipped
-`api_reserve` + `api_transition` through pgbench, per reserve+cancel cycle
-(the bench's ceiling writes the same rows and measures the same counts):
+Measured on 2026-12-03 with `pg_walinspect` (`pg_get_wal_stats` between
+two LSNs) on a durable cluster of this machine, 8 connections calling the
+API's reserve and cancel functions of that day through pgbench, per
+reserve+cancel cycle (the bench's ceiling writes the same rows and measures
+the same counts; item 1's WAL records and bytes per cycle, above, are this
+run's):
 
 | per reserve+cancel cycle | |
 | --- | --- |
