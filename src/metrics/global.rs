@@ -1,0 +1,110 @@
+//! Process-wide series: counted where no `Metrics` is at hand (the error
+//! boundaries, the webhook worker's deliveries), registered in every
+//! registry.
+
+use std::sync::LazyLock;
+
+use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts};
+
+/// The series counted from code that has no `Metrics` to hand.
+pub struct Global {
+    pub http_unavailable: IntCounterVec,
+    pub db_errors: IntCounterVec,
+    pub webhook_deliveries: IntCounterVec,
+    pub webhook_attempt: Histogram,
+}
+
+pub static GLOBAL: LazyLock<Global> = LazyLock::new(|| {
+    Global {
+    http_unavailable: IntCounterVec::new(
+        Opts::new(
+            "poolkeeper_http_unavailable_total",
+            "503 answers of the API by error code (unavailable: the database cannot answer; outcome_unknown: the connection was lost during a write, F3)",
+        ),
+        &["code"],
+    )
+    .expect("static metric definition"),
+    db_errors: IntCounterVec::new(
+        Opts::new(
+            "poolkeeper_db_errors_total",
+            "Statement errors the API met, by SQLSTATE class (the code's first two characters; none: not a server error)",
+        ),
+        &["class"],
+    )
+    .expect("static metric definition"),
+    webhook_deliveries: IntCounterVec::new(
+        Opts::new(
+            "poolkeeper_webhook_deliveries_total",
+            "Webhook deliveries this replica finished: delivered (a 2xx) or failed (retries ran out)",
+        ),
+        &["outcome"],
+    )
+    .expect("static metric definition"),
+    webhook_attempt: Histogram::with_opts(
+        HistogramOpts::new(
+            "poolkeeper_webhook_attempt_duration_seconds",
+            "Duration of one webhook POST, whatever its answer",
+        )
+        .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0]),
+    )
+    .expect("static metric definition"),
+}
+});
+
+impl Global {
+    /// The series, for a registry.
+    pub(super) fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.http_unavailable.clone()),
+            Box::new(self.db_errors.clone()),
+            Box::new(self.webhook_deliveries.clone()),
+            Box::new(self.webhook_attempt.clone()),
+        ]
+    }
+
+    /// Label sets present at 0 from the start, so that a rate over them is
+    /// defined.
+    pub(super) fn at_zero(&self) {
+        for code in ["unavailable", "outcome_unknown"] {
+            self.http_unavailable.with_label_values(&[code]);
+        }
+        for outcome in ["delivered", "failed"] {
+            self.webhook_deliveries.with_label_values(&[outcome]);
+        }
+    }
+}
+
+/// Counts a delivery that reached a final state.
+pub fn count_webhook_delivery(state: &str) {
+    if matches!(state, "delivered" | "failed") {
+        GLOBAL.webhook_deliveries.with_label_values(&[state]).inc();
+    }
+}
+
+/// Counts a 503 by its code.
+pub fn count_unavailable(code: &str) {
+    GLOBAL.http_unavailable.with_label_values(&[code]).inc();
+}
+
+/// Counts a statement error by SQLSTATE class, from anywhere in the chain.
+pub fn count_db_error(err: &(dyn std::error::Error + 'static)) {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
+            let class: String = db
+                .code()
+                .map(|c| c.chars().take(2).collect())
+                .unwrap_or_default();
+            // A class is two characters of [0-9A-Z]; anything else is not
+            // a label we let grow.
+            let class = if class.len() == 2 && class.chars().all(|c| c.is_ascii_alphanumeric()) {
+                class
+            } else {
+                "none".to_owned()
+            };
+            GLOBAL.db_errors.with_label_values(&[class.as_str()]).inc();
+            return;
+        }
+        cur = e.source();
+    }
+}
