@@ -6,6 +6,8 @@ use std::sync::LazyLock;
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts};
 
+use crate::db::Classified;
+
 /// The series counted from code that has no `Metrics` to hand.
 pub struct Global {
     pub http_unavailable: IntCounterVec,
@@ -86,25 +88,14 @@ pub fn count_unavailable(code: &str) {
     GLOBAL.http_unavailable.with_label_values(&[code]).inc();
 }
 
-/// Counts a statement error by SQLSTATE class, from anywhere in the chain.
-pub fn count_db_error(err: &(dyn std::error::Error + 'static)) {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
-            let class: String = db
-                .code()
-                .map(|c| c.chars().take(2).collect())
-                .unwrap_or_default();
-            // A class is two characters of [0-9A-Z]; anything else is not
-            // a label we let grow.
-            let class = if class.len() == 2 && class.chars().all(|c| c.is_ascii_alphanumeric()) {
-                class
-            } else {
-                "none".to_owned()
-            };
-            GLOBAL.db_errors.with_label_values(&[class.as_str()]).inc();
-            return;
-        }
-        cur = e.source();
+/// Counts a statement error by SQLSTATE class, as `db::classify` read it;
+/// an error with no database error in its chain is not one.
+pub fn count_db_error(failure: &Classified<'_>) {
+    if failure.sqlstate.is_none() {
+        return;
     }
+    // A class is two characters of [0-9A-Z]; anything else is not a label
+    // we let grow.
+    let class = failure.sqlstate_class().unwrap_or("none");
+    GLOBAL.db_errors.with_label_values(&[class]).inc();
 }
