@@ -134,6 +134,7 @@ impl ApiError {
     pub fn from_write(e: sqlx::Error) -> ApiError {
         let failure = db::classify(&e);
         if failure.is_outcome_unknown() {
+            crate::metrics::count_db_error(&failure, crate::metrics::Surface::Api);
             ApiError::OutcomeUnknown(e.into())
         } else {
             e.into()
@@ -146,7 +147,7 @@ impl From<anyhow::Error> for ApiError {
         let failure = db::classify(e.as_ref());
         // F2: a read-only server closes the pool's older connections.
         db::note_read_only_failure(&failure);
-        crate::metrics::count_db_error(&failure);
+        crate::metrics::count_db_error(&failure, crate::metrics::Surface::Api);
         if failure.is_unavailable() {
             ApiError::Unavailable(e)
         } else if let db::DbFailure::BadValue(problem) = failure.failure {

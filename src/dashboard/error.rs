@@ -82,6 +82,7 @@ impl From<anyhow::Error> for DashError {
         let failure = db::classify(e.as_ref());
         // F2: a read-only server closes the pool's older connections.
         db::note_read_only_failure(&failure);
+        crate::metrics::count_db_error(&failure, crate::metrics::Surface::Dashboard);
         if failure.is_unavailable() {
             DashError::Unavailable(e)
         } else if let db::DbFailure::BadValue(problem) = failure.failure {
@@ -236,6 +237,7 @@ pub async fn commit(
         let e = db::connection_trouble(e);
         let failure = db::classify(&e);
         if failure.is_outcome_unknown() {
+            crate::metrics::count_db_error(&failure, crate::metrics::Surface::Dashboard);
             DashError::OutcomeUnknown {
                 what: written.what,
                 how: written.how,

@@ -29,9 +29,9 @@ pub static GLOBAL: LazyLock<Global> = LazyLock::new(|| {
     db_errors: IntCounterVec::new(
         Opts::new(
             "poolkeeper_db_errors_total",
-            "Statement errors the API met, by SQLSTATE class (the code's first two characters; none: not a server error)",
+            "Database errors the API and the dashboard met, by SQLSTATE class (the code's first two characters; none: a code without one) and surface (api, dashboard)",
         ),
-        &["class"],
+        &["class", "surface"],
     )
     .expect("static metric definition"),
     webhook_deliveries: IntCounterVec::new(
@@ -88,14 +88,36 @@ pub fn count_unavailable(code: &str) {
     GLOBAL.http_unavailable.with_label_values(&[code]).inc();
 }
 
-/// Counts a statement error by SQLSTATE class, as `db::classify` read it;
-/// an error with no database error in its chain is not one.
-pub fn count_db_error(failure: &Classified<'_>) {
+/// The error boundary that met a database error: the `surface` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    /// The JSON API (`ApiError`).
+    Api,
+    /// The staff dashboard (`DashError`).
+    Dashboard,
+}
+
+impl Surface {
+    fn label(self) -> &'static str {
+        match self {
+            Surface::Api => "api",
+            Surface::Dashboard => "dashboard",
+        }
+    }
+}
+
+/// Counts an error the database answered, by SQLSTATE class, as `db::classify`
+/// read it; an error with no database error in its chain (a pool timeout,
+/// a broken connection, a bug) is not one.
+pub fn count_db_error(failure: &Classified<'_>, surface: Surface) {
     if failure.sqlstate.is_none() {
         return;
     }
     // A class is two characters of [0-9A-Z]; anything else is not a label
     // we let grow.
     let class = failure.sqlstate_class().unwrap_or("none");
-    GLOBAL.db_errors.with_label_values(&[class]).inc();
+    GLOBAL
+        .db_errors
+        .with_label_values(&[class, surface.label()])
+        .inc();
 }
