@@ -153,9 +153,9 @@ pub async fn status(db: impl sqlx::PgExecutor<'_>, set: &DefinitionSet) -> anyho
             .await
         {
             Ok(rows) => rows,
-            // Not migrated that far yet: nothing is installed. (This module
-            // sits below `db`, which calls it: the SQLSTATE is read here.)
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => Vec::new(),
+            // Not migrated that far yet: nothing is installed. (`db` calls
+            // this module, so only its `errors` file is named here.)
+            Err(e) if crate::db::errors::sqlstate(&e).as_deref() == Some("42P01") => Vec::new(),
             Err(e) => return Err(e.into()),
         };
     decide(&rows, set)

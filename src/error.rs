@@ -132,7 +132,9 @@ impl ApiError {
     /// `From`. An error before the COMMIT was sent is `From`'s (`503
     /// unavailable` for a lost connection: nothing was written).
     pub fn from_write(e: sqlx::Error) -> ApiError {
-        if db::is_outcome_unknown(&e) {
+        let failure = db::classify(&e);
+        if failure.is_outcome_unknown() {
+            crate::metrics::count_db_error(&failure, crate::metrics::Surface::Api);
             ApiError::OutcomeUnknown(e.into())
         } else {
             e.into()
@@ -142,12 +144,13 @@ impl ApiError {
 
 impl From<anyhow::Error> for ApiError {
     fn from(e: anyhow::Error) -> Self {
+        let failure = db::classify(e.as_ref());
         // F2: a read-only server closes the pool's older connections.
-        db::note_read_only(e.as_ref());
-        crate::metrics::count_db_error(e.as_ref());
-        if db::is_unavailable(e.as_ref()) {
+        db::note_read_only_failure(&failure);
+        crate::metrics::count_db_error(&failure, crate::metrics::Surface::Api);
+        if failure.is_unavailable() {
             ApiError::Unavailable(e)
-        } else if let Some(problem) = db::bad_value(e.as_ref()) {
+        } else if let db::DbFailure::BadValue(problem) = failure.failure {
             tracing::warn!(error = ?e, "a request's value was refused by the database");
             ApiError::Invalid(format!("a value in this request cannot be used: {problem}"))
         } else {

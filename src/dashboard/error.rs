@@ -79,11 +79,13 @@ impl From<sqlx::Error> for DashError {
 
 impl From<anyhow::Error> for DashError {
     fn from(e: anyhow::Error) -> Self {
+        let failure = db::classify(e.as_ref());
         // F2: a read-only server closes the pool's older connections.
-        db::note_read_only(e.as_ref());
-        if db::is_unavailable(e.as_ref()) {
+        db::note_read_only_failure(&failure);
+        crate::metrics::count_db_error(&failure, crate::metrics::Surface::Dashboard);
+        if failure.is_unavailable() {
             DashError::Unavailable(e)
-        } else if let Some(problem) = db::bad_value(e.as_ref()) {
+        } else if let db::DbFailure::BadValue(problem) = failure.failure {
             // Logged: a value that got past `input::guard` is worth knowing.
             tracing::warn!(error = ?e, "a request's value was refused by the database");
             DashError::BadRequest(format!(
@@ -233,7 +235,9 @@ pub async fn commit(
 ) -> Result<(), DashError> {
     tx.commit().await.map_err(|e| {
         let e = db::connection_trouble(e);
-        if db::is_outcome_unknown(&e) {
+        let failure = db::classify(&e);
+        if failure.is_outcome_unknown() {
+            crate::metrics::count_db_error(&failure, crate::metrics::Surface::Dashboard);
             DashError::OutcomeUnknown {
                 what: written.what,
                 how: written.how,

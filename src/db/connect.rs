@@ -231,8 +231,8 @@ fn direct_pool_options(max_connections: u32, acquire_timeout: Duration) -> PgPoo
         // No ping before handing out a pooled connection: it was a round
         // trip on every request. A connection that broke while idle fails
         // its first statement instead, with an I/O error or SQLSTATE 57P01,
-        // which `is_unavailable` maps to 503 with Retry-After; the pool then
-        // drops it and the retry gets a fresh one.
+        // which `classify` reads as unavailable (503 with Retry-After); the
+        // pool then drops it and the retry gets a fresh one.
         .test_before_acquire(false)
         .max_connections(max_connections)
         .min_connections(0)

@@ -5,11 +5,15 @@
 //! (F2: never a connection to a server that cannot write), `migrations`
 //! (the migrations, the SQL definitions and the lease purge under one
 //! advisory lock, with the rewritten legacy checksums) and `errors` (the one
-//! place that reads database errors: constraint names, SQLSTATEs, what is a
-//! 503 and what is an unknown outcome). Callers use `crate::db::...`.
+//! place that reads what the database said: `classify` walks an error's
+//! cause chain once for its SQLSTATE, its constraint name and what it means,
+//! a 503, an unknown outcome, a bad value; the API's and the dashboard's
+//! error boundaries and the metrics use it). Callers use `crate::db::...`,
+//! except `definitions`, which `migrations` calls and so names
+//! `crate::db::errors` alone.
 
 mod connect;
-mod errors;
+pub mod errors;
 mod handle;
 pub mod lock_order;
 mod migrations;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnectionMetadata;
 use sqlx::postgres::PgPoolOptions;
 
-use super::errors::sqlstate;
+use super::errors::{Classified, DbFailure, classify};
 
 /// F2: the statement every new connection runs first (a simple query: one
 /// round trip, no prepared statement, so it is safe through any pooler).
@@ -95,7 +95,12 @@ pub(super) fn note_read_only_now() {
 /// every connection opened before now is closed at its next acquire.
 /// True when it did.
 pub fn note_read_only(err: &(dyn StdError + 'static)) -> bool {
-    if sqlstate(err).as_deref() == Some("25006") {
+    note_read_only_failure(&classify(err))
+}
+
+/// `note_read_only` for a failure already classified.
+pub fn note_read_only_failure(failure: &Classified<'_>) -> bool {
+    if failure.failure == DbFailure::ReadOnly {
         note_read_only_now();
         return true;
     }

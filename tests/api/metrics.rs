@@ -362,3 +362,39 @@ async fn the_pool_gauges_say_the_headroom_and_what_is_available() {
         "{after:#?}"
     );
 }
+
+/// The dashboard's database errors are counted with the API's, each under
+/// its surface, by SQLSTATE class: a page and an API read that meet a
+/// missing table (42P01) each move their own series.
+#[tokio::test]
+async fn database_errors_are_counted_by_class_for_the_api_and_the_dashboard() {
+    let app = spawn_app().await;
+    let admin = app.staff("ana@acme.example", "admin").await;
+    assert_eq!(admin.page("/audit").await.0, 200);
+    let dashboard = "poolkeeper_db_errors_total{class=\"42\",surface=\"dashboard\"}";
+    let api = "poolkeeper_db_errors_total{class=\"42\",surface=\"api\"}";
+    let before = scrape(&app).await;
+
+    sqlx::query("ALTER TABLE audit_log RENAME TO audit_log_gone")
+        .execute(&app.pool)
+        .await
+        .expect("rename");
+    assert_eq!(admin.page("/audit").await.0, 500);
+    let after_page = scrape(&app).await;
+    grew(&before, &after_page, dashboard, 1.0);
+
+    sqlx::query("ALTER TABLE reservations RENAME TO reservations_gone")
+        .execute(&app.pool)
+        .await
+        .expect("rename");
+    let r = app
+        .http
+        .get(app.url("/api/v1/reservations/1"))
+        .bearer_auth(&app.org.token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let after_api = scrape(&app).await;
+    grew(&after_page, &after_api, api, 1.0);
+}
