@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
 use crate::ha_cluster::{HaCluster, TTL_SECONDS, signal};
-use crate::replicas::Replica;
+use crate::helpers::replicas::Replica;
 use crate::soak::{Created, SoakReport, check_invariants, check_told};
 use crate::webhooks::Receiver;
 

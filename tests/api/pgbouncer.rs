@@ -34,7 +34,7 @@ use sqlx::{Connection, PgConnection};
 use serde_json::{Value, json};
 
 use crate::helpers::{TestDb, create_org};
-use crate::replicas::{Replica, wait_lease};
+use crate::helpers::replicas::{Replica, wait_lease};
 
 /// The pgbouncer binary, or None (with the reason printed) when it is not
 /// installed: `scripts/test` installs it.
@@ -383,7 +383,7 @@ async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_throug
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "transaction").await;
     let mut r = Replica::spawn(
         "refuse-tx",
-        crate::replicas::free_port(),
+        crate::helpers::replicas::free_port(),
         &[
             ("DATABASE_URL", bouncer.url("postgres", &db.name)),
             ("POOLKEEPER_DB_POOLER", "transaction".into()),
@@ -413,7 +413,7 @@ async fn serve_through_the_pooler_alone_refuses_pending_definitions() {
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "transaction").await;
     let mut r = Replica::spawn(
         "refuse-definitions",
-        crate::replicas::free_port(),
+        crate::helpers::replicas::free_port(),
         &[
             ("DATABASE_URL", bouncer.url("postgres", &db.name)),
             ("POOLKEEPER_DB_POOLER", "transaction".into()),
@@ -441,7 +441,7 @@ async fn serve_behind_a_pooler_refuses_a_role_without_the_session_limits() {
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "session").await;
     let mut r = Replica::spawn(
         "refuse-limits",
-        crate::replicas::free_port(),
+        crate::helpers::replicas::free_port(),
         &[
             ("DATABASE_URL", bouncer.url("postgres", &db.name)),
             ("POOLKEEPER_DB_POOLER", "session".into()),

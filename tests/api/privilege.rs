@@ -11,7 +11,7 @@ use sqlx::Connection;
 use crate::helpers::{
     STAFF_PASSWORD, StaffClient, TestDb, binary, create_org, empty_db, hidden_field,
 };
-use crate::replicas::Replica;
+use crate::helpers::replicas::Replica;
 
 /// The SQL of docs/production.md for the two roles, with the test's names; run by the
 /// cluster's administrator (on a managed service: its admin role).

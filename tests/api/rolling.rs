@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::sync::RwLock;
 
 use crate::helpers::{create_org, migrated_db};
-use crate::replicas::{Replica, wait_lease};
+use crate::helpers::replicas::{Replica, wait_lease};
 
 /// What the load balancer knows of one replica.
 struct Backend {

@@ -17,7 +17,7 @@ use prost::Message;
 use serde_json::{Value, json};
 
 use crate::helpers::{create_org, migrated_db};
-use crate::replicas::Replica;
+use crate::helpers::replicas::Replica;
 
 /// The caller's trace and span (the order service's), as in its header.
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 mod fixtures;
+pub mod replicas;
 pub use fixtures::*;
 
 use std::path::PathBuf;
