@@ -11,6 +11,7 @@ use poolkeeper::sweep;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::helpers::FakeMachine;
 use crate::helpers::spawn_app;
 
 const RULES: &str = include_str!("../../deploy/prometheus/poolkeeper.rules.yml");
@@ -108,9 +109,18 @@ fn exported(text: &str) -> Vec<String> {
 #[tokio::test]
 async fn metrics_export_the_kit_with_route_templates_and_pool_numbers() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "a1", "fra1", "dell", "m5", "ready")
+    FakeMachine::new()
+        .tag("a1")
+        .site("fra1")
+        .profile("m5")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "a2", "fra1", "dell", "m5", "broken")
+    FakeMachine::new()
+        .tag("a2")
+        .site("fra1")
+        .profile("m5")
+        .status("broken")
+        .create(&app.pool, app.org.id)
         .await;
     // A raw path with an id: the label must be its template.
     let r = app

@@ -12,6 +12,9 @@ use poolkeeper::inventory::MachineFilter;
 use scraper::{Html, Selector};
 
 use crate::helpers::{
+    Cancelled, Converted, Expired, FakeHold, FakeMachine, Held, HoldState, InService,
+};
+use crate::helpers::{
     STAFF_PASSWORD, StaffClient, TestApp, create_org, hidden_field, spawn_app, spawn_app_with,
 };
 
@@ -142,25 +145,62 @@ struct Pool {
 
 async fn every_kind_pool(app: &TestApp) -> Pool {
     let org = app.org.id;
-    app.insert_machine(org, "PK-001", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-001")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await; // candidate
-    app.insert_machine(org, "PK-002", "ams1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-002")
+        .site("ams1")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await; // wrong site
-    app.insert_machine(org, "PK-003", "par1", "hpe", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-003")
+        .vendor("hpe")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await; // wrong vendor
-    app.insert_machine(org, "PK-004", "par1", "dell", "xeon", "ready")
+    FakeMachine::new()
+        .tag("PK-004")
+        .profile("xeon")
+        .create(&app.pool, org)
         .await; // wrong profile
-    app.insert_machine(org, "PK-005", "par1", "dell", "epyc", "maintenance")
+    FakeMachine::new()
+        .tag("PK-005")
+        .profile("epyc")
+        .status("maintenance")
+        .create(&app.pool, org)
         .await; // not ready
-    app.insert_machine(org, "PK-006", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-006")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await; // in service
-    app.insert_machine(org, "PK-007", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-007")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await; // held
-    app.insert_machine(org, "PK-008", "fra1", "supermicro", "epyc", "broken")
+    FakeMachine::new()
+        .tag("PK-008")
+        .site("fra1")
+        .vendor("supermicro")
+        .profile("epyc")
+        .status("broken")
+        .create(&app.pool, org)
         .await;
-    app.insert_in_service(org, "ORD-SOLD", "PK-006", "SRV-6")
+    FakeHold::on("PK-006")
+        .order("ORD-SOLD")
+        .state(InService)
+        .service_ref("SRV-6")
+        .create(&app.pool, org)
         .await;
-    let (held_id, held_fence) = app.insert_held(org, "ORD-HELD", "PK-007", 900).await;
+    let (held_id, held_fence) = FakeHold::on("PK-007")
+        .order("ORD-HELD")
+        .create_with_fence(&app.pool, org)
+        .await;
     Pool {
         held_id,
         held_fence,
@@ -172,9 +212,14 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
     let app = spawn_app().await;
     let pool = every_kind_pool(&app).await;
     // Another org's objects must never appear.
-    app.insert_machine(app.other.id, "OTHER-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("OTHER-1")
+        .profile("epyc")
+        .create(&app.pool, app.other.id)
         .await;
-    app.insert_held(app.other.id, "ORD-OTHER", "OTHER-1", 900)
+    FakeHold::on("OTHER-1")
+        .order("ORD-OTHER")
+        .create(&app.pool, app.other.id)
         .await;
     sqlx::query("INSERT INTO leases (key, holder, expires_at) VALUES ('sweep', 'web-2-abc', clock_timestamp() + interval '1 minute')")
         .execute(&app.pool)
@@ -610,12 +655,24 @@ async fn post(c: &StaffClient, action: &str, fields: &[(String, String)]) -> req
 #[tokio::test]
 async fn cancel_and_convert_through_the_forms() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (a, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
-    let (b, _) = app.insert_held(app.org.id, "ORD-B", "PK-2", 900).await;
+    let a = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create(&app.pool, app.org.id)
+        .await;
+    let b = FakeHold::on("PK-2")
+        .order("ORD-B")
+        .create(&app.pool, app.org.id)
+        .await;
     let c = app.staff("ana@acme.example", "support").await;
 
     // Cancel: the list links to a confirmation page with the POST form.
@@ -698,9 +755,15 @@ async fn cancel_and_convert_through_the_forms() {
 #[tokio::test]
 async fn missing_or_wrong_csrf_and_viewers_get_403() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let (id, fence) = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let fence = fence.to_string();
     let c = app.staff("ana@acme.example", "support").await;
     let path = format!("/reservations/{id}/cancel");
@@ -769,11 +832,20 @@ async fn missing_or_wrong_csrf_and_viewers_get_403() {
 #[tokio::test]
 async fn a_stale_form_gets_a_clear_message_not_a_500() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let id = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create(&app.pool, app.org.id)
+        .await;
     let c = app.staff("ana@acme.example", "support").await;
     let (_, page) = c.page(&format!("/reservations/{id}/cancel")).await;
     let (action, fields) = form_of(&page);
@@ -812,7 +884,10 @@ async fn a_stale_form_gets_a_clear_message_not_a_500() {
     assert_eq!(r.status().as_u16(), 409);
 
     // Past its deadline: conversion is refused and the reservation expires.
-    let (late, _) = app.insert_held(app.org.id, "ORD-B", "PK-2", 900).await;
+    let late = FakeHold::on("PK-2")
+        .order("ORD-B")
+        .create(&app.pool, app.org.id)
+        .await;
     let (_, page) = c.page(&format!("/reservations/{late}/convert")).await;
     let (action, fields) = form_of(&page);
     app.make_overdue(late).await;
@@ -836,10 +911,14 @@ async fn a_stale_form_gets_a_clear_message_not_a_500() {
 #[tokio::test]
 async fn another_organizations_objects_are_404() {
     let app = spawn_app().await;
-    app.insert_machine(app.other.id, "OTHER-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("OTHER-1")
+        .profile("epyc")
+        .create(&app.pool, app.other.id)
         .await;
-    let (id, fence) = app
-        .insert_held(app.other.id, "ORD-OTHER", "OTHER-1", 900)
+    let (id, fence) = FakeHold::on("OTHER-1")
+        .order("ORD-OTHER")
+        .create_with_fence(&app.pool, app.other.id)
         .await;
     let c = app.staff("ana@acme.example", "admin").await;
     assert_eq!(
@@ -888,11 +967,20 @@ async fn another_organizations_objects_are_404() {
 #[tokio::test]
 async fn search_redirects_on_one_exact_hit() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "PK-10", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-10")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, _) = app.insert_held(app.org.id, "ORD-77", "PK-1", 900).await;
+    let id = FakeHold::on("PK-1")
+        .order("ORD-77")
+        .create(&app.pool, app.org.id)
+        .await;
     let c = app.staff("vic@acme.example", "viewer").await;
     let loc = |r: reqwest::Response| {
         assert_eq!(r.status().as_u16(), 303);
@@ -998,9 +1086,16 @@ async fn the_machines_page_and_the_allocator_agree_on_every_reason() {
 #[tokio::test]
 async fn why_not_gives_the_three_answers() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "xeon", "broken")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("xeon")
+        .status("broken")
+        .create(&app.pool, app.org.id)
         .await;
     let c = app.staff("dc@acme.example", "viewer").await;
     let (_, body) = c.page("/why-not?site=par1&profile=epyc").await;
@@ -1037,9 +1132,15 @@ async fn why_not_gives_the_three_answers() {
 async fn the_module_switch_closes_pages_and_refuses_actions() {
     // R12, deployment half: the switch off.
     let app = spawn_app_with(|s| s.datacenter_module = false).await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let (id, fence) = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let c = app.staff("ana@acme.example", "admin").await;
     for path in [
         "/machines",
@@ -1068,9 +1169,15 @@ async fn the_module_switch_closes_pages_and_refuses_actions() {
 
     // Organization half: the admin turns it off in Settings (deployment on).
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let (id, fence) = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let admin = app.staff("root@acme.example", "admin").await;
     let support = app.staff("ana@acme.example", "support").await;
     assert_eq!(support.get("/machines").await.status().as_u16(), 200);
@@ -1227,11 +1334,20 @@ async fn pages_need_a_session() {
 #[tokio::test]
 async fn the_detail_page_says_who_ended_it_and_how() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (swept, _) = app.insert_held(app.org.id, "ORD-S", "PK-1", 900).await;
+    let swept = FakeHold::on("PK-1")
+        .order("ORD-S")
+        .create(&app.pool, app.org.id)
+        .await;
     // What the sweep writes, with its replica and lease fence.
     sqlx::query(
         "WITH r AS (UPDATE reservations SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'sweep'
@@ -1243,7 +1359,11 @@ async fn the_detail_page_says_who_ended_it_and_how() {
     .execute(&app.pool)
     .await
     .expect("sweep it");
-    let (found, _) = app.insert_held(app.org.id, "ORD-F", "PK-2", 600).await;
+    let found = FakeHold::on("PK-2")
+        .order("ORD-F")
+        .hold_seconds(600)
+        .create(&app.pool, app.org.id)
+        .await;
     sqlx::query("UPDATE reservations SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator' WHERE id = $1")
         .bind(found)
         .execute(&app.pool)
@@ -1286,9 +1406,17 @@ async fn the_live_list_shows_each_holds_fence() {
     let app = spawn_app().await;
     let mut holds = Vec::new();
     for (tag, order) in [("PK-1", "ORD-A"), ("PK-2", "ORD-B"), ("PK-3", "ORD-C")] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
-        holds.push(app.insert_held(app.org.id, order, tag, 900).await);
+        holds.push(
+            FakeHold::on(tag)
+                .order(order)
+                .create_with_fence(&app.pool, app.org.id)
+                .await,
+        );
     }
     // Fences differ from ids, so that a row showing its id passes for none.
     sqlx::query("UPDATE reservations SET fence = fence + 1000 * id")
@@ -1351,9 +1479,15 @@ async fn the_live_list_shows_each_holds_fence() {
 #[tokio::test]
 async fn overdue_reservations_are_marked_in_text() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let id = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create(&app.pool, app.org.id)
+        .await;
     app.make_overdue(id).await;
     let c = app.staff("ana@acme.example", "support").await;
     let (_, body) = c.page("/reservations").await;
@@ -1444,9 +1578,15 @@ async fn a_database_that_cannot_answer_is_a_503_page() {
 #[tokio::test]
 async fn a_cancellation_and_its_audit_row_commit_together() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (a, _) = app.insert_held(app.org.id, "ORD-A", "PK-1", 900).await;
+    let a = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create(&app.pool, app.org.id)
+        .await;
     let c = app.staff("ana@acme.example", "support").await;
     let (status, page) = c.page(&format!("/reservations/{a}/cancel")).await;
     assert_eq!(status, 200);
@@ -1488,8 +1628,8 @@ async fn a_cancellation_and_its_audit_row_commit_together() {
 async fn a_thousand_holds_come_a_hundred_a_page_under_60_kb_with_filters_kept() {
     let app = spawn_app().await;
     let org = app.org.id;
-    // Inserted in two statements: 1,000 machines (even ones at par1), and a
-    // hold on each: the first 300 with 4 to 6 minutes left, the rest 40
+    // Inserted in two statements (FakeHold writes one row per statement):
+    // 1,000 machines (even ones at par1), and a hold on each: the first 300 with 4 to 6 minutes left, the rest 40
     // minutes or more, so the 15-minute filter keeps exactly 300 (150 at
     // par1) however slowly the test runs.
     crate::helpers::generated_machines(
@@ -1648,9 +1788,16 @@ async fn a_thousand_holds_come_a_hundred_a_page_under_60_kb_with_filters_kept() 
 #[tokio::test]
 async fn the_live_list_is_compact_and_says_urgency_in_words() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-SOON", "PK-1", 90).await;
+    let (id, fence) = FakeHold::on("PK-1")
+        .order("ORD-SOON")
+        .hold_seconds(90)
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let c = app.staff("viewer@acme.example", "viewer").await;
     let (_, body) = c.page("/reservations").await;
     assert_eq!(
@@ -1951,32 +2098,46 @@ async fn the_overview_chart_counts_what_was_created_and_what_ended_in_the_last_2
     let org = app.org.id;
     let other = create_org(&app.pool, "chart-other", true).await.id;
     // (order, created this long ago, state, ended this long ago)
-    let rows: [(&str, &str, &str, Option<&str>); 6] = [
-        ("held-now", "2 hours", "held", None),
-        ("cancelled-now", "3 hours", "cancelled", Some("1 hour")),
-        ("converted-now", "2 hours", "converted", Some("90 minutes")),
-        ("expired-late", "30 hours", "expired", Some("5 hours")),
-        ("converted-old", "40 hours", "converted", Some("30 hours")),
-        ("cancelled-old", "50 hours", "cancelled", Some("49 hours")),
+    let rows: [(&str, &str, HoldState, Option<&str>); 6] = [
+        ("held-now", "2 hours", Held, None),
+        ("cancelled-now", "3 hours", Cancelled, Some("1 hour")),
+        ("converted-now", "2 hours", Converted, Some("90 minutes")),
+        ("expired-late", "30 hours", Expired, Some("5 hours")),
+        ("converted-old", "40 hours", Converted, Some("30 hours")),
+        ("cancelled-old", "50 hours", Cancelled, Some("49 hours")),
     ];
     for (i, (order, created, state, ended)) in rows.iter().enumerate() {
         let tag = format!("CH-{i}");
-        app.insert_machine(org, &tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(&tag)
+            .profile("epyc")
+            .create(&app.pool, org)
             .await;
-        insert_reservation_at(&app.pool, org, &tag, order, created, state, *ended).await;
+        let mut hold = FakeHold::on(&tag)
+            .order(order)
+            .state(*state)
+            .bare()
+            .reason("test")
+            .created_ago(created);
+        if let Some(ended) = ended {
+            hold = hold.ended_ago(ended);
+        }
+        hold.create(&app.pool, org).await;
     }
-    app.insert_machine(other, "CH-O", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("CH-O")
+        .profile("epyc")
+        .create(&app.pool, other)
         .await;
-    insert_reservation_at(
-        &app.pool,
-        other,
-        "CH-O",
-        "theirs",
-        "1 hour",
-        "cancelled",
-        Some("10 minutes"),
-    )
-    .await;
+    FakeHold::on("CH-O")
+        .order("theirs")
+        .state(Cancelled)
+        .bare()
+        .reason("test")
+        .created_ago("1 hour")
+        .ended_ago("10 minutes")
+        .create(&app.pool, other)
+        .await;
 
     app.create_staff(org, "chart@example.com", "viewer").await;
     let c = app.logged_in("chart@example.com").await;
@@ -1990,38 +2151,6 @@ async fn the_overview_chart_counts_what_was_created_and_what_ended_in_the_last_2
     );
 }
 
-/// A reservation of `tag` created `created` ago (database clock), in
-/// `state`, ended `ended` ago unless held.
-async fn insert_reservation_at(
-    pool: &poolkeeper::db::Db,
-    org: i64,
-    tag: &str,
-    order: &str,
-    created: &str,
-    state: &str,
-    ended: Option<&str>,
-) {
-    sqlx::query(
-        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
-                                   hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason)
-         SELECT $1, $3, m.id, $5, '{}', '{}', 'test', 900,
-                clock_timestamp() - $4::interval,
-                clock_timestamp() - $4::interval + interval '900 seconds',
-                clock_timestamp() - $6::interval,
-                CASE WHEN $6 IS NULL THEN NULL ELSE 'test' END, NULL
-           FROM machines m WHERE m.org_id = $1 AND m.asset_tag = $2",
-    )
-    .bind(org)
-    .bind(tag)
-    .bind(order)
-    .bind(created)
-    .bind(state)
-    .bind(ended)
-    .execute(pool)
-    .await
-    .expect("insert a reservation");
-}
-
 /// R13 and R14 on the dashboard: a reservation of an order of three shows
 /// the order's other machines (live list and its page); support extends it
 /// with a reason (the whole order, one deadline, an `extended` event per
@@ -2033,15 +2162,11 @@ async fn orders_of_several_and_extensions_on_the_dashboard() {
     use poolkeeper::allocator::{Quantity, ReserveOutcome};
     let app = spawn_app().await;
     for i in 0..3 {
-        app.insert_machine(
-            app.org.id,
-            &format!("PK-{i}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("PK-{i}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let req = poolkeeper::allocator::ReserveRequest {
         quantity: Quantity::new(3).expect("three"),
@@ -2193,9 +2318,15 @@ async fn orders_of_several_and_extensions_on_the_dashboard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_staff_action_killed_mid_commit_gets_a_page_offering_it_again() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "MC-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("MC-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (a, _) = app.insert_held(app.org.id, "ORD-MC-1", "MC-1", 900).await;
+    let a = FakeHold::on("MC-1")
+        .order("ORD-MC-1")
+        .create(&app.pool, app.org.id)
+        .await;
     let c = app.staff("ana@acme.example", "support").await;
     let (status, page) = c.page(&format!("/reservations/{a}/cancel")).await;
     assert_eq!(status, 200);
@@ -2277,9 +2408,15 @@ async fn a_staff_action_killed_mid_commit_gets_a_page_offering_it_again() {
 #[tokio::test]
 async fn an_extension_that_changed_nothing_writes_no_audit_row() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "AX-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("AX-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (a, fence) = app.insert_held(app.org.id, "ORD-AX-1", "AX-1", 900).await;
+    let (a, fence) = FakeHold::on("AX-1")
+        .order("ORD-AX-1")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let c = app.staff("ana@acme.example", "support").await;
     let audited = || async {
         sqlx::query_scalar::<_, i64>(

@@ -16,6 +16,7 @@ use sqlx::Connection;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{TestApp, hidden_field, migrated_db, spawn_app, test_settings};
 
 /// A refusal row: (org_id, reason, site, profile, vendor, excluded).
@@ -60,16 +61,37 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
     let org = app.org.id;
     // For par1 / epyc / dell: one held, one in maintenance, one of another
     // vendor, one at another site, one of another profile.
-    app.insert_machine(org, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_held(org, "ORD-H", "PK-1", 900).await;
-    app.insert_machine(org, "PK-2", "par1", "dell", "epyc", "maintenance")
+    FakeHold::on("PK-1")
+        .order("ORD-H")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-3", "par1", "hp", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .status("maintenance")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-4", "fra1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-3")
+        .vendor("hp")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-5", "par1", "dell", "xeon", "ready")
+    FakeMachine::new()
+        .tag("PK-4")
+        .site("fra1")
+        .profile("epyc")
+        .create(&app.pool, org)
+        .await;
+    FakeMachine::new()
+        .tag("PK-5")
+        .profile("xeon")
+        .create(&app.pool, org)
         .await;
 
     // 409 unavailable: one row, with the counts the API answered.
@@ -185,9 +207,19 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
 #[tokio::test]
 async fn metric_labels_are_bounded_by_the_inventory() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "maintenance")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .status("maintenance")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.other.id, "OT-1", "fra1", "hp", "xeon", "maintenance")
+    FakeMachine::new()
+        .tag("OT-1")
+        .site("fra1")
+        .vendor("hp")
+        .profile("xeon")
+        .status("maintenance")
+        .create(&app.pool, app.other.id)
         .await;
     // Twenty made-up sites and profiles: each a refusal, none a label.
     for i in 0..20 {
@@ -244,7 +276,12 @@ async fn the_known_set_is_read_once_and_again_on_refresh() {
         labels.labels(&pool, "par1", "r650").await,
         ("par1".to_owned(), "r650".to_owned())
     );
-    crate::helpers::machine(&pool, org, "new-1", "ams1", "dell", "gpu", "ready").await;
+    FakeMachine::new()
+        .tag("new-1")
+        .site("ams1")
+        .profile("gpu")
+        .create(&pool, org)
+        .await;
     // Within LABELS_MAX_AGE the set is not read again: no query per refusal.
     assert_eq!(
         labels.labels(&pool, "ams1", "gpu").await,
@@ -418,14 +455,32 @@ async fn the_demand_page_lists_the_most_refused_specs_with_a_why_not_link() {
 async fn the_overview_shows_unavailable_refusals_per_site_and_profile_beside_sellable_stock() {
     let app = spawn_app().await;
     let org = app.org.id;
-    app.insert_machine(org, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-2", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_held(org, "ORD-H", "PK-2", 900).await;
-    app.insert_machine(org, "PK-3", "par1", "dell", "epyc", "broken")
+    FakeHold::on("PK-2")
+        .order("ORD-H")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-4", "fra1", "hp", "xeon", "ready")
+    FakeMachine::new()
+        .tag("PK-3")
+        .profile("epyc")
+        .status("broken")
+        .create(&app.pool, org)
+        .await;
+    FakeMachine::new()
+        .tag("PK-4")
+        .site("fra1")
+        .vendor("hp")
+        .profile("xeon")
+        .create(&app.pool, org)
         .await;
     for ago in [
         "30 minutes",

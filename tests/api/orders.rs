@@ -7,7 +7,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::helpers::{PROFILE, SITE, decoys, machine};
+use crate::helpers::FakeMachine;
+use crate::helpers::{PROFILE, SITE, decoys};
 use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 
 fn reserve_body(order_ref: &str) -> Value {
@@ -439,16 +440,10 @@ async fn eight_concurrent_http_orders_on_three_machines() {
     let app = Arc::new(spawn_app().await);
     decoys(&app.pool, app.org.id).await;
     for i in 0..3 {
-        machine(
-            &app.pool,
-            app.org.id,
-            &format!("OK-{i}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OK-{i}"))
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let barrier = Arc::new(Barrier::new(8));
     let mut tasks = Vec::new();
@@ -797,16 +792,10 @@ async fn orders_endpoints_need_the_module_and_the_orders_scope() {
 async fn five_concurrent_http_requests_with_one_order_ref() {
     let app = Arc::new(spawn_app().await);
     for i in 0..4 {
-        machine(
-            &app.pool,
-            app.org.id,
-            &format!("OK-{i}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OK-{i}"))
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let barrier = Arc::new(Barrier::new(5));
     let mut tasks = Vec::new();

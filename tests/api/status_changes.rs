@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
 use crate::healing::invariants;
+use crate::helpers::FakeMachine;
 use crate::helpers::{TestApp, hidden_field, spawn_app};
 
 const SITE: &str = "par1";
@@ -17,7 +18,13 @@ const EPYC: &str = "epyc";
 const XEON: &str = "xeon";
 
 async fn machine(app: &TestApp, tag: &str, vendor: &str, profile: &str, status: &str) -> i64 {
-    app.insert_machine(app.org.id, tag, SITE, vendor, profile, status)
+    FakeMachine::new()
+        .tag(tag)
+        .site(SITE)
+        .vendor(vendor)
+        .profile(profile)
+        .status(status)
+        .create(&app.pool, app.org.id)
         .await
 }
 

@@ -17,6 +17,7 @@ use sha2::Sha256;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{TestApp, binary, spawn_app, spawn_app_with};
 
 // ---- The receiver -----------------------------------------------------------
@@ -250,15 +251,11 @@ async fn convert(app: &TestApp, token: &str, id: i64, fence: i64) {
 
 async fn machines(app: &TestApp, org_id: i64, prefix: &str, n: usize) {
     for i in 0..n {
-        app.insert_machine(
-            org_id,
-            &format!("{prefix}-{i}"),
-            "par1",
-            "dell",
-            "r650",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("{prefix}-{i}"))
+            .profile("r650")
+            .create(&app.pool, org_id)
+            .await;
     }
 }
 
@@ -932,8 +929,9 @@ async fn no_delivery_is_lost_when_the_delivering_replica_is_killed_mid_batch() {
     // outbox whatever the writer).
     machines(&app, app.org.id, "k", 120).await;
     for i in 0..120 {
-        let (id, fence) = app
-            .insert_held(app.org.id, &format!("K-{i}"), &format!("k-{i}"), 900)
+        let (id, fence) = FakeHold::on(format!("k-{i}"))
+            .order(&format!("K-{i}"))
+            .create_with_fence(&app.pool, app.org.id)
             .await;
         if i % 2 == 0 {
             sqlx::query(
@@ -1238,9 +1236,15 @@ async fn the_outbox_row_commits_or_rolls_back_with_its_event() {
         "http://127.0.0.1:9/never-called",
     )
     .await;
-    app.insert_machine(app.org.id, "tx-1", "par1", "dell", "r650", "ready")
+    FakeMachine::new()
+        .tag("tx-1")
+        .profile("r650")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, _) = app.insert_held(app.org.id, "ORD-TX", "tx-1", 900).await;
+    let id = FakeHold::on("tx-1")
+        .order("ORD-TX")
+        .create(&app.pool, app.org.id)
+        .await;
     let mut writer = app.db.connection().await;
     for outcome in ["ROLLBACK", "COMMIT"] {
         sqlx::query("BEGIN")

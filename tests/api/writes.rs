@@ -9,6 +9,7 @@ use poolkeeper::api::write::{Shape, write};
 use poolkeeper::error::ApiError;
 use serde_json::{Value, json};
 
+use crate::helpers::FakeMachine;
 use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 
 /// Sends `body` to `url` with `method` and the org's full token.
@@ -106,15 +107,11 @@ pub(crate) async fn write_operations(app: &TestApp) -> BTreeSet<(String, String)
 async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     for i in 0..12 {
-        app.insert_machine(
-            app.org.id,
-            &format!("W-{i:02}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("W-{i:02}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let convert_one = reserve(&app, "ORD-W-CONVERT", 1).await;
     let cancel_one = reserve(&app, "ORD-W-CANCEL", 1).await;
@@ -136,15 +133,11 @@ async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
     .await;
     // A hold to move, and spares for it and for the reserve case.
     for i in 12..15 {
-        app.insert_machine(
-            app.org.id,
-            &format!("W-{i:02}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("W-{i:02}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let moving = reserve(&app, "ORD-W-MOVE", 1).await;
     let until = (chrono::Utc::now() + chrono::Duration::seconds(1200))
@@ -430,15 +423,11 @@ async fn a_connection_lost_before_the_commit_was_sent_is_unavailable_not_outcome
 async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
     let app = spawn_app().await;
     for i in 0..6 {
-        app.insert_machine(
-            app.org.id,
-            &format!("R-{i}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("R-{i}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let mut conformance = crate::openapi::Conformance::new(&app).await;
     let order = reserve(&app, "ORD-R-CONVERT", 2).await;
@@ -577,15 +566,11 @@ async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
 async fn an_extension_until_a_deadline_retried_answers_the_same_deadline() {
     let app = spawn_app().await;
     for i in 0..3 {
-        app.insert_machine(
-            app.org.id,
-            &format!("U-{i}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("U-{i}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let mut conformance = crate::openapi::Conformance::new(&app).await;
     let cap = i64::from(app.settings.hold_max_seconds);
@@ -689,7 +674,10 @@ async fn an_extension_until_a_deadline_retried_answers_the_same_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_seconds_above_the_cap_is_400_naming_it() {
     let app = spawn_app_with(|s| s.hold_max_seconds = 1800).await;
-    app.insert_machine(app.org.id, "C-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("C-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     let resp = send(
         &app,
