@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::helpers::{FakeHold, FakeMachine};
-use crate::helpers::{TestApp, hidden_field, migrated_db, spawn_app, test_settings};
+use crate::helpers::{hidden_field, migrated_db, spawn_app, test_settings};
 
 /// A refusal row: (org_id, reason, site, profile, vendor, excluded).
 type Row = (i64, String, String, String, Option<String>, Value);
@@ -32,20 +32,6 @@ async fn refusals(pool: &Db) -> Vec<Row> {
     .into_iter()
     .map(|(o, r, s, p, v, e)| (o, r, s, p, v, e.0))
     .collect()
-}
-
-async fn reserve(app: &TestApp, token: &str, body: Value) -> (u16, Value) {
-    let r = app
-        .http
-        .post(app.url("/api/v1/reservations"))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .expect("POST /reservations");
-    let status = r.status().as_u16();
-    let body = r.json().await.unwrap_or(Value::Null);
-    (status, body)
 }
 
 fn refused(metrics: &Metrics, reason: &str, site: &str, profile: &str) -> u64 {
@@ -95,12 +81,12 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
         .await;
 
     // 409 unavailable: one row, with the counts the API answered.
-    let (status, body) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-U", "site": "par1", "profile": "epyc", "vendor": "dell"}),
-    )
-    .await;
+    let (status, body) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-U", "site": "par1", "profile": "epyc", "vendor": "dell"}),
+        )
+        .await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"], "unavailable");
     let expected = json!({"wrong_site": 1, "wrong_vendor": 1, "wrong_profile": 1,
@@ -126,12 +112,12 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
         .execute(&mut *tx)
         .await
         .expect("lock PK-3");
-    let (status, body) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-C", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, body) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-C", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"], "contended");
     tx.rollback().await.expect("release PK-3");
@@ -150,19 +136,19 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
     );
 
     // 201 (and its 200 replay) and 400s leave no row.
-    let (status, body) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, body) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 201, "{body}");
-    let (status, _) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, _) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 200);
     for bad in [
         json!({"order_ref": "ORD-B1", "site": "par1"}),
@@ -170,18 +156,18 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
         json!({"order_ref": "ORD-B3", "site": "par1", "profile": "epyc", "colour": "red"}),
         json!({"order_ref": "", "site": "par1", "profile": "epyc"}),
     ] {
-        let (status, body) = reserve(&app, &app.org.token, bad.clone()).await;
+        let (status, body) = app.reserve(&app.org.token, bad.clone()).await;
         assert_eq!(status, 400, "{bad}: {body}");
     }
     assert_eq!(refusals(&app.pool).await.len(), 2, "only the two 409s");
 
     // Another organization's refusal is its own.
-    let (status, _) = reserve(
-        &app,
-        &app.other.token,
-        json!({"order_ref": "ORD-X", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, _) = app
+        .reserve(
+            &app.other.token,
+            json!({"order_ref": "ORD-X", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 409);
     let rows = refusals(&app.pool).await;
     assert_eq!(rows.len(), 3);
@@ -223,11 +209,7 @@ async fn metric_labels_are_bounded_by_the_inventory() {
         .await;
     // Twenty made-up sites and profiles: each a refusal, none a label.
     for i in 0..20 {
-        let (status, _) = reserve(
-            &app,
-            &app.org.token,
-            json!({"order_ref": format!("ORD-{i}"), "site": format!("nowhere-{i}"), "profile": format!("p-{i}")}),
-        )
+        let (status, _) = app.reserve(&app.org.token, json!({"order_ref": format!("ORD-{i}"), "site": format!("nowhere-{i}"), "profile": format!("p-{i}")}))
         .await;
         assert_eq!(status, 409);
     }
@@ -238,12 +220,12 @@ async fn metric_labels_are_bounded_by_the_inventory() {
         ("ORD-B", "par1", "epyc"),
         ("ORD-C", "fra1", "xeon"),
     ] {
-        let (status, _) = reserve(
-            &app,
-            &app.org.token,
-            json!({"order_ref": order, "site": site, "profile": profile}),
-        )
-        .await;
+        let (status, _) = app
+            .reserve(
+                &app.org.token,
+                json!({"order_ref": order, "site": site, "profile": profile}),
+            )
+            .await;
         assert_eq!(status, 409);
     }
     assert_eq!(refused(&app.metrics, "unavailable", OTHER, OTHER), 20);

@@ -5,6 +5,7 @@
 
 mod fake;
 mod fixtures;
+mod http;
 pub mod replicas;
 pub use fake::*;
 pub use fixtures::*;
