@@ -195,6 +195,28 @@ fn bind_spec<'q, O>(
         .bind(spec.vendor.as_ref().map(Vendor::as_str))
 }
 
+/// `explain`'s statement: `$1`-`$4` org, site, profile, vendor of the
+/// spec, `$5`-`$8` the filter's columns, `$9` its state, `$10` after
+/// (public for the plan test); the limit is written in.
+pub fn explain_sql(filter: &MachineFilter, after: bool, limit: i64) -> String {
+    // Each combination of filters is a statement of its own, planned once
+    // (`inventory::optional_sql`, `inventory::limit_sql`).
+    format!(
+        "{} ORDER BY m.asset_tag {}",
+        classified(&format!(
+            "{} AND {} AND {}",
+            crate::inventory::filter_columns_sql(filter, 5),
+            crate::inventory::optional_sql(
+                9,
+                &format!("{} =", crate::inventory::pool_state_probe_sql()),
+                filter.state.is_some()
+            ),
+            crate::inventory::optional_sql(10, "m.asset_tag >", after),
+        )),
+        crate::inventory::limit_sql(limit),
+    )
+}
+
 /// Pass one, callable on its own: the machines of `org_id` matching
 /// `filter`, ordered by asset tag after `after`, at most `limit`, each with
 /// its exclusion for `spec` (the same rules reserve applies).
@@ -206,22 +228,7 @@ pub async fn explain(
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<Verdict>, sqlx::Error> {
-    // Each combination of filters is a statement of its own, planned once
-    // (`inventory::optional_sql`, `inventory::limit_sql`).
-    let sql = format!(
-        "{} ORDER BY m.asset_tag {}",
-        classified(&format!(
-            "{} AND {} AND {}",
-            crate::inventory::filter_columns_sql(filter, 5),
-            crate::inventory::optional_sql(
-                9,
-                &format!("{} =", crate::inventory::pool_state_probe_sql()),
-                filter.state.is_some()
-            ),
-            crate::inventory::optional_sql(10, "m.asset_tag >", after.is_some()),
-        )),
-        crate::inventory::limit_sql(limit),
-    );
+    let sql = explain_sql(filter, after.is_some(), limit);
     let rows: Vec<Classified> = bind_spec(sqlx::query_as(sqlx::AssertSqlSafe(sql)), org_id, spec)
         .bind(filter.site.as_ref().map(Site::as_str))
         .bind(filter.vendor.as_ref().map(Vendor::as_str))

@@ -11,6 +11,7 @@ use poolkeeper::sweep;
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::helpers::FakeMachine;
 use crate::helpers::spawn_app;
 
 const RULES: &str = include_str!("../../deploy/prometheus/poolkeeper.rules.yml");
@@ -108,9 +109,18 @@ fn exported(text: &str) -> Vec<String> {
 #[tokio::test]
 async fn metrics_export_the_kit_with_route_templates_and_pool_numbers() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "a1", "fra1", "dell", "m5", "ready")
+    FakeMachine::new()
+        .tag("a1")
+        .site("fra1")
+        .profile("m5")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "a2", "fra1", "dell", "m5", "broken")
+    FakeMachine::new()
+        .tag("a2")
+        .site("fra1")
+        .profile("m5")
+        .status("broken")
+        .create(&app.pool, app.org.id)
         .await;
     // A raw path with an id: the label must be its template.
     let r = app
@@ -318,25 +328,6 @@ async fn alert_state(http: &reqwest::Client, prom: &str, alert: &str) -> Option<
         .and_then(|a| a["state"].as_str().map(str::to_owned))
 }
 
-/// Polls until `want` holds, up to `within`; panics naming `what`.
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if probe().await {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 async fn query(http: &reqwest::Client, prom: &str, q: &str) -> Option<f64> {
     let body: Value = http
         .get(format!("{prom}/api/v1/query"))
@@ -394,7 +385,7 @@ async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
     let http = reqwest::Client::new();
 
     // Held: Prometheus sees the holder, and the alert stays inactive.
-    wait_for(
+    app.wait_for(
         "Prometheus to see the lease held",
         Duration::from_secs(60),
         || {
@@ -416,7 +407,7 @@ async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
     let _ = stop.send(true);
     task.await.expect("sweep worker");
     let seen_pending = std::cell::Cell::new(false);
-    wait_for("the alert to fire", Duration::from_secs(60), || {
+    app.wait_for("the alert to fire", Duration::from_secs(60), || {
         let http = http.clone();
         let prom = prom.clone();
         let seen = &seen_pending;
@@ -442,7 +433,7 @@ async fn a_real_prometheus_fires_and_resolves_no_lease_holder() {
 
     // A holder again: the alert resolves.
     let (stop, task) = start_sweep(&settings);
-    wait_for("the alert to resolve", Duration::from_secs(60), || {
+    app.wait_for("the alert to resolve", Duration::from_secs(60), || {
         let http = http.clone();
         let prom = prom.clone();
         async move {

@@ -11,9 +11,10 @@ use poolkeeper::reservations::{self, TransitionError};
 use sqlx::Connection;
 use tokio::sync::Barrier;
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{
-    Generated, PROFILE, SITE, check_round, create_org, decoys, generated_machines, held_directly,
-    limited_connection, literal, machine, migrated_db, race, request, request_for, reserved, spec,
+    Generated, PROFILE, SITE, check_round, create_org, decoys, generated_machines,
+    limited_connection, literal, migrated_db, race, request, request_for, reserved, spec,
 };
 
 #[tokio::test]
@@ -21,20 +22,27 @@ async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "acme", true).await;
-    machine(&pool, org.id, "A-site", "ams1", "dell", PROFILE, "ready").await;
-    machine(&pool, org.id, "B-vendor", SITE, "hpe", PROFILE, "ready").await;
-    machine(&pool, org.id, "C-profile", SITE, "dell", "xeon", "ready").await;
-    machine(
-        &pool,
-        org.id,
-        "D-notready",
-        SITE,
-        "dell",
-        PROFILE,
-        "maintenance",
-    )
-    .await;
-    machine(&pool, org.id, "E-free", SITE, "dell", PROFILE, "ready").await;
+    FakeMachine::new()
+        .tag("A-site")
+        .site("ams1")
+        .create(&pool, org.id)
+        .await;
+    FakeMachine::new()
+        .tag("B-vendor")
+        .vendor("hpe")
+        .create(&pool, org.id)
+        .await;
+    FakeMachine::new()
+        .tag("C-profile")
+        .profile("xeon")
+        .create(&pool, org.id)
+        .await;
+    FakeMachine::new()
+        .tag("D-notready")
+        .status("maintenance")
+        .create(&pool, org.id)
+        .await;
+    FakeMachine::new().tag("E-free").create(&pool, org.id).await;
     let verdicts = allocator::explain(
         &pool,
         org.id,
@@ -154,19 +162,20 @@ async fn explain_counts_and_candidates_agree() {
     let org = create_org(&pool, "agree", true).await;
     decoys(&pool, org.id).await;
     for i in 0..3 {
-        machine(
-            &pool,
-            org.id,
-            &format!("OK-{i}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OK-{i}"))
+            .create(&pool, org.id)
+            .await;
     }
-    let overdue = machine(&pool, org.id, "OK-overdue", SITE, "dell", PROFILE, "ready").await;
-    let id = held_directly(&pool, org.id, overdue, "ORD-LATE").await;
+    let overdue = FakeMachine::new()
+        .tag("OK-overdue")
+        .create(&pool, org.id)
+        .await;
+    let id = FakeHold::on(overdue)
+        .order("ORD-LATE")
+        .bare()
+        .create(&pool, org.id)
+        .await;
     sqlx::query("UPDATE reservations SET created_at = created_at - interval '1 hour', expires_at = expires_at - interval '1 hour' WHERE id = $1")
         .bind(id)
         .execute(&pool)
@@ -236,16 +245,10 @@ async fn eight_orders_three_machines_and_two_orders_one_machine() {
             let org = create_org(&pool, &format!("r{orders}-{round}"), true).await;
             decoys(&pool, org.id).await;
             for i in 0..eligible {
-                machine(
-                    &pool,
-                    org.id,
-                    &format!("OK-{i}"),
-                    SITE,
-                    "dell",
-                    PROFILE,
-                    "ready",
-                )
-                .await;
+                FakeMachine::new()
+                    .tag(&format!("OK-{i}"))
+                    .create(&pool, org.id)
+                    .await;
             }
             let reqs = (0..orders)
                 .map(|i| request(&format!("ORD-{i}"), Some("dell")))
@@ -265,16 +268,10 @@ async fn five_requests_one_order_ref_give_one_reservation() {
     for round in 0..20 {
         let org = create_org(&pool, &format!("idem-{round}"), true).await;
         for i in 0..4 {
-            machine(
-                &pool,
-                org.id,
-                &format!("OK-{i}"),
-                SITE,
-                "dell",
-                PROFILE,
-                "ready",
-            )
-            .await;
+            FakeMachine::new()
+                .tag(&format!("OK-{i}"))
+                .create(&pool, org.id)
+                .await;
         }
         let reqs = (0..5).map(|_| request("ORD-SAME", None)).collect();
         let outcomes = race(&pool, org.id, reqs).await;
@@ -324,16 +321,10 @@ async fn the_walk_stops_after_25_locked_candidates_without_waiting() {
     let mut machines = Vec::new();
     for i in 0..30 {
         machines.push(
-            machine(
-                &pool,
-                org.id,
-                &format!("OK-{i:02}"),
-                SITE,
-                "dell",
-                PROFILE,
-                "ready",
-            )
-            .await,
+            FakeMachine::new()
+                .tag(&format!("OK-{i:02}"))
+                .create(&pool, org.id)
+                .await,
         );
     }
     // Three other transactions hold ten machine rows each, and stay open.
@@ -462,8 +453,8 @@ async fn a_lost_insert_race_is_rolled_back_to_its_savepoint_and_the_next_candida
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "savepoint", true).await;
-    let first = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
-    let second = machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
+    let first = FakeMachine::new().tag("OK-1").create(&pool, org.id).await;
+    let second = FakeMachine::new().tag("OK-2").create(&pool, org.id).await;
     let mut conn = limited_connection(&db).await;
     let mut tx = conn.begin().await.expect("begin");
     sqlx::query("SELECT 1")
@@ -472,7 +463,11 @@ async fn a_lost_insert_race_is_rolled_back_to_its_savepoint_and_the_next_candida
         .expect("the transaction is open");
     // Pass one (as the allocator saw it) had both; now a competitor commits
     // a hold on the first from another connection.
-    let competitor = held_directly(&pool, org.id, first, "ORD-FASTER").await;
+    let competitor = FakeHold::on(first)
+        .order("ORD-FASTER")
+        .bare()
+        .create(&pool, org.id)
+        .await;
     let req = request("ORD-1", None);
     let mut walk = WalkStats::default();
     let walked = allocator::walk_candidates(&mut tx, org.id, &req, &[first, second], &mut walk)
@@ -508,18 +503,20 @@ async fn both_unique_constraints_are_told_apart_by_name() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "names", true).await;
-    let a = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
-    let b = machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
-    held_directly(&pool, org.id, a, "ORD-A").await;
+    let a = FakeMachine::new().tag("OK-1").create(&pool, org.id).await;
+    let b = FakeMachine::new().tag("OK-2").create(&pool, org.id).await;
+    FakeHold::on(a)
+        .order("ORD-A")
+        .bare()
+        .create(&pool, org.id)
+        .await;
     let insert = |machine_id: i64, order_ref: &'static str| {
-        sqlx::query(
-            "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
-             VALUES ($1, $2, $3, '{}', '{}', 'x', 900, clock_timestamp() + interval '1 hour')",
-        )
-        .bind(org.id)
-        .bind(order_ref)
-        .bind(machine_id)
-        .execute(&pool)
+        FakeHold::on(machine_id)
+            .order(order_ref)
+            .bare()
+            .reason("x")
+            .deadline("1 hour")
+            .try_create(&pool, org.id)
     };
     let machine_taken = insert(a, "ORD-B").await.expect_err("machine taken");
     assert_eq!(
@@ -595,16 +592,11 @@ async fn convert_racing_a_new_order_never_frees_the_machine() {
     let service = ServiceRef::parse("SRV-1").expect("service ref");
     for round in 0..200 {
         let profile = format!("p-{round}");
-        let m = machine(
-            &pool,
-            org.id,
-            &format!("OK-{round}"),
-            SITE,
-            "dell",
-            &profile,
-            "ready",
-        )
-        .await;
+        let m = FakeMachine::new()
+            .tag(&format!("OK-{round}"))
+            .profile(&profile)
+            .create(&pool, org.id)
+            .await;
         let r = match allocator::reserve(
             &pool,
             org.id,
@@ -675,16 +667,11 @@ async fn convert_of_an_overdue_hold_racing_a_new_order_gives_the_machine_once() 
     let (mut won_by_order, mut refused_both) = (0, 0);
     for round in 0..100 {
         let profile = format!("p-{round}");
-        let m = machine(
-            &pool,
-            org.id,
-            &format!("OK-{round}"),
-            SITE,
-            "dell",
-            &profile,
-            "ready",
-        )
-        .await;
+        let m = FakeMachine::new()
+            .tag(&format!("OK-{round}"))
+            .profile(&profile)
+            .create(&pool, org.id)
+            .await;
         let r = match allocator::reserve(
             &pool,
             org.id,
@@ -760,7 +747,7 @@ async fn an_overdue_hold_is_expired_at_the_point_of_use() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "overdue", true).await;
-    let m = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
+    let m = FakeMachine::new().tag("OK-1").create(&pool, org.id).await;
     let old = reserved(&pool, org.id, "ORD-OLD", None).await;
     sqlx::query(
         "UPDATE reservations SET created_at = created_at - interval '1 hour', expires_at = expires_at - interval '1 hour'
@@ -817,8 +804,8 @@ async fn overdue_convert_and_cancel_record_an_expiry_and_refuse() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "deadline", true).await;
-    machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
-    machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
+    FakeMachine::new().tag("OK-1").create(&pool, org.id).await;
+    FakeMachine::new().tag("OK-2").create(&pool, org.id).await;
     let a = reserved(&pool, org.id, "ORD-A", None).await;
     let b = reserved(&pool, org.id, "ORD-B", None).await;
     sqlx::query(
@@ -891,8 +878,8 @@ async fn lockable_now_tells_locked_from_lockable_and_locks_nothing() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "passtwo", true).await;
-    let a = machine(&pool, org.id, "OK-1", SITE, "dell", PROFILE, "ready").await;
-    machine(&pool, org.id, "OK-2", SITE, "dell", PROFILE, "ready").await;
+    let a = FakeMachine::new().tag("OK-1").create(&pool, org.id).await;
+    FakeMachine::new().tag("OK-2").create(&pool, org.id).await;
     let mut holder = limited_connection(&db).await;
     sqlx::query("BEGIN")
         .execute(&mut holder)
@@ -989,7 +976,8 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
         },
     )
     .await;
-    // 50,000 ended reservations, most of them on the candidates.
+    // 50,000 ended reservations, most of them on the candidates. These bulk
+    // rows are SQL of their own: FakeHold writes one row per statement.
     sqlx::query(
         "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason, hold_seconds,
                                    created_at, expires_at, ended_at, ended_by, end_reason)
@@ -1115,7 +1103,7 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "fresh", true).await;
-    let first = machine(&pool, org.id, "F-0001", SITE, "dell", PROFILE, "ready").await;
+    let first = FakeMachine::new().tag("F-0001").create(&pool, org.id).await;
     // F-00002 to F-05000, after the first.
     generated_machines(
         &pool,
@@ -1184,7 +1172,8 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
             .await
             .expect("cached while empty");
     }
-    // The table fills (no ANALYZE: autoanalyze has not come by yet).
+    // The table fills (no ANALYZE: autoanalyze has not come by yet), in one
+    // statement (FakeHold writes one row per statement).
     sqlx::query(
         "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
                                    hold_seconds, expires_at, ended_at, ended_by, end_reason)
@@ -1240,16 +1229,10 @@ async fn plans_cached_on_an_empty_table_look_reservations_up_by_their_keys() {
     let pool = db.pool().await;
     let org = create_org(&pool, "fresh-keys", true).await;
     for i in 0..100 {
-        machine(
-            &pool,
-            org.id,
-            &format!("K-{i:04}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("K-{i:04}"))
+            .create(&pool, org.id)
+            .await;
     }
     // Analyzed empty, and kept so for the test: autoanalyze would re-plan.
     sqlx::raw_sql("ANALYZE; ALTER TABLE reservations SET (autovacuum_enabled = off)")
@@ -1280,7 +1263,8 @@ async fn plans_cached_on_an_empty_table_look_reservations_up_by_their_keys() {
             .await
             .expect("cancel while empty");
     }
-    // The history grows (no ANALYZE).
+    // The history grows (no ANALYZE), in one statement (FakeHold writes one
+    // row per statement).
     sqlx::query(
         "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
                                    hold_seconds, expires_at, ended_at, ended_by, end_reason)

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use serde_json::{Value, json};
 
+use crate::helpers::{FakeHold, FakeMachine, InService};
 use crate::helpers::{TestApp, spawn_app};
 
 /// A runtime that outlives every proptest case, with the app inside it.
@@ -437,12 +438,22 @@ fn orders_endpoints_refuse_bad_input_cleanly() {
     let (rt, app) = app_runtime();
     let (held, fence, service) = rt.block_on(async {
         for tag in ["OB-1", "OB-2", "OB-3", "OB-4"] {
-            app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            FakeMachine::new()
+                .tag(tag)
+                .profile("epyc")
+                .create(&app.pool, app.org.id)
                 .await;
         }
-        let (held, fence) = app.insert_held(app.org.id, "ORD-HELD", "OB-1", 3600).await;
-        let service = app
-            .insert_in_service(app.org.id, "ORD-SOLD", "OB-2", "SRV-0")
+        let (held, fence) = FakeHold::on("OB-1")
+            .order("ORD-HELD")
+            .hold_seconds(3600)
+            .create_with_fence(&app.pool, app.org.id)
+            .await;
+        let service = FakeHold::on("OB-2")
+            .order("ORD-SOLD")
+            .state(InService)
+            .service_ref("SRV-0")
+            .create(&app.pool, app.org.id)
             .await;
         (held, fence, service)
     });
@@ -671,10 +682,17 @@ fn dashboard_forms_refuse_bad_input_cleanly() {
     let (rt, app) = app_runtime();
     let (held, fence, staff, anonymous, csrf) = rt.block_on(async {
         for tag in ["DB-1", "DB-2"] {
-            app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+            FakeMachine::new()
+                .tag(tag)
+                .profile("epyc")
+                .create(&app.pool, app.org.id)
                 .await;
         }
-        let (held, fence) = app.insert_held(app.org.id, "ORD-HELD", "DB-1", 3600).await;
+        let (held, fence) = FakeHold::on("DB-1")
+            .order("ORD-HELD")
+            .hold_seconds(3600)
+            .create_with_fence(&app.pool, app.org.id)
+            .await;
         let staff = app.staff("admin@acme.test", "admin").await;
         let csrf = staff.csrf().await;
         let anonymous = crate::helpers::StaffClient::new(&app.address);

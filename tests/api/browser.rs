@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use serde_json::{Value, json};
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{STAFF_PASSWORD, spawn_app};
 
 const ELEMENT_KEY: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -360,14 +361,33 @@ fn seconds(text: &str) -> i64 {
 async fn a_browser_watches_the_countdown_cancels_and_finds_who_did_it() {
     require_browser();
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-001", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-001")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "PK-002", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-002")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.org.id, "PK-003", "ams1", "hpe", "xeon", "maintenance")
+    FakeMachine::new()
+        .tag("PK-003")
+        .site("ams1")
+        .vendor("hpe")
+        .profile("xeon")
+        .status("maintenance")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, _) = app.insert_held(app.org.id, "ORD-4242", "PK-001", 900).await;
-    app.insert_held(app.org.id, "ORD-4243", "PK-002", 600).await;
+    let id = FakeHold::on("PK-001")
+        .order("ORD-4242")
+        .create(&app.pool, app.org.id)
+        .await;
+    FakeHold::on("PK-002")
+        .order("ORD-4243")
+        .hold_seconds(600)
+        .create(&app.pool, app.org.id)
+        .await;
     app.create_staff(app.org.id, "ana@acme.example", "support")
         .await;
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
@@ -456,10 +476,14 @@ async fn a_browser_watches_the_countdown_cancels_and_finds_who_did_it() {
     // the page says when it last read the list.
     d.goto(&app.url("/reservations")).await;
     let loaded_at = d.text("#live .refreshed-at").await;
-    app.insert_machine(app.org.id, "PK-004", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-004")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (late, _) = app
-        .insert_held(app.org.id, "ORD-LATER", "PK-004", 900)
+    let late = FakeHold::on("PK-004")
+        .order("ORD-LATER")
+        .create(&app.pool, app.org.id)
         .await;
     let deadline = Instant::now() + Duration::from_secs(60);
     while d

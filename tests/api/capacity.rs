@@ -7,6 +7,7 @@
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::helpers::{FakeHold, FakeMachine, InService};
 use crate::helpers::{PROFILE, SITE, TestApp, binary, spawn_app};
 
 async fn capacity(app: &TestApp, query: &str) -> (StatusCode, Value) {
@@ -71,16 +72,38 @@ async fn the_counts_of_every_pool_add_up() {
         ("A-1", "ams1", "epyc", "ready"),
         ("A-2", "ams1", "epyc", "ready"),
     ] {
-        app.insert_machine(org, tag, site, "dell", profile, status)
+        FakeMachine::new()
+            .tag(tag)
+            .site(site)
+            .profile(profile)
+            .status(status)
+            .create(&app.pool, org)
             .await;
     }
-    app.insert_machine(app.other.id, "O-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("O-1")
+        .profile("epyc")
+        .create(&app.pool, app.other.id)
         .await;
-    app.insert_held(org, "ORD-held", "E-2", 900).await;
-    app.insert_in_service(org, "ORD-sold", "E-3", "SRV-1").await;
-    let (overdue, _) = app.insert_held(org, "ORD-overdue", "E-5", 900).await;
+    FakeHold::on("E-2")
+        .order("ORD-held")
+        .create(&app.pool, org)
+        .await;
+    FakeHold::on("E-3")
+        .order("ORD-sold")
+        .state(InService)
+        .service_ref("SRV-1")
+        .create(&app.pool, org)
+        .await;
+    let overdue = FakeHold::on("E-5")
+        .order("ORD-overdue")
+        .create(&app.pool, org)
+        .await;
     app.make_overdue(overdue).await;
-    app.insert_held(org, "ORD-xeon", "X-2", 900).await;
+    FakeHold::on("X-2")
+        .order("ORD-xeon")
+        .create(&app.pool, org)
+        .await;
 
     let (status, body) = capacity(&app, "").await;
     assert_eq!(status, StatusCode::OK, "{body}");
@@ -129,10 +152,17 @@ async fn the_counts_of_every_pool_add_up() {
 async fn available_leaves_the_headroom_of_other_segments() {
     let app = spawn_app().await;
     for tag in ["H-1", "H-2", "H-3"] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
-    app.insert_machine(app.org.id, "H-4", "par1", "hpe", "epyc", "ready")
+    FakeMachine::new()
+        .tag("H-4")
+        .vendor("hpe")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     keep(&app, "par1", "epyc", "enterprise", 2).await;
     let available = async |query: &str| {
@@ -181,11 +211,19 @@ async fn alternatives_list_the_other_sites_most_available_first() {
     ] {
         for _ in 0..ready {
             n += 1;
-            app.insert_machine(app.org.id, &format!("S-{n}"), site, "dell", "epyc", "ready")
+            FakeMachine::new()
+                .tag(&format!("S-{n}"))
+                .site(site)
+                .profile("epyc")
+                .create(&app.pool, app.org.id)
                 .await;
         }
     }
-    app.insert_machine(app.org.id, "S-x", "lon1", "dell", "xeon", "ready")
+    FakeMachine::new()
+        .tag("S-x")
+        .site("lon1")
+        .profile("xeon")
+        .create(&app.pool, app.org.id)
         .await;
     keep(&app, "waw1", "epyc", "enterprise", 2).await;
 
@@ -231,7 +269,10 @@ async fn alternatives_list_the_other_sites_most_available_first() {
 async fn the_etag_stays_while_capacity_does_and_changes_after_a_reserve() {
     let app = spawn_app().await;
     for tag in ["T-1", "T-2"] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
     let get = async |tag: Option<&str>| {

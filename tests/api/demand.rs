@@ -16,7 +16,8 @@ use sqlx::Connection;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::helpers::{TestApp, hidden_field, migrated_db, spawn_app, test_settings};
+use crate::helpers::{FakeHold, FakeMachine};
+use crate::helpers::{hidden_field, migrated_db, spawn_app, test_settings};
 
 /// A refusal row: (org_id, reason, site, profile, vendor, excluded).
 type Row = (i64, String, String, String, Option<String>, Value);
@@ -33,20 +34,6 @@ async fn refusals(pool: &Db) -> Vec<Row> {
     .collect()
 }
 
-async fn reserve(app: &TestApp, token: &str, body: Value) -> (u16, Value) {
-    let r = app
-        .http
-        .post(app.url("/api/v1/reservations"))
-        .bearer_auth(token)
-        .json(&body)
-        .send()
-        .await
-        .expect("POST /reservations");
-    let status = r.status().as_u16();
-    let body = r.json().await.unwrap_or(Value::Null);
-    (status, body)
-}
-
 fn refused(metrics: &Metrics, reason: &str, site: &str, profile: &str) -> u64 {
     metrics
         .reservations_refused
@@ -60,25 +47,46 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
     let org = app.org.id;
     // For par1 / epyc / dell: one held, one in maintenance, one of another
     // vendor, one at another site, one of another profile.
-    app.insert_machine(org, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_held(org, "ORD-H", "PK-1", 900).await;
-    app.insert_machine(org, "PK-2", "par1", "dell", "epyc", "maintenance")
+    FakeHold::on("PK-1")
+        .order("ORD-H")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-3", "par1", "hp", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .status("maintenance")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-4", "fra1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-3")
+        .vendor("hp")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-5", "par1", "dell", "xeon", "ready")
+    FakeMachine::new()
+        .tag("PK-4")
+        .site("fra1")
+        .profile("epyc")
+        .create(&app.pool, org)
+        .await;
+    FakeMachine::new()
+        .tag("PK-5")
+        .profile("xeon")
+        .create(&app.pool, org)
         .await;
 
     // 409 unavailable: one row, with the counts the API answered.
-    let (status, body) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-U", "site": "par1", "profile": "epyc", "vendor": "dell"}),
-    )
-    .await;
+    let (status, body) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-U", "site": "par1", "profile": "epyc", "vendor": "dell"}),
+        )
+        .await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"], "unavailable");
     let expected = json!({"wrong_site": 1, "wrong_vendor": 1, "wrong_profile": 1,
@@ -104,12 +112,12 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
         .execute(&mut *tx)
         .await
         .expect("lock PK-3");
-    let (status, body) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-C", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, body) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-C", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"], "contended");
     tx.rollback().await.expect("release PK-3");
@@ -128,19 +136,19 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
     );
 
     // 201 (and its 200 replay) and 400s leave no row.
-    let (status, body) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, body) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 201, "{body}");
-    let (status, _) = reserve(
-        &app,
-        &app.org.token,
-        json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, _) = app
+        .reserve(
+            &app.org.token,
+            json!({"order_ref": "ORD-OK", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 200);
     for bad in [
         json!({"order_ref": "ORD-B1", "site": "par1"}),
@@ -148,18 +156,18 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
         json!({"order_ref": "ORD-B3", "site": "par1", "profile": "epyc", "colour": "red"}),
         json!({"order_ref": "", "site": "par1", "profile": "epyc"}),
     ] {
-        let (status, body) = reserve(&app, &app.org.token, bad.clone()).await;
+        let (status, body) = app.reserve(&app.org.token, bad.clone()).await;
         assert_eq!(status, 400, "{bad}: {body}");
     }
     assert_eq!(refusals(&app.pool).await.len(), 2, "only the two 409s");
 
     // Another organization's refusal is its own.
-    let (status, _) = reserve(
-        &app,
-        &app.other.token,
-        json!({"order_ref": "ORD-X", "site": "par1", "profile": "epyc"}),
-    )
-    .await;
+    let (status, _) = app
+        .reserve(
+            &app.other.token,
+            json!({"order_ref": "ORD-X", "site": "par1", "profile": "epyc"}),
+        )
+        .await;
     assert_eq!(status, 409);
     let rows = refusals(&app.pool).await;
     assert_eq!(rows.len(), 3);
@@ -185,17 +193,23 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
 #[tokio::test]
 async fn metric_labels_are_bounded_by_the_inventory() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "maintenance")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .status("maintenance")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(app.other.id, "OT-1", "fra1", "hp", "xeon", "maintenance")
+    FakeMachine::new()
+        .tag("OT-1")
+        .site("fra1")
+        .vendor("hp")
+        .profile("xeon")
+        .status("maintenance")
+        .create(&app.pool, app.other.id)
         .await;
     // Twenty made-up sites and profiles: each a refusal, none a label.
     for i in 0..20 {
-        let (status, _) = reserve(
-            &app,
-            &app.org.token,
-            json!({"order_ref": format!("ORD-{i}"), "site": format!("nowhere-{i}"), "profile": format!("p-{i}")}),
-        )
+        let (status, _) = app.reserve(&app.org.token, json!({"order_ref": format!("ORD-{i}"), "site": format!("nowhere-{i}"), "profile": format!("p-{i}")}))
         .await;
         assert_eq!(status, 409);
     }
@@ -206,12 +220,12 @@ async fn metric_labels_are_bounded_by_the_inventory() {
         ("ORD-B", "par1", "epyc"),
         ("ORD-C", "fra1", "xeon"),
     ] {
-        let (status, _) = reserve(
-            &app,
-            &app.org.token,
-            json!({"order_ref": order, "site": site, "profile": profile}),
-        )
-        .await;
+        let (status, _) = app
+            .reserve(
+                &app.org.token,
+                json!({"order_ref": order, "site": site, "profile": profile}),
+            )
+            .await;
         assert_eq!(status, 409);
     }
     assert_eq!(refused(&app.metrics, "unavailable", OTHER, OTHER), 20);
@@ -244,7 +258,12 @@ async fn the_known_set_is_read_once_and_again_on_refresh() {
         labels.labels(&pool, "par1", "r650").await,
         ("par1".to_owned(), "r650".to_owned())
     );
-    crate::helpers::machine(&pool, org, "new-1", "ams1", "dell", "gpu", "ready").await;
+    FakeMachine::new()
+        .tag("new-1")
+        .site("ams1")
+        .profile("gpu")
+        .create(&pool, org)
+        .await;
     // Within LABELS_MAX_AGE the set is not read again: no query per refusal.
     assert_eq!(
         labels.labels(&pool, "ams1", "gpu").await,
@@ -418,14 +437,32 @@ async fn the_demand_page_lists_the_most_refused_specs_with_a_why_not_link() {
 async fn the_overview_shows_unavailable_refusals_per_site_and_profile_beside_sellable_stock() {
     let app = spawn_app().await;
     let org = app.org.id;
-    app.insert_machine(org, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-2", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .create(&app.pool, org)
         .await;
-    app.insert_held(org, "ORD-H", "PK-2", 900).await;
-    app.insert_machine(org, "PK-3", "par1", "dell", "epyc", "broken")
+    FakeHold::on("PK-2")
+        .order("ORD-H")
+        .create(&app.pool, org)
         .await;
-    app.insert_machine(org, "PK-4", "fra1", "hp", "xeon", "ready")
+    FakeMachine::new()
+        .tag("PK-3")
+        .profile("epyc")
+        .status("broken")
+        .create(&app.pool, org)
+        .await;
+    FakeMachine::new()
+        .tag("PK-4")
+        .site("fra1")
+        .vendor("hp")
+        .profile("xeon")
+        .create(&app.pool, org)
         .await;
     for ago in [
         "30 minutes",

@@ -13,6 +13,7 @@ use poolkeeper::sweep;
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{TestApp, binary, spawn_app_with};
 
 async fn expiring_events(pool: &Db, id: i64) -> Vec<(String, Option<String>, Option<i64>)> {
@@ -29,7 +30,10 @@ async fn expiring_events(pool: &Db, id: i64) -> Vec<(String, Option<String>, Opt
 async fn app() -> TestApp {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     for tag in ["EW-1", "EW-2", "EW-3"] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
     app
@@ -49,8 +53,15 @@ async fn a_hold_is_warned_once_per_deadline_and_an_extension_rearms_it() {
         .expect("webhook");
     assert_eq!(r.status().as_u16(), 201);
     // Within the default 2 minutes of its deadline, and far from it.
-    let (soon, soon_fence) = app.insert_held(app.org.id, "EW-SOON", "EW-1", 60).await;
-    let (later, _) = app.insert_held(app.org.id, "EW-LATER", "EW-2", 900).await;
+    let (soon, soon_fence) = FakeHold::on("EW-1")
+        .order("EW-SOON")
+        .hold_seconds(60)
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
+    let later = FakeHold::on("EW-2")
+        .order("EW-LATER")
+        .create(&app.pool, app.org.id)
+        .await;
     let mandate = match lease::claim(&app.pool, SWEEP_KEY, "warner", Duration::from_secs(60))
         .await
         .expect("claim")
@@ -109,7 +120,11 @@ async fn a_hold_is_warned_once_per_deadline_and_an_extension_rearms_it() {
         .execute(&app.pool)
         .await
         .expect("no warning");
-    let (quiet, _) = app.insert_held(app.org.id, "EW-QUIET", "EW-3", 30).await;
+    let quiet = FakeHold::on("EW-3")
+        .order("EW-QUIET")
+        .hold_seconds(30)
+        .create(&app.pool, app.org.id)
+        .await;
     assert_eq!(warn().await.expect("warn"), 0);
     assert!(expiring_events(&app.pool, quiet).await.is_empty());
 
@@ -177,7 +192,11 @@ async fn the_warning_arrives_once_when_the_sweep_holder_is_killed() {
     // SAFETY: a plain signal to our own child.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
     let _ = killed.wait().await;
-    let (id, _) = app.insert_held(app.org.id, "EW-KILL", "EW-1", 90).await;
+    let id = FakeHold::on("EW-1")
+        .order("EW-KILL")
+        .hold_seconds(90)
+        .create(&app.pool, app.org.id)
+        .await;
     let survivor = replicas[0].0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while expiring_events(&app.pool, id).await.is_empty() {

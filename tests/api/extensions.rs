@@ -14,7 +14,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::helpers::{PROFILE, SITE, machine};
+use crate::helpers::FakeMachine;
+use crate::helpers::{PROFILE, SITE};
 use crate::helpers::{create_org, migrated_db, spawn_app, spawn_app_with};
 use crate::orders_of_several::order;
 
@@ -47,7 +48,7 @@ async fn extend(
 
 /// A held reservation of one new machine; its id and fence.
 async fn held(pool: &Db, org_id: i64, tag: &str) -> Named {
-    machine(pool, org_id, tag, SITE, "dell", PROFILE, "ready").await;
+    FakeMachine::new().tag(tag).create(pool, org_id).await;
     match allocator::reserve(pool, org_id, &order(&format!("ORD-{tag}"), 1))
         .await
         .expect("reserve")
@@ -81,16 +82,10 @@ async fn extend_over_http() {
         .await
         .expect("a webhook");
     for i in 0..4 {
-        machine(
-            &app.pool,
-            app.org.id,
-            &format!("OK-{i}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OK-{i}"))
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let (status, r) = app
         .post_json(

@@ -21,7 +21,8 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
 use crate::ha_cluster::{HaCluster, TTL_SECONDS, signal};
-use crate::replicas::Replica;
+use crate::helpers::replicas::Replica;
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::soak::{Created, SoakReport, check_invariants, check_told};
 use crate::webhooks::Receiver;
 
@@ -1185,9 +1186,15 @@ fn render(r: &Rendered<'_>) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_connection_is_lost_gets_503_outcome_unknown_and_its_retry_tells() {
     let app = crate::helpers::spawn_app().await;
-    app.insert_machine(app.org.id, "FO-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("FO-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-FO-1", "FO-1", 900).await;
+    let (id, fence) = FakeHold::on("FO-1")
+        .order("ORD-FO-1")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let mut conformance = crate::openapi::Conformance::new(&app).await;
 
     // Hold the machine row: the cancel's statement blocks on it, sent.
@@ -1274,7 +1281,10 @@ async fn a_write_whose_connection_is_lost_gets_503_outcome_unknown_and_its_retry
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_server_is_never_handed_out_and_the_request_gets_503() {
     let app = crate::helpers::spawn_app().await;
-    app.insert_machine(app.org.id, "RO-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("RO-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     let name = &app.db.name;
     let mut admin = app.db.connection().await;
@@ -1344,11 +1354,20 @@ async fn a_read_only_server_is_never_handed_out_and_the_request_gets_503() {
 async fn a_transition_replayed_with_its_fence_answers_what_it_did() {
     let app = crate::helpers::spawn_app().await;
     for tag in ["RP-1", "RP-2"] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
-    let (converted, fence_c) = app.insert_held(app.org.id, "ORD-RP-1", "RP-1", 900).await;
-    let (cancelled, fence_x) = app.insert_held(app.org.id, "ORD-RP-2", "RP-2", 900).await;
+    let (converted, fence_c) = FakeHold::on("RP-1")
+        .order("ORD-RP-1")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
+    let (cancelled, fence_x) = FakeHold::on("RP-2")
+        .order("ORD-RP-2")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let post = |token: &str, path: String, body: Value| {
         let req = app
             .http

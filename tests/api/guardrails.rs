@@ -12,6 +12,7 @@ use poolkeeper::db::Db;
 use poolkeeper::lease::{self, Claim, SWEEP_KEY};
 use serde_json::{Value, json};
 
+use crate::helpers::{FakeHold, FakeMachine, InService};
 use crate::helpers::{STAFF_PASSWORD, StaffClient, TestApp, binary, spawn_app, spawn_app_with};
 
 static SEQ: AtomicU32 = AtomicU32::new(1);
@@ -198,17 +199,16 @@ struct World {
 
 impl World {
     async fn new(app: &TestApp) -> World {
-        app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag("PK-1")
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
-        app.insert_machine(
-            app.other.id,
-            "OT-1",
-            "par1",
-            "dell",
-            "other-profile",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag("OT-1")
+            .profile("other-profile")
+            .create(&app.pool, app.other.id)
+            .await;
         app.create_staff(app.other.id, "root@other.example", "admin")
             .await;
         World {
@@ -244,10 +244,16 @@ fn email_of(who: Who) -> &'static str {
 async fn fresh_held(app: &TestApp) -> (i64, i64, String) {
     let n = next();
     let tag = format!("MX-{n}");
-    app.insert_machine(app.org.id, &tag, "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag(&tag)
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     let order = format!("ORD-M{n}");
-    let (id, fence) = app.insert_held(app.org.id, &order, &tag, 900).await;
+    let (id, fence) = FakeHold::on(&tag)
+        .order(&order)
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     (id, fence, order)
 }
 
@@ -289,7 +295,10 @@ async fn dashboard_cell(
             // A machine of this organization: another's admin names a
             // machine it does not have (409, nothing written).
             let tag = format!("SC-{n}");
-            app.insert_machine(app.org.id, &tag, "par1", "dell", "epyc", "ready")
+            FakeMachine::new()
+                .tag(&tag)
+                .profile("epyc")
+                .create(&app.pool, app.org.id)
                 .await;
             if m == "get" {
                 concrete = format!("/status-changes?tags={tag}&status=maintenance");
@@ -498,7 +507,11 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
         ("/api/v1/machines", _) => ("/api/v1/machines".into(), None),
         ("/api/v1/machines/{asset_tag}", "put") => {
             let tag = format!("PUT-{n}");
-            app.insert_machine(app.org.id, &tag, "par1", "dell", "epyc", "maintenance")
+            FakeMachine::new()
+                .tag(&tag)
+                .profile("epyc")
+                .status("maintenance")
+                .create(&app.pool, app.org.id)
                 .await;
             (
                 format!("/api/v1/machines/{tag}"),
@@ -510,7 +523,10 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
         ("/api/v1/machines/{asset_tag}", _) => ("/api/v1/machines/PK-1".into(), None),
         ("/api/v1/status-changes", _) => {
             let tag = format!("SC-{n}");
-            app.insert_machine(app.org.id, &tag, "par1", "dell", "epyc", "ready")
+            FakeMachine::new()
+                .tag(&tag)
+                .profile("epyc")
+                .create(&app.pool, app.org.id)
                 .await;
             (
                 "/api/v1/status-changes".into(),
@@ -530,15 +546,11 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
         ),
         ("/api/v1/reservations", "post") => {
             let profile = format!("p{n}");
-            app.insert_machine(
-                app.org.id,
-                &format!("RV-{n}"),
-                "par1",
-                "dell",
-                &profile,
-                "ready",
-            )
-            .await;
+            FakeMachine::new()
+                .tag(&format!("RV-{n}"))
+                .profile(&profile)
+                .create(&app.pool, app.org.id)
+                .await;
             (
                 "/api/v1/reservations".into(),
                 Some(
@@ -574,10 +586,16 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
         }
         ("/api/v1/services/{id}/end", _) => {
             let tag = format!("SV-{n}");
-            app.insert_machine(app.org.id, &tag, "par1", "dell", "epyc", "ready")
+            FakeMachine::new()
+                .tag(&tag)
+                .profile("epyc")
+                .create(&app.pool, app.org.id)
                 .await;
-            let rid = app
-                .insert_in_service(app.org.id, &format!("ORD-S{n}"), &tag, &format!("SRV-S{n}"))
+            let rid = FakeHold::on(&tag)
+                .order(&format!("ORD-S{n}"))
+                .state(InService)
+                .service_ref(&format!("SRV-S{n}"))
+                .create(&app.pool, app.org.id)
                 .await;
             let link: i64 =
                 sqlx::query_scalar("SELECT id FROM service_links WHERE reservation_id = $1")
@@ -818,24 +836,45 @@ async fn row_counts(pool: &Db) -> Vec<(String, i64)> {
 /// Every module action, page and API call is refused while a switch is off,
 /// and writes nothing; the sweep still expires overdue reservations.
 async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (held, fence) = app.insert_held(app.org.id, "ORD-H", "PK-1", 900).await;
-    app.insert_machine(app.org.id, "PK-2", "par1", "dell", "epyc", "ready")
+    let (held, fence) = FakeHold::on("PK-1")
+        .order("ORD-H")
+        .create_with_fence(&app.pool, app.org.id)
         .await;
-    let (overdue, _) = app.insert_held(app.org.id, "ORD-O", "PK-2", 900).await;
+    FakeMachine::new()
+        .tag("PK-2")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
+        .await;
+    let overdue = FakeHold::on("PK-2")
+        .order("ORD-O")
+        .create(&app.pool, app.org.id)
+        .await;
     app.make_overdue(overdue).await;
-    app.insert_machine(app.org.id, "PK-3", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-3")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let service = app
-        .insert_in_service(app.org.id, "ORD-S", "PK-3", "SRV-1")
+    let service = FakeHold::on("PK-3")
+        .order("ORD-S")
+        .state(InService)
+        .service_ref("SRV-1")
+        .create(&app.pool, app.org.id)
         .await;
     let link: i64 = sqlx::query_scalar("SELECT id FROM service_links WHERE reservation_id = $1")
         .bind(service)
         .fetch_one(&app.pool)
         .await
         .expect("link");
-    app.insert_machine(app.org.id, "PK-4", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-4")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     let admin = app.staff("ada@acme.example", "admin").await;
     let support = app.staff("sam@acme.example", "support").await;
@@ -1726,9 +1765,15 @@ async fn the_audit_page_shows_actions_and_logins_newest_first_in_pages() {
         401
     );
     let admin = app.staff("ada@acme.example", "admin").await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-1", "PK-1", 900).await;
+    let (id, fence) = FakeHold::on("PK-1")
+        .order("ORD-1")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let support = app.logged_in("ana@acme.example").await;
     let csrf = support.csrf().await;
     let r = support

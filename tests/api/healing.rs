@@ -542,17 +542,6 @@ async fn hold_now(app: &TestApp, id: &Value) -> (String, String, String, String)
     .expect("hold")
 }
 
-async fn reserve_spec(app: &TestApp, order: &str, vendor: Option<&str>) -> Value {
-    let (status, held) = app
-        .post_json(
-            "/api/v1/reservations",
-            json!({"order_ref": order, "site": SITE, "profile": PROFILE, "vendor": vendor}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{held}");
-    held
-}
-
 /// R15 for hardware: a PUT that changes a held machine's site, profile or
 /// the vendor its order named moves the hold to an equivalent machine, as
 /// a status change does, and the order converts there; with no equivalent
@@ -563,7 +552,12 @@ async fn a_hold_whose_machine_changes_hardware_moves_or_its_order_is_cancelled()
     let app = spawn_app().await;
     webhook(&app).await;
     ready(&app, "PK-03").await;
-    let held = reserve_spec(&app, "ORD-1", Some("dell")).await;
+    let held = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-1", "site": SITE, "profile": PROFILE, "vendor": "dell"}),
+        )
+        .await;
     ready(&app, "PK-04").await;
     let r = app
         .put_machine(&app.org.token, "PK-03", "ams9", "hpe", "tiny-vm", "ready")
@@ -598,7 +592,12 @@ async fn a_hold_whose_machine_changes_hardware_moves_or_its_order_is_cancelled()
 
     // No equivalent machine: the order is cancelled whole, by the PUT's token.
     ready(&app, "PK-05").await;
-    let alone = reserve_spec(&app, "ORD-2", Some("dell")).await;
+    let alone = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-2", "site": SITE, "profile": PROFILE, "vendor": "dell"}),
+        )
+        .await;
     let r = app
         .put_machine(&app.org.token, "PK-05", SITE, "hpe", PROFILE, "ready")
         .await;
@@ -618,7 +617,12 @@ async fn a_hold_whose_machine_changes_hardware_moves_or_its_order_is_cancelled()
     // Any vendor: the new vendor still matches, so nothing moves.
     set_status(&app, "PK-05", "retired").await;
     ready(&app, "PK-06").await;
-    let any = reserve_spec(&app, "ORD-3", None).await;
+    let any = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-3", "site": SITE, "profile": PROFILE, "vendor": null}),
+        )
+        .await;
     let before = written(&app).await;
     let r = app
         .put_machine(&app.org.token, "PK-06", SITE, "hpe", PROFILE, "ready")
@@ -641,7 +645,12 @@ async fn converting_a_machine_that_no_longer_matches_the_order_is_refused() {
     let app = spawn_app().await;
     healing_off(&app).await;
     ready(&app, "D-1").await;
-    let held = reserve_spec(&app, "O-1", Some("dell")).await;
+    let held = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "O-1", "site": SITE, "profile": PROFILE, "vendor": "dell"}),
+        )
+        .await;
     for (site, vendor, profile) in [
         ("ams9", "dell", PROFILE),
         (SITE, "hpe", PROFILE),

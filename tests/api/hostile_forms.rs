@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use scraper::{ElementRef, Html, Selector};
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{StaffClient, TestApp, hidden_field, spawn_app};
 
 fn sel(s: &str) -> Selector {
@@ -621,9 +622,15 @@ async fn every_form_survives_hostile_values_as_every_role() {
 #[tokio::test]
 async fn a_reason_typed_on_several_lines_cancels() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "PK-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("PK-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-1", "PK-1", 900).await;
+    let (id, fence) = FakeHold::on("PK-1")
+        .order("ORD-1")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let c = app.staff("ana@acme.example", "support").await;
     let csrf = c.csrf().await;
     let r = c

@@ -102,17 +102,6 @@ async fn machines_of(app: &TestApp, order: &str) -> Vec<String> {
     .expect("machines of the order")
 }
 
-async fn reserve(app: &TestApp, order: &str, quantity: u8) -> Value {
-    let (status, body) = app
-        .post_json(
-            "/api/v1/reservations",
-            json!({"order_ref": order, "site": SITE, "profile": PROFILE, "quantity": quantity}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    body
-}
-
 /// Two racks, A with a machine of order O and one of order P, B with the
 /// other machine of each, into maintenance at once. A session holds the
 /// rows of both orders until both changes wait; each change then needs
@@ -201,7 +190,12 @@ async fn a_convert_whose_hold_moves_while_it_waits_sells_where_the_hold_is() {
         );
         ready(&app, &old).await;
         let order = format!("C-{round}");
-        let hold = reserve(&app, &order, 1).await;
+        let hold = app
+            .reserve_created(
+                &app.org.token,
+                json!({"order_ref": &order, "site": SITE, "profile": PROFILE, "quantity": 1}),
+            )
+            .await;
         ready(&app, &spare).await;
         let mut first = app.pool.begin().await.expect("first change");
         sqlx::query("UPDATE machines SET status = 'maintenance' WHERE asset_tag = $1")
@@ -287,7 +281,7 @@ async fn a_rack_into_maintenance_heals_eighty_holds_without_a_subtransaction_eac
     )
     .await;
     for i in 1..=HOLDS {
-        reserve(&app, &format!("S-{i:03}"), 1).await;
+        app.reserve_created(&app.org.token, json!({"order_ref": &format!("S-{i:03}"), "site": SITE, "profile": PROFILE, "quantity": 1})).await;
     }
     generated_machines(
         &app.pool,

@@ -20,6 +20,7 @@ use sqlx::Connection;
 use poolkeeper::metrics::Metrics;
 use poolkeeper::startup::{AppState, Application};
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{STAFF_PASSWORD, StaffClient, TestApp, spawn_app_with};
 
 /// No standby of this name ever connects: a commit that waits for it
@@ -180,7 +181,10 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
         "RT-1", "RT-2", "RT-3", "RT-4", "RT-5", "RT-6", "RT-7", "RT-8", "RT-9", "RT-10", "RT-11",
         "RT-12",
     ] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
     // Reservations to act on, made on the ordinary server.
@@ -538,12 +542,24 @@ struct Form {
 async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made() {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     for tag in ["DL-1", "DL-2", "DL-3", "DL-4"] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
-    let (to_cancel, cancel_fence) = app.insert_held(app.org.id, "DL-CANCEL", "DL-1", 900).await;
-    let (to_convert, convert_fence) = app.insert_held(app.org.id, "DL-CONVERT", "DL-2", 900).await;
-    let (to_extend, extend_fence) = app.insert_held(app.org.id, "DL-EXTEND", "DL-3", 900).await;
+    let (to_cancel, cancel_fence) = FakeHold::on("DL-1")
+        .order("DL-CANCEL")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
+    let (to_convert, convert_fence) = FakeHold::on("DL-2")
+        .order("DL-CONVERT")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
+    let (to_extend, extend_fence) = FakeHold::on("DL-3")
+        .order("DL-EXTEND")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     let admin = app.staff("boss@acme.example", "admin").await;
     for (email, role) in [
         ("late@acme.example", "support"),

@@ -5,6 +5,7 @@
 
 use scraper::{Html, Selector};
 
+use crate::helpers::{FakeHold, FakeMachine, InService};
 use crate::helpers::{TestApp, spawn_app};
 
 fn sel(s: &str) -> Selector {
@@ -73,14 +74,31 @@ async fn pool(app: &TestApp) -> (i64, i64) {
         ("PK-007", "par1", "dell", "epyc", "ready"),
         ("PK-008", "fra1", "supermicro", "epyc", "broken"),
     ] {
-        app.insert_machine(org, tag, site, vendor, profile, status)
+        FakeMachine::new()
+            .tag(tag)
+            .site(site)
+            .vendor(vendor)
+            .profile(profile)
+            .status(status)
+            .create(&app.pool, org)
             .await;
     }
-    let sold = app
-        .insert_in_service(org, "ORD-SOLD", "PK-006", "SRV-6")
+    let sold = FakeHold::on("PK-006")
+        .order("ORD-SOLD")
+        .state(InService)
+        .service_ref("SRV-6")
+        .create(&app.pool, org)
         .await;
-    let (held, _) = app.insert_held(org, "ORD-HELD", "PK-007", 900).await;
-    app.insert_machine(app.other.id, "OT-1", "lon9", "lenovo", "arm", "ready")
+    let held = FakeHold::on("PK-007")
+        .order("ORD-HELD")
+        .create(&app.pool, org)
+        .await;
+    FakeMachine::new()
+        .tag("OT-1")
+        .site("lon9")
+        .vendor("lenovo")
+        .profile("arm")
+        .create(&app.pool, app.other.id)
         .await;
     (held, sold)
 }
@@ -246,9 +264,16 @@ async fn csv_exports_hold_what_the_pages_list_with_their_filters() {
     let app = spawn_app().await;
     pool(&app).await;
     // A spreadsheet would run a cell starting with '-' as a formula.
-    app.insert_machine(app.org.id, "-2+3", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("-2+3")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_held(app.org.id, "-HYPER", "-2+3", 600).await;
+    FakeHold::on("-2+3")
+        .order("-HYPER")
+        .hold_seconds(600)
+        .create(&app.pool, app.org.id)
+        .await;
     let c = app.staff("dc@acme.example", "viewer").await;
     let get_csv = |path: String| {
         let c = &c;
@@ -376,7 +401,8 @@ async fn the_list_stays_on_indexes_at_50000_machines() {
         },
     )
     .await;
-    // 1,000 held and 1,000 sold, spread over the pool.
+    // 1,000 held and 1,000 sold, spread over the pool, in one statement
+    // (FakeHold writes one row per statement).
     sqlx::query(
         "WITH held AS (
             INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)

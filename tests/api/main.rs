@@ -35,7 +35,6 @@ mod orders;
 mod orders_of_several;
 mod pgbouncer;
 mod privilege;
-mod replicas;
 mod rolling;
 mod schema;
 mod soak;

@@ -12,6 +12,7 @@ use reqwest::StatusCode;
 use serde_json::json;
 use tokio::sync::Barrier;
 
+use crate::helpers::FakeMachine;
 use crate::helpers::{spawn_app, test_settings};
 
 /// The pool gauge of the machine the access tests insert.
@@ -41,7 +42,10 @@ async fn get_metrics(app: &crate::helpers::TestApp, token: Option<&str>) -> (u16
 #[tokio::test]
 async fn only_a_metrics_token_reads_metrics_on_the_main_listener() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "ST-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("ST-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     let (status, challenge, body) = get_metrics(&app, None).await;
     assert_eq!((status, challenge.as_str()), (401, "Bearer"), "{body}");
@@ -103,7 +107,11 @@ async fn metrics_bind_serves_metrics_alone_and_the_main_port_does_not() {
     let db = crate::helpers::migrated_db().await;
     let pool = db.pool().await;
     let org = crate::helpers::create_org(&pool, "acme", true).await;
-    crate::helpers::machine(&pool, org.id, "ST-1", "par1", "dell", "epyc", "ready").await;
+    FakeMachine::new()
+        .tag("ST-1")
+        .profile("epyc")
+        .create(&pool, org.id)
+        .await;
     let mut settings = test_settings();
     settings.metrics_bind = Some("127.0.0.1:0".parse().expect("address"));
     let app = Application::build(AppState::new(settings, pool, Metrics::new())).expect("build");
@@ -167,7 +175,10 @@ fn grew(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>, key: &str
 #[tokio::test]
 async fn the_counters_count_requests_outcomes_and_the_pool() {
     let app = spawn_app().await;
-    app.insert_machine(app.org.id, "MX-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("MX-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     let before = scrape(&app).await;
     let reserve = |order: &'static str| {
@@ -247,15 +258,13 @@ async fn the_counters_count_requests_outcomes_and_the_pool() {
 async fn ten_replicas_read_the_database_numbers_once_per_interval() {
     let app = spawn_app().await;
     for i in 0..3 {
-        app.insert_machine(
-            app.org.id,
-            &format!("TR-{i}"),
-            "ams1",
-            "hpe",
-            "xeon",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("TR-{i}"))
+            .site("ams1")
+            .vendor("hpe")
+            .profile("xeon")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let pool = app.db.pool().await;
     let replicas: Vec<Metrics> = (0..10).map(|_| Metrics::new()).collect();
@@ -298,12 +307,23 @@ async fn the_pool_gauges_say_the_headroom_and_what_is_available() {
     let app = spawn_app().await;
     let other = crate::helpers::create_org(&app.pool, "rival", true).await;
     for tag in ["HR-1", "HR-2", "HR-3"] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
-    app.insert_machine(app.org.id, "HR-4", "par1", "dell", "epyc", "broken")
+    FakeMachine::new()
+        .tag("HR-4")
+        .profile("epyc")
+        .status("broken")
+        .create(&app.pool, app.org.id)
         .await;
-    app.insert_machine(other.id, "HR-5", "par1", "hpe", "epyc", "ready")
+    FakeMachine::new()
+        .tag("HR-5")
+        .vendor("hpe")
+        .profile("epyc")
+        .create(&app.pool, other.id)
         .await;
     let put = app
         .http

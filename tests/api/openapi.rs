@@ -2,6 +2,7 @@
 
 use serde_json::Value;
 
+use crate::helpers::FakeMachine;
 use crate::helpers::spawn_app;
 
 #[tokio::test]
@@ -505,15 +506,11 @@ async fn real_answers_validate_against_the_documented_schemas() {
     const ORDER_CANCEL: &str = "/api/v1/orders/{order_ref}/cancel";
     const ORDER_EXTEND: &str = "/api/v1/orders/{order_ref}/extend";
     for i in 0..5 {
-        app.insert_machine(
-            app.org.id,
-            &format!("OQ-{i}"),
-            "par1",
-            "dell",
-            "quad",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OQ-{i}"))
+            .profile("quad")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let one = c
         .check(

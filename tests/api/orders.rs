@@ -7,7 +7,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::helpers::{PROFILE, SITE, decoys, machine};
+use crate::helpers::FakeMachine;
+use crate::helpers::{PROFILE, SITE, decoys};
 use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 
 fn reserve_body(order_ref: &str) -> Value {
@@ -48,18 +49,6 @@ impl TestApp {
         (status, r.json().await.unwrap_or(Value::Null))
     }
 
-    async fn reserve(&self, order_ref: &str) -> (StatusCode, Value) {
-        let r = self
-            .post(
-                &self.org.token,
-                "/api/v1/reservations",
-                &reserve_body(order_ref),
-            )
-            .await;
-        let status = r.status();
-        (status, r.json().await.expect("json body"))
-    }
-
     /// Rows written by the orders API, to prove that a refusal wrote nothing.
     async fn written(&self) -> (i64, i64, i64) {
         sqlx::query_as(
@@ -98,7 +87,7 @@ async fn reserve_replay_read_convert_and_end_a_service() {
         .put_machine(&app.org.token, "PK-1", SITE, "dell", PROFILE, "ready")
         .await;
     assert_eq!(r.status(), 201);
-    let (status, body) = app.reserve("ORD-1").await;
+    let (status, body) = app.reserve(&app.org.token, reserve_body("ORD-1")).await;
     assert_eq!(status, 201, "{body}");
     for k in [
         "id",
@@ -142,7 +131,7 @@ async fn reserve_replay_read_convert_and_end_a_service() {
     assert_eq!(frozen.2, body["reason"].as_str().unwrap_or_default());
 
     // Replay: 200, the same reservation.
-    let (status, again) = app.reserve("ORD-1").await;
+    let (status, again) = app.reserve(&app.org.token, reserve_body("ORD-1")).await;
     assert_eq!(status, 200);
     assert_eq!(again["id"], id);
     let (status, got) = app
@@ -202,7 +191,7 @@ async fn reserve_replay_read_convert_and_end_a_service() {
         );
     }
     // The machine is in service: a new order finds nothing.
-    let (status, body) = app.reserve("ORD-2").await;
+    let (status, body) = app.reserve(&app.org.token, reserve_body("ORD-2")).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("unavailable"))
@@ -257,7 +246,7 @@ async fn reserve_replay_read_convert_and_end_a_service() {
         "provisioning",
     )
     .await;
-    let (status, body) = app.reserve("ORD-3").await;
+    let (status, body) = app.reserve(&app.org.token, reserve_body("ORD-3")).await;
     assert_eq!(
         (status, body["excluded"]["not_ready"].as_i64()),
         (StatusCode::CONFLICT, Some(1))
@@ -293,9 +282,9 @@ async fn overdue_stale_and_cancelled_reservations_get_their_codes() {
         app.put_machine(&app.org.token, tag, SITE, "dell", PROFILE, "ready")
             .await;
     }
-    let (_, a) = app.reserve("ORD-A").await;
-    let (_, b) = app.reserve("ORD-B").await;
-    let (_, c) = app.reserve("ORD-C").await;
+    let (_, a) = app.reserve(&app.org.token, reserve_body("ORD-A")).await;
+    let (_, b) = app.reserve(&app.org.token, reserve_body("ORD-B")).await;
+    let (_, c) = app.reserve(&app.org.token, reserve_body("ORD-C")).await;
     let id = |v: &Value| v["id"].as_i64().expect("id");
     let fence = |v: &Value| v["fence"].as_i64().expect("fence");
 
@@ -379,7 +368,7 @@ async fn overdue_stale_and_cancelled_reservations_get_their_codes() {
     assert_eq!(r.status(), 200);
     let body: Value = r.json().await.expect("json");
     assert_eq!(body["state"], "cancelled");
-    let (status, replay) = app.reserve("ORD-C").await;
+    let (status, replay) = app.reserve(&app.org.token, reserve_body("ORD-C")).await;
     assert_eq!(status, 200);
     assert_eq!(
         (
@@ -428,7 +417,7 @@ async fn overdue_stale_and_cancelled_reservations_get_their_codes() {
     assert_eq!(events["events"][1]["actor"], "conversion");
 
     // The machines of the ended reservations are free again.
-    let (status, _) = app.reserve("ORD-D").await;
+    let (status, _) = app.reserve(&app.org.token, reserve_body("ORD-D")).await;
     assert_eq!(status, 201);
 }
 
@@ -439,16 +428,10 @@ async fn eight_concurrent_http_orders_on_three_machines() {
     let app = Arc::new(spawn_app().await);
     decoys(&app.pool, app.org.id).await;
     for i in 0..3 {
-        machine(
-            &app.pool,
-            app.org.id,
-            &format!("OK-{i}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OK-{i}"))
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let barrier = Arc::new(Barrier::new(8));
     let mut tasks = Vec::new();
@@ -518,7 +501,7 @@ async fn bad_input_on_every_order_endpoint_is_400_invalid_and_writes_nothing() {
         .await;
     app.put_machine(&app.org.token, "PK-2", SITE, "dell", PROFILE, "ready")
         .await;
-    let (_, held) = app.reserve("ORD-HELD").await;
+    let (_, held) = app.reserve(&app.org.token, reserve_body("ORD-HELD")).await;
     let id = held["id"].as_i64().expect("id");
     let fence = held["fence"].as_i64().expect("fence");
     let with = |k: &str, v: Value| {
@@ -666,12 +649,12 @@ async fn another_organizations_objects_are_404() {
     let app = spawn_app().await;
     app.put_machine(&app.org.token, "PK-1", SITE, "dell", PROFILE, "ready")
         .await;
-    let (_, res) = app.reserve("ORD-1").await;
+    let (_, res) = app.reserve(&app.org.token, reserve_body("ORD-1")).await;
     let id = res["id"].as_i64().expect("id");
     let fence = res["fence"].as_i64().expect("fence");
     app.put_machine(&app.org.token, "PK-2", SITE, "dell", PROFILE, "ready")
         .await;
-    let (_, sold) = app.reserve("ORD-2").await;
+    let (_, sold) = app.reserve(&app.org.token, reserve_body("ORD-2")).await;
     let r = app
         .post(
             &app.org.token,
@@ -797,16 +780,10 @@ async fn orders_endpoints_need_the_module_and_the_orders_scope() {
 async fn five_concurrent_http_requests_with_one_order_ref() {
     let app = Arc::new(spawn_app().await);
     for i in 0..4 {
-        machine(
-            &app.pool,
-            app.org.id,
-            &format!("OK-{i}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OK-{i}"))
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let barrier = Arc::new(Barrier::new(5));
     let mut tasks = Vec::new();

@@ -13,7 +13,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
-use crate::helpers::{PROFILE, SITE, decoys, machine, race, request};
+use crate::helpers::FakeMachine;
+use crate::helpers::{PROFILE, SITE, decoys, race, request};
 use crate::helpers::{create_org, migrated_db, spawn_app};
 
 /// `request` for an order of `n` machines.
@@ -29,16 +30,10 @@ async fn eligible(pool: &Db, org_id: i64, n: usize) -> Vec<i64> {
     let mut ids = Vec::new();
     for i in 0..n {
         ids.push(
-            machine(
-                pool,
-                org_id,
-                &format!("OK-{i}"),
-                SITE,
-                "dell",
-                PROFILE,
-                "ready",
-            )
-            .await,
+            FakeMachine::new()
+                .tag(&format!("OK-{i}"))
+                .create(pool, org_id)
+                .await,
         );
     }
     ids
@@ -580,16 +575,10 @@ async fn an_overdue_order_expires_whole_at_the_point_of_use() {
 async fn an_order_of_three_over_http() {
     let app = spawn_app().await;
     for i in 0..4 {
-        machine(
-            &app.pool,
-            app.org.id,
-            &format!("OK-{i}"),
-            SITE,
-            "dell",
-            PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("OK-{i}"))
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let body =
         |q: Value| json!({"order_ref": "ORD-3", "site": SITE, "profile": PROFILE, "quantity": q});

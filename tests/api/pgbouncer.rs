@@ -33,8 +33,9 @@ use sqlx::{Connection, PgConnection};
 
 use serde_json::{Value, json};
 
+use crate::helpers::replicas::{Replica, wait_lease};
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{TestDb, create_org};
-use crate::replicas::{Replica, wait_lease};
 
 /// The pgbouncer binary, or None (with the reason printed) when it is not
 /// installed: `scripts/test` installs it.
@@ -383,7 +384,7 @@ async fn serve_refuses_transaction_mode_when_the_pooler_passes_statements_throug
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "transaction").await;
     let mut r = Replica::spawn(
         "refuse-tx",
-        crate::replicas::free_port(),
+        crate::helpers::replicas::free_port(),
         &[
             ("DATABASE_URL", bouncer.url("postgres", &db.name)),
             ("POOLKEEPER_DB_POOLER", "transaction".into()),
@@ -413,7 +414,7 @@ async fn serve_through_the_pooler_alone_refuses_pending_definitions() {
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "transaction").await;
     let mut r = Replica::spawn(
         "refuse-definitions",
-        crate::replicas::free_port(),
+        crate::helpers::replicas::free_port(),
         &[
             ("DATABASE_URL", bouncer.url("postgres", &db.name)),
             ("POOLKEEPER_DB_POOLER", "transaction".into()),
@@ -441,7 +442,7 @@ async fn serve_behind_a_pooler_refuses_a_role_without_the_session_limits() {
     let bouncer = Bouncer::start(&db, &["postgres"], 4, "session").await;
     let mut r = Replica::spawn(
         "refuse-limits",
-        crate::replicas::free_port(),
+        crate::helpers::replicas::free_port(),
         &[
             ("DATABASE_URL", bouncer.url("postgres", &db.name)),
             ("POOLKEEPER_DB_POOLER", "session".into()),
@@ -511,16 +512,11 @@ async fn two_replicas_through(mode: &str) {
         let org = create_org(&through, &format!("bouncer-{round}"), true).await;
         crate::helpers::decoys(&through, org.id).await;
         for i in 0..3 {
-            crate::helpers::machine(
-                &through,
-                org.id,
-                &format!("OK-{i}"),
-                crate::helpers::SITE,
-                "dell",
-                crate::helpers::PROFILE,
-                "ready",
-            )
-            .await;
+            FakeMachine::new()
+                .tag(&format!("OK-{i}"))
+                .site(crate::helpers::SITE)
+                .create(&through, org.id)
+                .await;
         }
         let reqs = (0..8)
             .map(|i| crate::helpers::request(&format!("ORD-{i}"), Some("dell")))
@@ -553,16 +549,11 @@ async fn two_replicas_through(mode: &str) {
     // 8 orders on 3 machines over HTTP, alternating replicas, released
     // together: 3 reservations on 3 machines, 5 refusals.
     for i in 0..3 {
-        crate::helpers::machine(
-            &direct,
-            org.id,
-            &format!("H-{i}"),
-            crate::helpers::SITE,
-            "dell",
-            crate::helpers::PROFILE,
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("H-{i}"))
+            .site(crate::helpers::SITE)
+            .create(&direct, org.id)
+            .await;
     }
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
     let mut tasks = Vec::new();
@@ -632,17 +623,16 @@ async fn two_replicas_through(mode: &str) {
     )
     .await;
     assert!(new_fence > fence, "{new_holder}: {new_fence} after {fence}");
-    let late = crate::helpers::machine(
-        &direct,
-        org.id,
-        "LATE-1",
-        "ams1",
-        "dell",
-        crate::helpers::PROFILE,
-        "ready",
-    )
-    .await;
-    let overdue = crate::helpers::held_directly(&direct, org.id, late, "LATE-ORDER").await;
+    let late = FakeMachine::new()
+        .tag("LATE-1")
+        .site("ams1")
+        .create(&direct, org.id)
+        .await;
+    let overdue = FakeHold::on(late)
+        .order("LATE-ORDER")
+        .bare()
+        .create(&direct, org.id)
+        .await;
     sqlx::query(
         "UPDATE reservations SET created_at = clock_timestamp() - interval '1 hour',
                 expires_at = clock_timestamp() - interval '1 minute' WHERE id = $1",
@@ -672,17 +662,16 @@ async fn two_replicas_through(mode: &str) {
 
     // statement_timeout through the pooler: a cancel stuck behind a foreign
     // row lock ends with the honest 503 of RELIABILITY.md, writes nothing.
-    let m = crate::helpers::machine(
-        &direct,
-        org.id,
-        "STUCK-1",
-        "fra1",
-        "dell",
-        crate::helpers::PROFILE,
-        "ready",
-    )
-    .await;
-    let stuck = crate::helpers::held_directly(&direct, org.id, m, "STUCK-ORDER").await;
+    let m = FakeMachine::new()
+        .tag("STUCK-1")
+        .site("fra1")
+        .create(&direct, org.id)
+        .await;
+    let stuck = FakeHold::on(m)
+        .order("STUCK-ORDER")
+        .bare()
+        .create(&direct, org.id)
+        .await;
     let fence: i64 = sqlx::query_scalar("SELECT fence FROM reservations WHERE id = $1")
         .bind(stuck)
         .fetch_one(&direct)

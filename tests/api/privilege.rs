@@ -8,10 +8,11 @@ use scraper::{Html, Selector};
 use serde_json::{Value, json};
 use sqlx::Connection;
 
+use crate::helpers::FakeMachine;
+use crate::helpers::replicas::Replica;
 use crate::helpers::{
     STAFF_PASSWORD, StaffClient, TestDb, binary, create_org, empty_db, hidden_field,
 };
-use crate::replicas::Replica;
 
 /// The SQL of docs/production.md for the two roles, with the test's names; run by the
 /// cluster's administrator (on a managed service: its admin role).
@@ -141,16 +142,11 @@ async fn migrate_as_owner_then_serve_as_a_role_with_only_dml_grants() {
     .await
     .expect("staff");
     for i in 0..4 {
-        crate::helpers::machine(
-            &admin,
-            org.id,
-            &format!("PK-{i}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("PK-{i}"))
+            .profile("epyc")
+            .create(&admin, org.id)
+            .await;
     }
 
     let replica = Replica::start("least-privilege", &[("DATABASE_URL", url_as(&db, &app))]).await;

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use tokio::sync::RwLock;
 
+use crate::helpers::replicas::{Replica, wait_lease};
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{create_org, migrated_db};
-use crate::replicas::{Replica, wait_lease};
 
 /// What the load balancer knows of one replica.
 struct Backend {
@@ -191,8 +192,12 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
     )
     .await;
     // A machine of another site for the in-flight request.
-    let slow_machine =
-        crate::helpers::machine(&direct, org.id, "SLOW-1", "fra1", "dell", "epyc", "ready").await;
+    let slow_machine = FakeMachine::new()
+        .tag("SLOW-1")
+        .site("fra1")
+        .profile("epyc")
+        .create(&direct, org.id)
+        .await;
 
     let mut replicas = [
         Replica::start("rolling-a1", &env(&db.url())).await,
@@ -237,13 +242,11 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
 
         // An in-flight request on the victim: a cancel waiting on a row lock.
         let (slow_id, slow_fence) = {
-            let id = crate::helpers::held_directly(
-                &direct,
-                org.id,
-                slow_machine,
-                &format!("SLOW-{round}"),
-            )
-            .await;
+            let id = FakeHold::on(slow_machine)
+                .order(&format!("SLOW-{round}"))
+                .bare()
+                .create(&direct, org.id)
+                .await;
             let fence: i64 = sqlx::query_scalar("SELECT fence FROM reservations WHERE id = $1")
                 .bind(id)
                 .fetch_one(&direct)

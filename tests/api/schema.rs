@@ -2,6 +2,7 @@
 //! they protect.
 
 use crate::helpers::migrated_db;
+use crate::helpers::{FakeHold, FakeMachine};
 
 /// R2: the states that hold capacity are a table; the partial unique index
 /// must list exactly those. Reads the predicate from the catalog, so adding
@@ -197,20 +198,19 @@ async fn a_reservation_names_a_machine_of_its_own_organization() {
     .fetch_all(&pool)
     .await
     .expect("orgs");
-    let machine = crate::helpers::machine(&pool, orgs[0], "fk-1", "s1", "dell", "p", "ready").await;
+    let machine = FakeMachine::new()
+        .tag("fk-1")
+        .site("s1")
+        .profile("p")
+        .create(&pool, orgs[0])
+        .await;
     let insert = |org: i64| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query(
-                "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                           hold_seconds, expires_at)
-                 VALUES ($1, 'fk-order', $2, '{}', '{}', 'test', 60, clock_timestamp() + interval '1 minute')",
-            )
-            .bind(org)
-            .bind(machine)
-            .execute(&pool)
-            .await
-        }
+        FakeHold::on(machine)
+            .order("fk-order")
+            .bare()
+            .reason("test")
+            .hold_seconds(60)
+            .try_create(&pool, org)
     };
     let err = insert(orgs[1])
         .await

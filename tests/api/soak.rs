@@ -25,6 +25,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::process::{Child, Command};
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{binary, create_org, migrated_db, test_settings};
 
 // ---------------------------------------------------------------------------
@@ -85,10 +86,16 @@ async fn every_pooled_connection_has_the_session_limits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_blocked_on_a_lock_gets_503_after_lock_timeout() {
     let app = crate::helpers::spawn_app().await;
-    let machine = app
-        .insert_machine(app.org.id, "LT-1", "par1", "dell", "epyc", "ready")
+    let machine = FakeMachine::new()
+        .tag("LT-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, fence) = app.insert_held(app.org.id, "ORD-LT", "LT-1", 600).await;
+    let (id, fence) = FakeHold::on("LT-1")
+        .order("ORD-LT")
+        .hold_seconds(600)
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     // A foreign transaction holds the machine's row lock (as a stuck client would).
     let mut blocker = app.db.connection().await;
     sqlx::query("BEGIN")
@@ -1260,11 +1267,18 @@ pub(crate) async fn check_invariants(pool: &Db, created: &[Created], report: &mu
 async fn the_invariant_checks_find_what_they_claim() {
     let app = crate::helpers::spawn_app().await;
     for tag in ["INV-1", "INV-2", "INV-3"] {
-        app.insert_machine(app.org.id, tag, "par1", "dell", "epyc", "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
             .await;
     }
     // Two holds on INV-1: the first "ended" an hour from now.
-    let (first, _) = app.insert_held(app.org.id, "ORD-I1", "INV-1", 600).await;
+    let first = FakeHold::on("INV-1")
+        .order("ORD-I1")
+        .hold_seconds(600)
+        .create(&app.pool, app.org.id)
+        .await;
     sqlx::query(
         "WITH r AS (UPDATE reservations SET state = 'cancelled', ended_at = clock_timestamp() + interval '1 hour',
                            ended_by = 'x' WHERE id = $1 RETURNING id)
@@ -1275,10 +1289,18 @@ async fn the_invariant_checks_find_what_they_claim() {
     .execute(&app.pool)
     .await
     .expect("end in the future");
-    let (_, fence) = app.insert_held(app.org.id, "ORD-I2", "INV-1", 600).await;
+    let (_, fence) = FakeHold::on("INV-1")
+        .order("ORD-I2")
+        .hold_seconds(600)
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
     // A link dated after the deadline, on a reservation still held, naming
     // the machine INV-1 that another order holds.
-    let (late, _) = app.insert_held(app.org.id, "ORD-I3", "INV-2", 600).await;
+    let late = FakeHold::on("INV-2")
+        .order("ORD-I3")
+        .hold_seconds(600)
+        .create(&app.pool, app.org.id)
+        .await;
     sqlx::query(
         "INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
          SELECT org_id, (SELECT id FROM machines WHERE asset_tag = 'INV-1'), id, 'SRV-LATE',
@@ -1290,7 +1312,11 @@ async fn the_invariant_checks_find_what_they_claim() {
     .await
     .expect("late link");
     // An ending without its event.
-    let (silent, _) = app.insert_held(app.org.id, "ORD-I4", "INV-3", 600).await;
+    let silent = FakeHold::on("INV-3")
+        .order("ORD-I4")
+        .hold_seconds(600)
+        .create(&app.pool, app.org.id)
+        .await;
     sqlx::query(
         "UPDATE reservations SET state = 'expired', ended_at = expires_at, ended_by = 'sweep' WHERE id = $1",
     )

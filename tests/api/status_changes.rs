@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use tokio::sync::Barrier;
 
 use crate::healing::invariants;
+use crate::helpers::FakeMachine;
 use crate::helpers::{TestApp, hidden_field, spawn_app};
 
 const SITE: &str = "par1";
@@ -17,19 +18,14 @@ const EPYC: &str = "epyc";
 const XEON: &str = "xeon";
 
 async fn machine(app: &TestApp, tag: &str, vendor: &str, profile: &str, status: &str) -> i64 {
-    app.insert_machine(app.org.id, tag, SITE, vendor, profile, status)
+    FakeMachine::new()
+        .tag(tag)
+        .site(SITE)
+        .vendor(vendor)
+        .profile(profile)
+        .status(status)
+        .create(&app.pool, app.org.id)
         .await
-}
-
-async fn reserve(app: &TestApp, order: &str, profile: &str, quantity: u8) -> Value {
-    let (status, body) = app
-        .post_json(
-            "/api/v1/reservations",
-            json!({"order_ref": order, "site": SITE, "profile": profile, "quantity": quantity}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{body}");
-    body
 }
 
 /// Machine of each reservation of `order`, by slot, with its state.
@@ -70,8 +66,18 @@ async fn rack(app: &TestApp) -> (Value, Value) {
     machine(app, "F-1", "dell", EPYC, "provisioning").await;
     machine(app, "Q-1", "hpe", XEON, "ready").await;
     machine(app, "Q-2", "hpe", XEON, "ready").await;
-    let one = reserve(app, "O-1", EPYC, 1).await;
-    let two = reserve(app, "O-2", XEON, 2).await;
+    let one = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "O-1", "site": SITE, "profile": EPYC, "quantity": 1}),
+        )
+        .await;
+    let two = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "O-2", "site": SITE, "profile": XEON, "quantity": 2}),
+        )
+        .await;
     // The spare comes into the pool after O-1 took K-1.
     sqlx::query("UPDATE machines SET status = 'ready' WHERE asset_tag = 'F-1'")
         .execute(&app.pool)
@@ -87,7 +93,12 @@ async fn rack(app: &TestApp) -> (Value, Value) {
 async fn hold_with_spare(app: &TestApp, prefix: &str, order: &str) -> (String, String, Value) {
     let (held, spare) = (format!("{prefix}-held"), format!("{prefix}-spare"));
     machine(app, &held, "dell", EPYC, "ready").await;
-    let hold = reserve(app, order, EPYC, 1).await;
+    let hold = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": order, "site": SITE, "profile": EPYC, "quantity": 1}),
+        )
+        .await;
     machine(app, &spare, "dell", EPYC, "ready").await;
     (held, spare, hold)
 }

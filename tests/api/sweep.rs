@@ -14,9 +14,7 @@ use sqlx::Connection;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::helpers::{
-    binary, insert_held_reservation, migrated_db, seed_org_with_machines, test_settings,
-};
+use crate::helpers::{FakeHold, binary, migrated_db, seed_org_with_machines, test_settings};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -35,6 +33,19 @@ where
     T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
 {
     sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+/// A held reservation of `machine` as the sweep finds one: created 20
+/// minutes ago, with its deadline `deadline` from now by the database clock
+/// (negative: overdue).
+fn aged_hold(machine: i64, deadline: &str) -> FakeHold {
+    FakeHold::on(machine)
+        .bare()
+        .spec(serde_json::json!({"site": "par1"}))
+        .snapshot(serde_json::json!({"asset_tag": "m"}))
+        .reason("first ready machine of the spec")
+        .created_ago("20 minutes")
+        .deadline(deadline)
 }
 
 /// (state, ended_by, end_reason) of a reservation.
@@ -85,11 +96,13 @@ async fn overdue_held_reservations_are_expired_once_by_the_sweep() {
     let (org, machines) = seed_org_with_machines(&pool, "acme", true, 6).await;
     let mut overdue = Vec::new();
     for &m in &machines[..3] {
-        overdue.push(insert_held_reservation(&pool, org, m, "-5 minutes").await);
+        overdue.push(aged_hold(m, "-5 minutes").create(&pool, org).await);
     }
-    let live = insert_held_reservation(&pool, org, machines[3], "10 minutes").await;
+    let live = aged_hold(machines[3], "10 minutes")
+        .create(&pool, org)
+        .await;
     // A reservation somebody cancelled past its deadline stays cancelled (R2).
-    let cancelled = insert_held_reservation(&pool, org, machines[4], "-1 minute").await;
+    let cancelled = aged_hold(machines[4], "-1 minute").create(&pool, org).await;
     sqlx::query(
         "UPDATE reservations SET state = 'cancelled', ended_at = clock_timestamp(),
                 ended_by = 'support@acme.example', end_reason = 'customer asked' WHERE id = $1",
@@ -150,7 +163,9 @@ async fn overdue_held_reservations_are_expired_once_by_the_sweep() {
     );
     // The machines are back in stock: a new hold on one of them is allowed
     // by the arbiter index (R1).
-    insert_held_reservation(&pool, org, machines[0], "10 minutes").await;
+    aged_hold(machines[0], "10 minutes")
+        .create(&pool, org)
+        .await;
 }
 
 /// Two sweeps racing under the same mandate (a run that overlaps the next
@@ -161,7 +176,7 @@ async fn racing_sweeps_expire_each_reservation_once() {
     let pool = db.pool().await;
     let (org, machines) = seed_org_with_machines(&pool, "acme", true, 60).await;
     for &m in &machines {
-        insert_held_reservation(&pool, org, m, "-5 minutes").await;
+        aged_hold(m, "-5 minutes").create(&pool, org).await;
     }
     let m = take_sweep_lease(&pool, "replica-a").await;
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(4));
@@ -200,7 +215,9 @@ async fn a_sweep_under_a_stale_fence_changes_nothing() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let (org, machines) = seed_org_with_machines(&pool, "acme", true, 2).await;
-    let overdue = insert_held_reservation(&pool, org, machines[0], "-5 minutes").await;
+    let overdue = aged_hold(machines[0], "-5 minutes")
+        .create(&pool, org)
+        .await;
 
     // Reclaimed by another holder after expiry.
     let stale = take_sweep_lease(&pool, "replica-a").await;
@@ -277,7 +294,9 @@ async fn a_claim_that_fails_with_an_error_is_loud_and_the_worker_recovers() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let (org, machines) = seed_org_with_machines(&pool, "acme", false, 1).await;
-    let overdue = insert_held_reservation(&pool, org, machines[0], "-5 minutes").await;
+    let overdue = aged_hold(machines[0], "-5 minutes")
+        .create(&pool, org)
+        .await;
     // An expired lease row of a departed replica, locked by a transaction
     // that outlasts the worker's statement timeout: the claim fails with
     // an error (57014), which is not "someone else holds it".
@@ -370,8 +389,10 @@ async fn the_sweep_runs_with_the_datacenter_module_switched_off() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let (org, machines) = seed_org_with_machines(&pool, "acme", false, 2).await;
-    let overdue = insert_held_reservation(&pool, org, machines[0], "-5 minutes").await;
-    let live = insert_held_reservation(&pool, org, machines[1], "1 hour").await;
+    let overdue = aged_hold(machines[0], "-5 minutes")
+        .create(&pool, org)
+        .await;
+    let live = aged_hold(machines[1], "1 hour").create(&pool, org).await;
     let mut settings = test_settings();
     settings.datacenter_module = false;
     settings.sweep_period = Duration::from_secs(1);
@@ -408,7 +429,9 @@ async fn a_worker_that_loses_its_lease_stops_sweeping() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let (org, machines) = seed_org_with_machines(&pool, "acme", false, 2).await;
-    insert_held_reservation(&pool, org, machines[0], "-5 minutes").await;
+    aged_hold(machines[0], "-5 minutes")
+        .create(&pool, org)
+        .await;
     let mut settings = test_settings();
     settings.sweep_period = Duration::from_secs(1);
     settings.lease_duration = Duration::from_secs(3);
@@ -442,7 +465,9 @@ async fn a_worker_that_loses_its_lease_stops_sweeping() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let overdue = insert_held_reservation(&pool, org, machines[1], "-5 minutes").await;
+    let overdue = aged_hold(machines[1], "-5 minutes")
+        .create(&pool, org)
+        .await;
     let runs_before: i64 = scalar(&pool, "SELECT count(*) FROM sweep_runs").await;
     // Every claim draws a value from the sequence, refused or not: two
     // draws past the intruder's fence mean at least one refused claim was
@@ -486,7 +511,9 @@ async fn the_worker_survives_lost_connections() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let (org, machines) = seed_org_with_machines(&pool, "acme", false, 2).await;
-    insert_held_reservation(&pool, org, machines[0], "-5 minutes").await;
+    aged_hold(machines[0], "-5 minutes")
+        .create(&pool, org)
+        .await;
     let mut settings = test_settings();
     settings.datacenter_module = false;
     settings.sweep_period = Duration::from_secs(1);
@@ -536,7 +563,9 @@ async fn the_worker_survives_lost_connections() {
         .await
         .expect("unblock");
 
-    insert_held_reservation(&pool, org, machines[1], "-5 minutes").await;
+    aged_hold(machines[1], "-5 minutes")
+        .create(&pool, org)
+        .await;
     wait_until(
         &pool,
         "a sweep after the outage",
@@ -644,7 +673,7 @@ async fn db_now(pool: &Db) -> DateTime<Utc> {
 async fn seed_overdue(pool: &Db, org: i64, machines: &[i64]) -> Vec<i64> {
     let mut ids = Vec::new();
     for &m in machines {
-        ids.push(insert_held_reservation(pool, org, m, "-1 minute").await);
+        ids.push(aged_hold(m, "-1 minute").create(pool, org).await);
     }
     ids
 }
@@ -712,7 +741,7 @@ async fn three_replicas_share_the_sweep_through_the_lease() {
     // R12: the organization's setting is off too.
     let (org, machines) = seed_org_with_machines(&pool, "acme", false, 40).await;
     let first = seed_overdue(&pool, org, &machines[..10]).await;
-    let live = insert_held_reservation(&pool, org, machines[39], "1 hour").await;
+    let live = aged_hold(machines[39], "1 hour").create(&pool, org).await;
     let dir = std::env::temp_dir().join(format!(
         "poolkeeper-test-replicas-{}",
         uuid::Uuid::new_v4().simple()

@@ -8,7 +8,7 @@ use poolkeeper::embedded_pg::{ClusterOptions, EmbeddedPostgres, ServerExtras, Tl
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use sqlx::{ConnectOptions, Connection};
 
-use crate::replicas::{Replica, free_port};
+use crate::helpers::replicas::{Replica, free_port};
 
 /// A CA (certificate PEM, issuer) named `name`.
 fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {

@@ -16,8 +16,9 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::{Value, json};
 
+use crate::helpers::FakeMachine;
+use crate::helpers::replicas::Replica;
 use crate::helpers::{create_org, migrated_db};
-use crate::replicas::Replica;
 
 /// The caller's trace and span (the order service's), as in its header.
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -101,7 +102,11 @@ async fn world() -> (crate::helpers::TestDb, String, poolkeeper::db::Db) {
     let pool = db.pool().await;
     let org = create_org(&pool, "traced", true).await;
     for tag in ["TR-1", "TR-2"] {
-        crate::helpers::machine(&pool, org.id, tag, "par1", "dell", "epyc", "ready").await;
+        FakeMachine::new()
+            .tag(tag)
+            .profile("epyc")
+            .create(&pool, org.id)
+            .await;
     }
     (db, org.token, pool)
 }

@@ -15,8 +15,8 @@ use poolkeeper::db::Db;
 use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::watch;
-use tokio::time::Instant;
 
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{TestApp, binary, spawn_app, spawn_app_with};
 
 // ---- The receiver -----------------------------------------------------------
@@ -207,75 +207,26 @@ async fn register(app: &TestApp, token: &str, url: &str) -> String {
     body["secret"].as_str().expect("a secret").to_owned()
 }
 
-async fn reserve(app: &TestApp, token: &str, order: &str) -> (i64, i64) {
-    let r = app
-        .http
-        .post(app.url("/api/v1/reservations"))
-        .bearer_auth(token)
-        .json(&json!({"order_ref": order, "site": "par1", "profile": "r650"}))
-        .send()
-        .await
-        .expect("reserve");
-    assert_eq!(r.status().as_u16(), 201, "{order}");
-    let b: Value = r.json().await.expect("json");
+/// An order of one r650 at par1.
+fn order(order_ref: &str) -> Value {
+    json!({"order_ref": order_ref, "site": "par1", "profile": "r650"})
+}
+
+/// The id and fence of a reservation's body.
+fn id_fence(body: &Value) -> (i64, i64) {
     (
-        b["id"].as_i64().expect("id"),
-        b["fence"].as_i64().expect("fence"),
+        body["id"].as_i64().expect("id"),
+        body["fence"].as_i64().expect("fence"),
     )
-}
-
-async fn cancel(app: &TestApp, token: &str, id: i64, fence: i64) {
-    let r = app
-        .http
-        .post(app.url(&format!("/api/v1/reservations/{id}/cancel")))
-        .bearer_auth(token)
-        .json(&json!({"fence": fence, "reason": "customer left"}))
-        .send()
-        .await
-        .expect("cancel");
-    assert_eq!(r.status().as_u16(), 200);
-}
-
-async fn convert(app: &TestApp, token: &str, id: i64, fence: i64) {
-    let r = app
-        .http
-        .post(app.url(&format!("/api/v1/reservations/{id}/convert")))
-        .bearer_auth(token)
-        .json(&json!({"fence": fence, "service_ref": format!("SRV-{id}")}))
-        .send()
-        .await
-        .expect("convert");
-    assert_eq!(r.status().as_u16(), 200);
 }
 
 async fn machines(app: &TestApp, org_id: i64, prefix: &str, n: usize) {
     for i in 0..n {
-        app.insert_machine(
-            org_id,
-            &format!("{prefix}-{i}"),
-            "par1",
-            "dell",
-            "r650",
-            "ready",
-        )
-        .await;
-    }
-}
-
-/// Polls `check` until it holds or `within` passes (no sleep stands in for
-/// synchronisation: the condition is what the test waits for).
-async fn wait_for<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        FakeMachine::new()
+            .tag(&format!("{prefix}-{i}"))
+            .profile("r650")
+            .create(&app.pool, org_id)
+            .await;
     }
 }
 
@@ -309,7 +260,10 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
     let receiver = Receiver::start().await;
     machines(&app, app.org.id, "wh", 4).await;
     // Before a webhook exists, events write no delivery rows.
-    let (early, _) = reserve(&app, &app.org.token, "ORD-EARLY").await;
+    let (early, _) = id_fence(
+        &app.reserve_created(&app.org.token, order("ORD-EARLY"))
+            .await,
+    );
     assert_eq!(
         scalar(
             &app.pool,
@@ -324,11 +278,21 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
 
     // created + converted, created + cancelled, created + expired by the
     // sweep's batch statement (the trigger covers every writer).
-    let (a, fa) = reserve(&app, &app.org.token, "ORD-A").await;
-    convert(&app, &app.org.token, a, fa).await;
-    let (b, fb) = reserve(&app, &app.org.token, "ORD-B").await;
-    cancel(&app, &app.org.token, b, fb).await;
-    let (c, _) = reserve(&app, &app.org.token, "ORD-C").await;
+    let (a, fa) = id_fence(&app.reserve_created(&app.org.token, order("ORD-A")).await);
+    app.convert_ok(
+        &app.org.token,
+        a,
+        json!({"fence": fa, "service_ref": format!("SRV-{a}")}),
+    )
+    .await;
+    let (b, fb) = id_fence(&app.reserve_created(&app.org.token, order("ORD-B")).await);
+    app.cancel_ok(
+        &app.org.token,
+        b,
+        json!({"fence": fb, "reason": "customer left"}),
+    )
+    .await;
+    let (c, _) = id_fence(&app.reserve_created(&app.org.token, order("ORD-C")).await);
     app.make_overdue(c).await;
     let mandate = match poolkeeper::lease::claim(
         &app.pool,
@@ -366,11 +330,11 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
     );
 
     let worker = start_worker(&app);
-    wait_for("six deliveries", Duration::from_secs(30), || async {
+    app.wait_for("six deliveries", Duration::from_secs(30), || async {
         receiver.delivered().len() >= 6
     })
     .await;
-    wait_for("the attempts recorded", Duration::from_secs(30), || async {
+    app.wait_for("the attempts recorded", Duration::from_secs(30), || async {
         scalar(
             &app.pool,
             "SELECT count(*) FROM webhook_deliveries WHERE org_id = $1 AND state = 'delivered'",
@@ -484,9 +448,9 @@ async fn a_delivery_answered_500_is_retried_with_backoff_and_every_attempt_is_re
     receiver.fail_next.store(3, Ordering::SeqCst);
     machines(&app, app.org.id, "rt", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
-    reserve(&app, &app.org.token, "ORD-R").await;
+    app.reserve_created(&app.org.token, order("ORD-R")).await;
     let worker = start_worker(&app);
-    wait_for(
+    app.wait_for(
         "the delivery after three 500s",
         Duration::from_secs(30),
         || async {
@@ -559,12 +523,20 @@ async fn events_of_one_reservation_are_never_sent_ahead_of_an_earlier_one() {
     // Both events of each reservation are pending before the worker starts,
     // and the receiver refuses the first deliveries it gets.
     for i in 0..6 {
-        let (id, fence) = reserve(&app, &app.org.token, &format!("ORD-{i}")).await;
-        cancel(&app, &app.org.token, id, fence).await;
+        let (id, fence) = id_fence(
+            &app.reserve_created(&app.org.token, order(&format!("ORD-{i}")))
+                .await,
+        );
+        app.cancel_ok(
+            &app.org.token,
+            id,
+            json!({"fence": fence, "reason": "customer left"}),
+        )
+        .await;
     }
     receiver.fail_next.store(8, Ordering::SeqCst);
     let worker = start_worker(&app);
-    wait_for("twelve deliveries", Duration::from_secs(30), || async {
+    app.wait_for("twelve deliveries", Duration::from_secs(30), || async {
         scalar(
             &app.pool,
             "SELECT count(*) FROM webhook_deliveries WHERE org_id = $1 AND state = 'delivered'",
@@ -629,19 +601,28 @@ async fn one_organizations_events_never_reach_another_and_its_failing_endpoint_b
     let other_secret = register(&app, &app.other.orders_token, &other_rx.url()).await;
     assert_ne!(acme_secret, other_secret);
     for i in 0..3 {
-        reserve(&app, &app.org.token, &format!("A-{i}")).await;
-        let (id, fence) = reserve(&app, &app.other.token, &format!("O-{i}")).await;
-        cancel(&app, &app.other.token, id, fence).await;
+        app.reserve_created(&app.org.token, order(&format!("A-{i}")))
+            .await;
+        let (id, fence) = id_fence(
+            &app.reserve_created(&app.other.token, order(&format!("O-{i}")))
+                .await,
+        );
+        app.cancel_ok(
+            &app.other.token,
+            id,
+            json!({"fence": fence, "reason": "customer left"}),
+        )
+        .await;
     }
     let worker = start_worker(&app);
     let other_events = events_of(&app.pool, app.other.id).await;
-    wait_for(
+    app.wait_for(
         "other's six events despite acme's failures",
         Duration::from_secs(30),
         || async { other_rx.delivered() == other_events },
     )
     .await;
-    wait_for("acme retried", Duration::from_secs(30), || async {
+    app.wait_for("acme retried", Duration::from_secs(30), || async {
         acme_rx.requests().len() >= 6
     })
     .await;
@@ -741,8 +722,12 @@ async fn internal_addresses_and_bad_urls_are_refused_at_registration_and_at_deli
     register(&allowed, &allowed.org.orders_token, &receiver.url()).await;
     let by_name = format!("http://localhost:{}/hook", receiver.port);
     register(&allowed, &allowed.other.orders_token, &by_name).await;
-    reserve(&allowed, &allowed.org.token, "ORD-L").await;
-    reserve(&allowed, &allowed.other.token, "ORD-N").await;
+    allowed
+        .reserve_created(&allowed.org.token, order("ORD-L"))
+        .await;
+    allowed
+        .reserve_created(&allowed.other.token, order("ORD-N"))
+        .await;
     let mut strict = allowed.settings.clone();
     strict.webhook_allow_private = false;
     let (stop, stopped) = watch::channel(false);
@@ -751,7 +736,7 @@ async fn internal_addresses_and_bad_urls_are_refused_at_registration_and_at_deli
         poolkeeper::webhooks::run(&pool, &strict, poolkeeper::metrics::Metrics::new(), stopped)
             .await
     });
-    wait_for("two refused attempts", Duration::from_secs(30), || async {
+    app.wait_for("two refused attempts", Duration::from_secs(30), || async {
         allowed
             .count(
                 "SELECT count(DISTINCT org_id) FROM webhook_attempts WHERE error LIKE '%loopback%'",
@@ -932,8 +917,9 @@ async fn no_delivery_is_lost_when_the_delivering_replica_is_killed_mid_batch() {
     // outbox whatever the writer).
     machines(&app, app.org.id, "k", 120).await;
     for i in 0..120 {
-        let (id, fence) = app
-            .insert_held(app.org.id, &format!("K-{i}"), &format!("k-{i}"), 900)
+        let (id, fence) = FakeHold::on(format!("k-{i}"))
+            .order(&format!("K-{i}"))
+            .create_with_fence(&app.pool, app.org.id)
             .await;
         if i % 2 == 0 {
             sqlx::query(
@@ -960,7 +946,7 @@ async fn no_delivery_is_lost_when_the_delivering_replica_is_killed_mid_batch() {
         Replica::spawn(&url, "wh-b", &dir),
     ];
     // Kill the holder once it has delivered some but not all.
-    wait_for(
+    app.wait_for(
         "a first part delivered",
         Duration::from_secs(60),
         || async {
@@ -992,7 +978,7 @@ async fn no_delivery_is_lost_when_the_delivering_replica_is_killed_mid_batch() {
         "killed mid-batch ({delivered_at_kill} of {total})"
     );
 
-    wait_for(
+    app.wait_for(
         "every delivery recorded",
         Duration::from_secs(90),
         || async {
@@ -1186,9 +1172,9 @@ async fn jobs_shows_the_delivery_lease_the_backlog_and_only_the_own_organization
     receiver.fail_next.store(usize::MAX, Ordering::SeqCst);
     machines(&app, app.org.id, "j", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
-    reserve(&app, &app.org.token, "ORD-J").await;
+    app.reserve_created(&app.org.token, order("ORD-J")).await;
     let worker = start_worker(&app);
-    wait_for("a failed attempt", Duration::from_secs(30), || async {
+    app.wait_for("a failed attempt", Duration::from_secs(30), || async {
         app.count("SELECT count(*) FROM webhook_attempts WHERE status = 500")
             .await
             >= 1
@@ -1238,9 +1224,15 @@ async fn the_outbox_row_commits_or_rolls_back_with_its_event() {
         "http://127.0.0.1:9/never-called",
     )
     .await;
-    app.insert_machine(app.org.id, "tx-1", "par1", "dell", "r650", "ready")
+    FakeMachine::new()
+        .tag("tx-1")
+        .profile("r650")
+        .create(&app.pool, app.org.id)
         .await;
-    let (id, _) = app.insert_held(app.org.id, "ORD-TX", "tx-1", 900).await;
+    let id = FakeHold::on("tx-1")
+        .order("ORD-TX")
+        .create(&app.pool, app.org.id)
+        .await;
     let mut writer = app.db.connection().await;
     for outcome in ["ROLLBACK", "COMMIT"] {
         sqlx::query("BEGIN")
@@ -1302,9 +1294,9 @@ async fn a_delivery_that_keeps_failing_is_given_up_after_the_retry_window() {
     receiver.fail_next.store(usize::MAX, Ordering::SeqCst);
     machines(&app, app.org.id, "gu", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
-    reserve(&app, &app.org.token, "ORD-GU").await;
+    app.reserve_created(&app.org.token, order("ORD-GU")).await;
     let worker = start_worker(&app);
-    wait_for("the delivery given up", Duration::from_secs(30), || async {
+    app.wait_for("the delivery given up", Duration::from_secs(30), || async {
         app.count("SELECT count(*) FROM webhook_deliveries WHERE state = 'failed'")
             .await
             == 1

@@ -9,6 +9,7 @@ use poolkeeper::api::write::{Shape, write};
 use poolkeeper::error::ApiError;
 use serde_json::{Value, json};
 
+use crate::helpers::FakeMachine;
 use crate::helpers::{TestApp, spawn_app, spawn_app_with};
 
 /// Sends `body` to `url` with `method` and the org's full token.
@@ -32,18 +33,6 @@ async fn ok_json(resp: reqwest::Response, status: u16) -> Value {
     let body: Value = resp.json().await.unwrap_or(Value::Null);
     assert_eq!(got, status, "{body}");
     body
-}
-
-/// An order of `n` made through the API: its body.
-async fn reserve(app: &TestApp, order_ref: &str, n: i64) -> Value {
-    let resp = send(
-        app,
-        "post",
-        "/api/v1/reservations",
-        Some(&json!({"order_ref": order_ref, "site": "par1", "profile": "epyc", "quantity": n})),
-    )
-    .await;
-    ok_json(resp, 201).await
 }
 
 /// `[{id, fence}]` of an order's body (or of one reservation's).
@@ -106,23 +95,49 @@ pub(crate) async fn write_operations(app: &TestApp) -> BTreeSet<(String, String)
 async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     for i in 0..12 {
-        app.insert_machine(
-            app.org.id,
-            &format!("W-{i:02}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
+        FakeMachine::new()
+            .tag(&format!("W-{i:02}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
+    }
+    let convert_one = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-W-CONVERT", "site": "par1", "profile": "epyc", "quantity": 1}),
         )
         .await;
-    }
-    let convert_one = reserve(&app, "ORD-W-CONVERT", 1).await;
-    let cancel_one = reserve(&app, "ORD-W-CANCEL", 1).await;
-    let extend_one = reserve(&app, "ORD-W-EXTEND", 1).await;
-    let convert_two = reserve(&app, "ORD-W-CONVERT2", 2).await;
-    let cancel_two = reserve(&app, "ORD-W-CANCEL2", 2).await;
-    let extend_two = reserve(&app, "ORD-W-EXTEND2", 2).await;
-    let served = reserve(&app, "ORD-W-SERVED", 1).await;
+    let cancel_one = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-W-CANCEL", "site": "par1", "profile": "epyc", "quantity": 1}),
+        )
+        .await;
+    let extend_one = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-W-EXTEND", "site": "par1", "profile": "epyc", "quantity": 1}),
+        )
+        .await;
+    let convert_two = app.reserve_created(&app.org.token, json!({"order_ref": "ORD-W-CONVERT2", "site": "par1", "profile": "epyc", "quantity": 2})).await;
+    let cancel_two = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-W-CANCEL2", "site": "par1", "profile": "epyc", "quantity": 2}),
+        )
+        .await;
+    let extend_two = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-W-EXTEND2", "site": "par1", "profile": "epyc", "quantity": 2}),
+        )
+        .await;
+    let served = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-W-SERVED", "site": "par1", "profile": "epyc", "quantity": 1}),
+        )
+        .await;
     let link = ok_json(
         send(
             &app,
@@ -136,17 +151,18 @@ async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
     .await;
     // A hold to move, and spares for it and for the reserve case.
     for i in 12..15 {
-        app.insert_machine(
-            app.org.id,
-            &format!("W-{i:02}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
+        FakeMachine::new()
+            .tag(&format!("W-{i:02}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
+    }
+    let moving = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-W-MOVE", "site": "par1", "profile": "epyc", "quantity": 1}),
         )
         .await;
-    }
-    let moving = reserve(&app, "ORD-W-MOVE", 1).await;
     let until = (chrono::Utc::now() + chrono::Duration::seconds(1200))
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let items = |order: &Value, prefix: &str| -> Vec<Value> {
@@ -430,18 +446,19 @@ async fn a_connection_lost_before_the_commit_was_sent_is_unavailable_not_outcome
 async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
     let app = spawn_app().await;
     for i in 0..6 {
-        app.insert_machine(
-            app.org.id,
-            &format!("R-{i}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("R-{i}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let mut conformance = crate::openapi::Conformance::new(&app).await;
-    let order = reserve(&app, "ORD-R-CONVERT", 2).await;
+    let order = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-R-CONVERT", "site": "par1", "profile": "epyc", "quantity": 2}),
+        )
+        .await;
     let items: Vec<Value> = named(&order)
         .into_iter()
         .enumerate()
@@ -515,7 +532,12 @@ async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
     );
 
     // Cancel, replayed.
-    let order = reserve(&app, "ORD-R-CANCEL", 2).await;
+    let order = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-R-CANCEL", "site": "par1", "profile": "epyc", "quantity": 2}),
+        )
+        .await;
     let cancel = json!({"reservations": named(&order), "reason": "customer left"});
     let url = "/api/v1/orders/ORD-R-CANCEL/cancel";
     let first = ok_json(send(&app, "post", url, Some(&cancel)).await, 200).await;
@@ -536,7 +558,12 @@ async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
     assert_eq!(refused["error"], "stale_fence", "{refused}");
 
     // A convert replayed through the reservation after its service ended.
-    let one = reserve(&app, "ORD-R-ONE", 1).await;
+    let one = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-R-ONE", "site": "par1", "profile": "epyc", "quantity": 1}),
+        )
+        .await;
     let body = json!({"fence": one["fence"], "service_ref": "SRV-R-ONE"});
     let url = format!("/api/v1/reservations/{}/convert", one["id"]);
     let first = ok_json(send(&app, "post", &url, Some(&body)).await, 200).await;
@@ -577,15 +604,11 @@ async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
 async fn an_extension_until_a_deadline_retried_answers_the_same_deadline() {
     let app = spawn_app().await;
     for i in 0..3 {
-        app.insert_machine(
-            app.org.id,
-            &format!("U-{i}"),
-            "par1",
-            "dell",
-            "epyc",
-            "ready",
-        )
-        .await;
+        FakeMachine::new()
+            .tag(&format!("U-{i}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
     }
     let mut conformance = crate::openapi::Conformance::new(&app).await;
     let cap = i64::from(app.settings.hold_max_seconds);
@@ -599,7 +622,12 @@ async fn an_extension_until_a_deadline_retried_answers_the_same_deadline() {
             .with_timezone(&chrono::Utc)
     };
 
-    let one = reserve(&app, "ORD-U-ONE", 1).await;
+    let one = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-U-ONE", "site": "par1", "profile": "epyc", "quantity": 1}),
+        )
+        .await;
     let url = format!("/api/v1/reservations/{}/extend", one["id"]);
     let until = at(cap / 2);
     let body = json!({"fence": one["fence"], "until": until});
@@ -659,7 +687,12 @@ async fn an_extension_until_a_deadline_retried_answers_the_same_deadline() {
     }
 
     // An order of two, extended as a whole, retried.
-    let order = reserve(&app, "ORD-U-TWO", 2).await;
+    let order = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": "ORD-U-TWO", "site": "par1", "profile": "epyc", "quantity": 2}),
+        )
+        .await;
     let until = at(cap / 3);
     let body = json!({"reservations": named(&order), "until": until});
     let url = "/api/v1/orders/ORD-U-TWO/extend";
@@ -689,7 +722,10 @@ async fn an_extension_until_a_deadline_retried_answers_the_same_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hold_seconds_above_the_cap_is_400_naming_it() {
     let app = spawn_app_with(|s| s.hold_max_seconds = 1800).await;
-    app.insert_machine(app.org.id, "C-1", "par1", "dell", "epyc", "ready")
+    FakeMachine::new()
+        .tag("C-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
         .await;
     let resp = send(
         &app,

@@ -6,6 +6,7 @@
 use scraper::Html;
 
 use super::{sel, text_of};
+use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{StaffClient, TestApp, spawn_app};
 
 async fn keep(app: &TestApp, site: &str, profile: &str, segment: &str, machines: i32) {
@@ -25,7 +26,11 @@ async fn keep(app: &TestApp, site: &str, profile: &str, segment: &str, machines:
 
 async fn ready(app: &TestApp, tags: &[&str], site: &str, profile: &str) {
     for tag in tags {
-        app.insert_machine(app.org.id, tag, site, "dell", profile, "ready")
+        FakeMachine::new()
+            .tag(tag)
+            .site(site)
+            .profile(profile)
+            .create(&app.pool, app.org.id)
             .await;
     }
 }
@@ -286,8 +291,15 @@ async fn lost_demand_counts_reserved_and_customer_limit_apart_from_unavailable()
 async fn the_live_list_and_a_reservation_show_the_customer_and_the_segment() {
     let app = spawn_app().await;
     ready(&app, &["E-1", "E-2"], "par1", "epyc").await;
-    let (named, _) = app.insert_held(app.org.id, "ORD-C", "E-1", 900).await;
-    let (plain, _) = app.insert_held(app.org.id, "ORD-P", "E-2", 1200).await;
+    let named = FakeHold::on("E-1")
+        .order("ORD-C")
+        .create(&app.pool, app.org.id)
+        .await;
+    let plain = FakeHold::on("E-2")
+        .order("ORD-P")
+        .hold_seconds(1200)
+        .create(&app.pool, app.org.id)
+        .await;
     sqlx::query(
         "UPDATE reservations SET customer_ref = 'CUST-42', segment = 'enterprise' WHERE id = $1",
     )

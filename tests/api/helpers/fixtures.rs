@@ -1,8 +1,7 @@
-//! The fixtures every test file uses: machines (one, or many generated in
-//! one statement), requests and reservations as the allocator takes them,
-//! held and in-service rows written directly, the decoys of every
-//! exclusion, and the race of N orders released by a barrier. Each write
-//! of a machine goes through `machine` or `generated_machines`.
+//! The fixtures every test file uses: requests and reservations as the
+//! allocator takes them, machines generated in one statement, the decoys
+//! of every exclusion, and the race of N orders released by a barrier.
+//! One machine or one hold is written with the builders of fake.rs.
 
 use std::sync::Arc;
 
@@ -15,7 +14,7 @@ use poolkeeper::reservations;
 use sqlx::Connection;
 use tokio::sync::Barrier;
 
-use super::TestDb;
+use super::{FakeHold, FakeMachine, InService, TestDb};
 
 /// A connection with the application's lock and statement timeouts, so that
 /// a test that would wait on a lock fails instead of hanging.
@@ -54,31 +53,6 @@ pub fn request_for(order_ref: &str, profile: &str, vendor: Option<&str>) -> Rese
         segment: None,
         customer_ref: None,
     }
-}
-
-/// Inserts a machine directly; returns its id.
-pub async fn machine(
-    pool: &Db,
-    org_id: i64,
-    tag: &str,
-    site: &str,
-    vendor: &str,
-    profile: &str,
-    status: &str,
-) -> i64 {
-    sqlx::query_scalar(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
-    )
-    .bind(org_id)
-    .bind(tag)
-    .bind(site)
-    .bind(vendor)
-    .bind(profile)
-    .bind(status)
-    .fetch_one(pool)
-    .await
-    .expect("insert machine")
 }
 
 pub async fn reserved(
@@ -127,67 +101,45 @@ pub fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 
-/// A held reservation written directly (a decoy, or a competitor that
-/// committed behind the allocator's back).
-pub async fn held_directly(pool: &Db, org_id: i64, machine_id: i64, order_ref: &str) -> i64 {
-    sqlx::query_scalar(
-        "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, expires_at)
-         VALUES ($1, $2, $3, '{}', '{}', 'written by a test', 900, clock_timestamp() + interval '15 minutes')
-         RETURNING id",
-    )
-    .bind(org_id)
-    .bind(order_ref)
-    .bind(machine_id)
-    .fetch_one(pool)
-    .await
-    .expect("insert a held reservation")
-}
-
-/// A live service link on `machine_id`, with the converted reservation it came from.
-pub async fn in_service_directly(pool: &Db, org_id: i64, machine_id: i64, order_ref: &str) {
-    let id: i64 = sqlx::query_scalar(
-        "INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
-                                   hold_seconds, expires_at, ended_at, ended_by)
-         VALUES ($1, $2, $3, 'converted', '{}', '{}', 'written by a test', 900,
-                 clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test')
-         RETURNING id",
-    )
-    .bind(org_id)
-    .bind(order_ref)
-    .bind(machine_id)
-    .fetch_one(pool)
-    .await
-    .expect("insert a converted reservation");
-    sqlx::query("INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref) VALUES ($1, $2, $3, $4)")
-        .bind(org_id)
-        .bind(machine_id)
-        .bind(id)
-        .bind(format!("SRV-{order_ref}"))
-        .execute(pool)
-        .await
-        .expect("insert a service link");
-}
-
 /// One decoy of every exclusion kind for `request(_, Some("dell"))`:
 /// wrong site, wrong vendor, wrong profile, not ready, in service, held.
 pub async fn decoys(pool: &Db, org_id: i64) {
-    machine(pool, org_id, "X-site", "ams1", "dell", PROFILE, "ready").await;
-    machine(pool, org_id, "X-vendor", SITE, "hpe", PROFILE, "ready").await;
-    machine(
-        pool,
-        org_id,
-        "X-profile",
-        SITE,
-        "dell",
-        "xeon-6430-128g",
-        "ready",
-    )
-    .await;
-    machine(pool, org_id, "X-notready", SITE, "dell", PROFILE, "broken").await;
-    let sold = machine(pool, org_id, "X-service", SITE, "dell", PROFILE, "ready").await;
-    in_service_directly(pool, org_id, sold, "DECOY-SOLD").await;
-    let held = machine(pool, org_id, "X-held", SITE, "dell", PROFILE, "ready").await;
-    held_directly(pool, org_id, held, "DECOY-HELD").await;
+    FakeMachine::new()
+        .tag("X-site")
+        .site("ams1")
+        .create(pool, org_id)
+        .await;
+    FakeMachine::new()
+        .tag("X-vendor")
+        .vendor("hpe")
+        .create(pool, org_id)
+        .await;
+    FakeMachine::new()
+        .tag("X-profile")
+        .profile("xeon-6430-128g")
+        .create(pool, org_id)
+        .await;
+    FakeMachine::new()
+        .tag("X-notready")
+        .status("broken")
+        .create(pool, org_id)
+        .await;
+    let sold = FakeMachine::new()
+        .tag("X-service")
+        .create(pool, org_id)
+        .await;
+    FakeHold::on(sold)
+        .order("DECOY-SOLD")
+        .state(InService)
+        .bare()
+        .create(pool, org_id)
+        .await;
+    let held = FakeMachine::new().tag("X-held").create(pool, org_id).await;
+    FakeHold::on(held)
+        .order("DECOY-HELD")
+        .bare()
+        .create(pool, org_id)
+        .await;
 }
 
 /// Runs `reserve` for each order on its own connection, all released

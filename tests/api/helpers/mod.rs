@@ -3,7 +3,11 @@
 //! starts the server on port 0 against it.
 #![allow(dead_code)]
 
+mod fake;
 mod fixtures;
+mod http;
+pub mod replicas;
+pub use fake::*;
 pub use fixtures::*;
 
 use std::path::PathBuf;
@@ -438,31 +442,6 @@ pub async fn seed_org_with_machines(
     (org, ids)
 }
 
-/// A held reservation of `machine`, inserted directly: created 20 minutes
-/// ago, with its deadline `deadline_offset` from now by the database clock
-/// (negative: overdue).
-pub async fn insert_held_reservation(
-    pool: &Db,
-    org: i64,
-    machine: i64,
-    deadline_offset: &str,
-) -> i64 {
-    sqlx::query_scalar(
-        "INSERT INTO reservations
-                (org_id, order_ref, machine_id, spec, machine_snapshot, reason, hold_seconds, created_at, expires_at)
-         VALUES ($1, 'order-' || gen_random_uuid(), $2, '{\"site\": \"par1\"}', '{\"asset_tag\": \"m\"}',
-                 'first ready machine of the spec', 900,
-                 clock_timestamp() - interval '20 minutes', clock_timestamp() + $3::interval)
-         RETURNING id",
-    )
-    .bind(org)
-    .bind(machine)
-    .bind(deadline_offset)
-    .fetch_one(pool)
-    .await
-    .expect("insert reservation")
-}
-
 // ---- Dashboard helpers ----
 
 /// The password every dashboard test user gets.
@@ -596,55 +575,6 @@ impl TestApp {
         client
     }
 
-    /// A machine inserted directly (no API token needed).
-    pub async fn insert_machine(
-        &self,
-        org_id: i64,
-        tag: &str,
-        site: &str,
-        vendor: &str,
-        profile: &str,
-        status: &str,
-    ) -> i64 {
-        machine(&self.pool, org_id, tag, site, vendor, profile, status).await
-    }
-
-    /// A held reservation written directly in SQL, with its 'created'
-    /// event, as the allocator would. Returns (id, fence).
-    pub async fn insert_held(
-        &self,
-        org_id: i64,
-        order_ref: &str,
-        tag: &str,
-        hold_seconds: i32,
-    ) -> (i64, i64) {
-        sqlx::query_as(
-            "WITH r AS (
-                INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                          hold_seconds, expires_at)
-                SELECT $1, $2, m.id,
-                       jsonb_build_object('site', m.site, 'profile', m.profile, 'vendor', m.vendor),
-                       jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
-                                          'profile', m.profile, 'status', m.status),
-                       'first ready ' || m.vendor || ' ' || m.profile || ' at ' || m.site,
-                       $4, clock_timestamp() + make_interval(secs => $4)
-                  FROM machines m WHERE m.org_id = $1 AND m.asset_tag = $3
-                RETURNING id, fence
-             ), e AS (
-                INSERT INTO reservation_events (reservation_id, kind, to_state, actor)
-                SELECT id, 'created', 'held', 'checkout' FROM r
-             )
-             SELECT id, fence FROM r",
-        )
-        .bind(org_id)
-        .bind(order_ref)
-        .bind(tag)
-        .bind(hold_seconds)
-        .fetch_one(&self.pool)
-        .await
-        .expect("insert a held reservation")
-    }
-
     /// Moves a held reservation's deadline into the past (database clock).
     pub async fn make_overdue(&self, id: i64) {
         sqlx::query(
@@ -655,34 +585,6 @@ impl TestApp {
         .execute(&self.pool)
         .await
         .expect("make overdue");
-    }
-
-    /// A converted reservation with a live service link on machine `tag`.
-    pub async fn insert_in_service(
-        &self,
-        org_id: i64,
-        order_ref: &str,
-        tag: &str,
-        service_ref: &str,
-    ) -> i64 {
-        let (id, _) = self.insert_held(org_id, order_ref, tag, 900).await;
-        sqlx::query(
-            "WITH r AS (
-                UPDATE reservations SET state = 'converted', ended_at = clock_timestamp(), ended_by = 'checkout'
-                 WHERE id = $1 RETURNING id, org_id, machine_id
-             ), e AS (
-                INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
-                SELECT id, 'converted', 'held', 'converted', 'checkout', $2 FROM r
-             )
-             INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
-             SELECT org_id, machine_id, id, $2 FROM r",
-        )
-        .bind(id)
-        .bind(service_ref)
-        .execute(&self.pool)
-        .await
-        .expect("convert in SQL");
-        id
     }
 
     pub async fn state_of(&self, id: i64) -> String {
