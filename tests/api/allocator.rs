@@ -400,16 +400,10 @@ async fn a_walk_whose_first_batch_is_locked_widens_and_takes_the_next_machine() 
     let mut machines = Vec::new();
     for i in 0..8 {
         machines.push(
-            machine(
-                &pool,
-                org.id,
-                &format!("W-{i:02}"),
-                SITE,
-                "dell",
-                PROFILE,
-                "ready",
-            )
-            .await,
+            FakeMachine::new()
+                .tag(&format!("W-{i:02}"))
+                .create(&pool, org.id)
+                .await,
         );
     }
     // The first batch of an order of one is 5 machines: all locked.
