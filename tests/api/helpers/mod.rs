@@ -3,7 +3,9 @@
 //! starts the server on port 0 against it.
 #![allow(dead_code)]
 
+pub mod conformance;
 mod fixtures;
+pub mod receiver;
 pub use fixtures::*;
 
 use std::path::PathBuf;
@@ -697,14 +699,15 @@ impl TestApp {
 /// A test that uses `component` (PgBouncer, the browser, systemd-analyze,
 /// Prometheus) never passes without it: a missing one fails the test,
 /// naming the command that installs it (`scripts/test` installs every
-/// one). A quick local loop leaves such tests out with libtest's own filter
-/// (`cargo test -- --skip browser::`), which the summary counts as
-/// filtered out, never as passed.
+/// one). Such tests are in the `components` binary, out of the default
+/// `cargo test`; a run of it leaves some out with libtest's own filter
+/// (`cargo test --test components -- --skip browser::`), which the summary
+/// counts as filtered out, never as passed.
 pub fn needs(component: &str, present: bool, install: &str) {
     assert!(
         present,
         "{component} is not installed: run `scripts/test` (it installs what is missing) or \
-         `{install}`; to leave these tests out of a local run, `cargo test -- --skip MODULE::` \
+         `{install}`; to leave these tests out of a local run, `cargo test --test components -- --skip MODULE::` \
          (they are then counted as filtered out)"
     );
 }
