@@ -1,6 +1,6 @@
 //! The test harness: one private PostgreSQL per test run (or `DATABASE_URL`
-//! when set), a freshly migrated database per test, and `spawn_app()` that
-//! starts the server on port 0 against it.
+//! when set), a freshly migrated database per test (dropped when the test
+//! ends), and `spawn_app()` that starts the server on port 0 against it.
 #![allow(dead_code)]
 
 pub mod conformance;
@@ -9,7 +9,7 @@ pub mod receiver;
 pub use fixtures::*;
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use poolkeeper::db::Db;
@@ -144,11 +144,62 @@ fn remove_stale_clusters() {
     }
 }
 
-/// A database of the test cluster, owned by one test.
+/// A database of the test cluster, owned by one test: dropped when the
+/// last clone goes, at the test's end, passed or panicked.
 #[derive(Clone)]
 pub struct TestDb {
     pub name: String,
     pub options: PgConnectOptions,
+    _dropped_with: Arc<DropOnExit>,
+}
+
+/// Drops its database: `WITH (FORCE)` ends the sessions the test left (its
+/// pools, a server still running, a child process), on a plain thread with
+/// its own runtime, as `cluster()` starts the cluster, because the test's
+/// runtime may be the one unwinding. Bounded: a drop that does not finish
+/// in time is left to its thread (the database stays), never holding up the
+/// run.
+struct DropOnExit {
+    name: String,
+}
+
+const DROP_WITHIN: Duration = Duration::from_secs(10);
+
+impl Drop for DropOnExit {
+    fn drop(&mut self) {
+        let Some(Ok(c)) = CLUSTER.get() else { return };
+        let admin = c.admin.clone();
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| {
+                    rt.block_on(async {
+                        let drop = async {
+                            let mut conn = PgConnection::connect_with(&admin).await?;
+                            sqlx::query(sqlx::AssertSqlSafe(sql))
+                                .execute(&mut conn)
+                                .await?;
+                            conn.close().await
+                        };
+                        match tokio::time::timeout(DROP_WITHIN, drop).await {
+                            Ok(r) => r.map_err(|e| e.to_string()),
+                            Err(_) => Err(format!("not done within {DROP_WITHIN:?}")),
+                        }
+                    })
+                });
+            let _ = done.send(result);
+        });
+        let outcome = finished
+            .recv_timeout(DROP_WITHIN + Duration::from_secs(1))
+            .unwrap_or_else(|_| Err("its thread did not answer".to_owned()));
+        if let Err(e) = outcome {
+            eprintln!("test database {} not dropped: {e}", self.name);
+        }
+    }
 }
 
 impl TestDb {
@@ -198,6 +249,7 @@ async fn create_db(template: Option<&str>) -> TestDb {
     let _ = conn.close().await;
     TestDb {
         options: c.admin.clone().database(&name),
+        _dropped_with: Arc::new(DropOnExit { name: name.clone() }),
         name,
     }
 }
