@@ -1,6 +1,7 @@
 //! The test harness: one private PostgreSQL per test run (or `DATABASE_URL`
 //! when set), a freshly migrated database per test (dropped when the test
-//! ends), and `spawn_app()` that starts the server on port 0 against it.
+//! ends), and `spawn_app()` that starts the server on port 0 against it, its
+//! logs on stdout when `TEST_LOG` is set.
 #![allow(dead_code)]
 
 pub mod conformance;
@@ -9,7 +10,7 @@ pub mod receiver;
 pub use fixtures::*;
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use poolkeeper::db::Db;
@@ -303,9 +304,25 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
 
+/// The in-process servers' logs: on stdout when `TEST_LOG` is set
+/// (`TEST_LOG=1 cargo test --test api NAME -- --nocapture`, `RUST_LOG`
+/// filtering as for `serve`), else formatted into a sink, so that every
+/// log line's formatting still runs.
+fn init_logs() {
+    static LOGS: Once = Once::new();
+    LOGS.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            poolkeeper::telemetry::init_logs(std::io::stdout);
+        } else {
+            poolkeeper::telemetry::init_logs(std::io::sink);
+        }
+    });
+}
+
 /// Starts the application on port 0 against a fresh database, with two
 /// organizations (both with the datacenter module on).
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    init_logs();
     let db = migrated_db().await;
     let pool = db.pool().await;
     let mut settings = test_settings();
