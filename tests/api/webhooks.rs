@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use poolkeeper::db::Db;
+use poolkeeper::metrics::Metrics;
+use poolkeeper::settings::Settings;
+use poolkeeper::webhooks::Step;
 use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::watch;
@@ -86,6 +89,44 @@ async fn stop_worker(worker: (watch::Sender<bool>, tokio::task::JoinHandle<()>))
         .await
         .expect("the worker stops")
         .expect("worker task");
+}
+
+/// One step of the delivery worker of `settings` (`webhooks::run_once`):
+/// every delivery due now attempted and recorded.
+async fn step(pool: &Db, settings: &Settings) -> Step {
+    let step = poolkeeper::webhooks::run_once(pool, settings, Metrics::new()).await;
+    assert!(step.leased, "the step holds the webhooks lease: {step:?}");
+    step
+}
+
+/// Steps the worker until `done` holds. A step attempts all that is due;
+/// after a step that attempted nothing, the next one waits for the soonest
+/// pending retry by the database clock: the backoff, never a poll interval.
+/// Fails after 30 s.
+async fn step_until<F, Fut>(pool: &Db, settings: &Settings, what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempted = step(pool, settings).await.attempted();
+        if done().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out stepping until {what}");
+        if attempted == 0 {
+            let due_in: Option<f64> = sqlx::query_scalar(
+                "SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
+                   FROM webhook_deliveries WHERE state = 'pending'",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("the next retry");
+            let wait = Duration::from_secs_f64(due_in.unwrap_or(0.0).clamp(0.0, 5.0));
+            tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+        }
+    }
 }
 
 /// Registers `url` for the organization of `token`; returns the secret.
@@ -262,22 +303,22 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
         "one outbox row per event, written with the event"
     );
 
-    let worker = start_worker(&app);
-    wait_for("six deliveries", Duration::from_secs(30), || async {
-        receiver.delivered().len() >= 6
-    })
-    .await;
-    wait_for("the attempts recorded", Duration::from_secs(30), || async {
+    // Two steps: the three 'created' events, then the event after each
+    // (one event of a reservation at a time).
+    let first = step(&app.pool, &app.settings).await;
+    let second = step(&app.pool, &app.settings).await;
+    assert_eq!((first.delivered, second.delivered), (3, 3));
+    assert_eq!(receiver.delivered().len(), 6, "six deliveries");
+    assert_eq!(
         scalar(
             &app.pool,
             "SELECT count(*) FROM webhook_deliveries WHERE org_id = $1 AND state = 'delivered'",
             app.org.id,
         )
-        .await
-            == 6
-    })
-    .await;
-    stop_worker(worker).await;
+        .await,
+        6,
+        "the attempts recorded"
+    );
 
     let requests = receiver.requests();
     assert_eq!(receiver.delivered(), expected);
@@ -382,10 +423,10 @@ async fn a_delivery_answered_500_is_retried_with_backoff_and_every_attempt_is_re
     machines(&app, app.org.id, "rt", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
     reserve(&app, &app.org.token, "ORD-R").await;
-    let worker = start_worker(&app);
-    wait_for(
+    step_until(
+        &app.pool,
+        &app.settings,
         "the delivery after three 500s",
-        Duration::from_secs(30),
         || async {
             scalar(
                 &app.pool,
@@ -397,7 +438,6 @@ async fn a_delivery_answered_500_is_retried_with_backoff_and_every_attempt_is_re
         },
     )
     .await;
-    stop_worker(worker).await;
 
     let requests = receiver.requests();
     let answered: Vec<(u16, u32)> = requests.iter().map(|r| (r.answered, r.attempt)).collect();
@@ -460,8 +500,7 @@ async fn events_of_one_reservation_are_never_sent_ahead_of_an_earlier_one() {
         cancel(&app, &app.org.token, id, fence).await;
     }
     receiver.fail_next.store(8, Ordering::SeqCst);
-    let worker = start_worker(&app);
-    wait_for("twelve deliveries", Duration::from_secs(30), || async {
+    step_until(&app.pool, &app.settings, "twelve deliveries", || async {
         scalar(
             &app.pool,
             "SELECT count(*) FROM webhook_deliveries WHERE org_id = $1 AND state = 'delivered'",
@@ -471,7 +510,6 @@ async fn events_of_one_reservation_are_never_sent_ahead_of_an_earlier_one() {
             == 12
     })
     .await;
-    stop_worker(worker).await;
 
     let requests = receiver.requests();
     assert!(
@@ -530,19 +568,18 @@ async fn one_organizations_events_never_reach_another_and_its_failing_endpoint_b
         let (id, fence) = reserve(&app, &app.other.token, &format!("O-{i}")).await;
         cancel(&app, &app.other.token, id, fence).await;
     }
-    let worker = start_worker(&app);
     let other_events = events_of(&app.pool, app.other.id).await;
-    wait_for(
+    step_until(
+        &app.pool,
+        &app.settings,
         "other's six events despite acme's failures",
-        Duration::from_secs(30),
         || async { other_rx.delivered() == other_events },
     )
     .await;
-    wait_for("acme retried", Duration::from_secs(30), || async {
+    step_until(&app.pool, &app.settings, "acme retried", || async {
         acme_rx.requests().len() >= 6
     })
     .await;
-    stop_worker(worker).await;
 
     let acme_events = events_of(&app.pool, app.org.id).await;
     for r in acme_rx.requests() {
@@ -642,13 +679,7 @@ async fn internal_addresses_and_bad_urls_are_refused_at_registration_and_at_deli
     reserve(&allowed, &allowed.other.token, "ORD-N").await;
     let mut strict = allowed.settings.clone();
     strict.webhook_allow_private = false;
-    let (stop, stopped) = watch::channel(false);
-    let pool = allowed.pool.clone();
-    let task = tokio::spawn(async move {
-        poolkeeper::webhooks::run(&pool, &strict, poolkeeper::metrics::Metrics::new(), stopped)
-            .await
-    });
-    wait_for("two refused attempts", Duration::from_secs(30), || async {
+    step_until(&allowed.pool, &strict, "two refused attempts", || async {
         allowed
             .count(
                 "SELECT count(DISTINCT org_id) FROM webhook_attempts WHERE error LIKE '%loopback%'",
@@ -657,7 +688,6 @@ async fn internal_addresses_and_bad_urls_are_refused_at_registration_and_at_deli
             == 2
     })
     .await;
-    stop_worker((stop, task)).await;
     assert!(
         receiver.requests().is_empty(),
         "nothing reached the internal address"
@@ -1200,15 +1230,19 @@ async fn a_delivery_that_keeps_failing_is_given_up_after_the_retry_window() {
     machines(&app, app.org.id, "gu", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
     reserve(&app, &app.org.token, "ORD-GU").await;
-    let worker = start_worker(&app);
-    wait_for("the delivery given up", Duration::from_secs(30), || async {
-        app.count("SELECT count(*) FROM webhook_deliveries WHERE state = 'failed'")
-            .await
-            == 1
-    })
+    step_until(
+        &app.pool,
+        &app.settings,
+        "the delivery given up",
+        || async {
+            app.count("SELECT count(*) FROM webhook_deliveries WHERE state = 'failed'")
+                .await
+                == 1
+        },
+    )
     .await;
     let attempts = app.count("SELECT count(*) FROM webhook_attempts").await;
-    stop_worker(worker).await;
+    step(&app.pool, &app.settings).await;
     assert!(attempts >= 2, "retried before giving up: {attempts}");
     // Given up after the window, by the database clock; nothing after it
     // (the last attempt is the one that gave up).
