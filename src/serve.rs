@@ -82,7 +82,7 @@ pub async fn serve(settings: Settings, pool: Db) -> anyhow::Result<()> {
     // actix stops idle workers first, and each worker has its own runtime,
     // so a pooled connection opened on a stopped worker's runtime fails
     // ("Tokio context is being shutdown") in a request still running on
-    // another worker, which would answer 503 (seen in tests/api/rolling.rs).
+    // another worker, which would answer 503 (seen in tests/components/rolling.rs).
     tracing::info!(
         in_flight = readiness.in_flight(),
         "drain over; stopping once the requests in flight are done"

@@ -17,6 +17,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
@@ -166,22 +167,42 @@ fn exported() -> tracing_subscriber::filter::Targets {
         .with_target("tracing_actix_web", tracing::Level::INFO)
 }
 
-/// Installs the global subscriber (logs, and the OpenTelemetry layer when
-/// traces are exported), each layer with its own filter: a quiet
-/// `RUST_LOG` (`warn` in production) must not silence the traces. Call
-/// once, before the runtime starts: the exporter's HTTP client is a
-/// blocking one, on the batch thread.
-pub fn init() -> Telemetry {
+/// The log layer, written to `writer`: `RUST_LOG` filters it,
+/// `POOLKEEPER_LOG_FORMAT=json` makes it JSON lines.
+fn logs<S, W>(writer: W) -> impl tracing_subscriber::Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(crate::settings::declared_default("RUST_LOG").unwrap_or_default())
     });
     let json = std::env::var("POOLKEEPER_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
     let fmt = if json {
         fmt.json().boxed()
     } else {
         fmt.compact().boxed()
     };
+    fmt.with_filter(filter)
+}
+
+/// Installs a global subscriber of the logs alone, written to `writer`, and
+/// exports no traces: for servers run inside a test process, whose harness
+/// chooses stdout or a sink. Does nothing when a subscriber is installed.
+pub fn init_logs<W>(writer: W)
+where
+    W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
+{
+    let _ = tracing_subscriber::registry().with(logs(writer)).try_init();
+}
+
+/// Installs the global subscriber (logs on stderr, and the OpenTelemetry
+/// layer when traces are exported), each layer with its own filter: a quiet
+/// `RUST_LOG` (`warn` in production) must not silence the traces. Call
+/// once, before the runtime starts: the exporter's HTTP client is a
+/// blocking one, on the batch thread.
+pub fn init() -> Telemetry {
     let provider = if otlp_enabled(|v| std::env::var(v).ok()) {
         match tracer_provider() {
             Ok(p) => Some(p),
@@ -205,7 +226,7 @@ pub fn init() -> Telemetry {
     });
     // try_init: tests may initialise more than once.
     let _ = tracing_subscriber::registry()
-        .with(fmt.with_filter(filter))
+        .with(logs(std::io::stderr))
         .with(otel)
         .try_init();
     Telemetry { provider }

@@ -124,7 +124,8 @@ fn doc_rules() -> BTreeMap<String, Rule> {
     rules
 }
 
-/// Whether `tests/api/<module>.rs` (or `tests/<module>.rs`) has a test
+/// Whether `tests/api/<module>.rs` (or `tests/components/<module>.rs`, or
+/// `tests/<module>.rs`) has a test
 /// function of that name: `fn name(` with a test attribute just above it.
 fn test_exists(path: &str) -> Result<(), String> {
     let (module, name) = path
@@ -133,6 +134,9 @@ fn test_exists(path: &str) -> Result<(), String> {
     let module_path = module.replace("::", "/");
     let candidates = [
         root().join("tests/api").join(format!("{module_path}.rs")),
+        root()
+            .join("tests/components")
+            .join(format!("{module_path}.rs")),
         root().join("tests").join(format!("{module_path}.rs")),
     ];
     let file = candidates

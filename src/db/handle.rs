@@ -48,7 +48,7 @@ const PINNED_BEGIN: &str = "BEGIN; DEALLOCATE ALL";
 /// sessions (PgBouncer 1.18): sqlx prepares a statement in one round trip
 /// and executes it in the next, and such a pooler may hand each round trip
 /// to a different server session, where another client's statement of the
-/// same name runs instead (`tests/api/pgbouncer.rs`). So every statement
+/// same name runs instead (`tests/components/pgbouncer.rs`). So every statement
 /// runs inside an explicit transaction, which keeps one server session for
 /// the client until it ends, begun by `PINNED_BEGIN`; and nothing is cached
 /// (`statement_cache_capacity(0)`), so no statement is ever executed in a

@@ -40,4 +40,4 @@ pub use urls::{
     MAX_URL_LEN, REQUEST_TIMEOUT, UrlError, check_destination, check_ip, http_client, is_internal,
     parse_url,
 };
-pub use worker::{CONCURRENCY, PER_ORG, WorkerConfig, run};
+pub use worker::{CONCURRENCY, PER_ORG, Step, WorkerConfig, run, run_once};

@@ -58,43 +58,102 @@ pub async fn run(
     metrics: Metrics,
     shutdown: watch::Receiver<bool>,
 ) {
-    let config = WorkerConfig::from_settings(settings);
-    let http = match http_client(config.allow_private) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot build the webhook HTTP client; no webhook is delivered by this replica");
-            return;
-        }
-    };
-    // Its own small pool, like the sweep's: HTTP load cannot starve it, and
-    // a slow receiver holds no connection (the POST runs outside any
-    // statement).
-    let worker_pool = pool.worker_pool(
-        "poolkeeper-webhooks",
-        4,
-        config.lease.call_timeout,
-        config.lease.statement_timeout,
-        settings.db_pooler == DbPooler::Transaction,
-    );
-    let terms = Terms {
-        key: WEBHOOKS_KEY,
-        replica: config.replica.clone(),
-        timings: config.lease,
-        work: "delivering",
-    };
-    let lease = Holder::new(worker_pool.clone(), metrics, terms);
-    let mut worker = Worker {
-        pool: worker_pool.clone(),
-        http,
-        config,
-        shutdown,
-        stopping: false,
-        lease,
-        tasks: JoinSet::new(),
-        in_flight: HashMap::new(),
+    let Some(mut worker) = Worker::new(pool, settings, metrics, shutdown) else {
+        return;
     };
     worker.run().await;
-    worker_pool.close().await;
+    worker.pool.close().await;
+}
+
+/// What one step of the worker did: the deliveries it attempted, by the
+/// state each attempt left its delivery in.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// Whether this replica held the lease: without it nothing is attempted.
+    pub leased: bool,
+    /// Answered 2xx.
+    pub delivered: usize,
+    /// Failed, pending again until its backoff has passed.
+    pub retrying: usize,
+    /// Failed past the retry window: given up.
+    pub failed: usize,
+    /// Sent, but not recorded by this worker (the lease lost, a database
+    /// error, or recorded first by another holder): sent again if pending.
+    pub unrecorded: usize,
+}
+
+impl Step {
+    /// Deliveries attempted.
+    pub fn attempted(&self) -> usize {
+        self.delivered + self.retrying + self.failed + self.unrecorded
+    }
+}
+
+/// One step of the worker, as `settings.replica`: claims the lease, starts
+/// what is due now as the loop's poll does (at most `CONCURRENCY`,
+/// `PER_ORG` per organization, one event of a reservation at a time),
+/// waits for every attempt to be recorded as the loop does on shutdown,
+/// and releases the lease. What is due after a backoff is left for a later
+/// step. For tests, which step the worker instead of waiting for its loop.
+pub async fn run_once(pool: &Db, settings: &Settings, metrics: Metrics) -> Step {
+    let (_keep_running, running) = watch::channel(false);
+    let Some(mut worker) = Worker::new(pool, settings, metrics, running) else {
+        return Step::default();
+    };
+    worker.start_due().await;
+    worker.report.leased = worker.lease.is_held();
+    worker.drain().await;
+    worker.lease.release().await;
+    worker.pool.close().await;
+    worker.report
+}
+
+impl Worker {
+    /// The worker of `settings`, holding no lease yet; `None` (logged) when
+    /// its HTTP client cannot be built.
+    fn new(
+        pool: &Db,
+        settings: &Settings,
+        metrics: Metrics,
+        shutdown: watch::Receiver<bool>,
+    ) -> Option<Worker> {
+        let config = WorkerConfig::from_settings(settings);
+        let http = match http_client(config.allow_private) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the webhook HTTP client; no webhook is delivered by this replica");
+                return None;
+            }
+        };
+        // Its own small pool, like the sweep's: HTTP load cannot starve it, and
+        // a slow receiver holds no connection (the POST runs outside any
+        // statement).
+        let worker_pool = pool.worker_pool(
+            "poolkeeper-webhooks",
+            4,
+            config.lease.call_timeout,
+            config.lease.statement_timeout,
+            settings.db_pooler == DbPooler::Transaction,
+        );
+        let terms = Terms {
+            key: WEBHOOKS_KEY,
+            replica: config.replica.clone(),
+            timings: config.lease,
+            work: "delivering",
+        };
+        let lease = Holder::new(worker_pool.clone(), metrics, terms);
+        Some(Worker {
+            pool: worker_pool,
+            http,
+            config,
+            shutdown,
+            stopping: false,
+            lease,
+            tasks: JoinSet::new(),
+            in_flight: HashMap::new(),
+            report: Step::default(),
+        })
+    }
 }
 
 /// What a delivery task reports back.
@@ -114,6 +173,8 @@ struct Worker {
     tasks: JoinSet<Done>,
     /// Delivery id -> organization, for everything in `tasks`.
     in_flight: HashMap<i64, i64>,
+    /// What the attempts finished so far came to.
+    report: Step,
 }
 
 impl Worker {
@@ -147,16 +208,27 @@ impl Worker {
             }
             if Instant::now() >= next_poll {
                 next_poll = Instant::now() + self.config.poll;
-                if !self.lease.is_held() {
-                    self.lease.claim().await;
-                }
-                if self.lease.trusted() {
-                    self.poll().await;
-                }
+                self.start_due().await;
             }
         }
-        // Let what is in flight finish and be recorded (bounded by the
-        // request timeout and the statement bound), then release.
+        self.drain().await;
+        self.lease.release().await;
+        tracing::info!(replica = %self.config.replica, "webhook delivery worker stopped");
+    }
+
+    /// Claims the lease unless it is held; trusted, starts what is due.
+    async fn start_due(&mut self) {
+        if !self.lease.is_held() {
+            self.lease.claim().await;
+        }
+        if self.lease.trusted() {
+            self.poll().await;
+        }
+    }
+
+    /// Lets what is in flight finish and be recorded, bounded by the request
+    /// timeout and the statement bound; what is left then is abandoned.
+    async fn drain(&mut self) {
         let drain = self.config.lease.call_timeout + REQUEST_TIMEOUT;
         let deadline = Instant::now() + drain;
         while !self.tasks.is_empty() {
@@ -169,8 +241,6 @@ impl Worker {
                 }
             }
         }
-        self.lease.release().await;
-        tracing::info!(replica = %self.config.replica, "webhook delivery worker stopped");
     }
 
     fn stop_requested(&mut self) -> bool {
@@ -200,6 +270,13 @@ impl Worker {
         self.in_flight.remove(&done.id);
         if let Ok(Some(state)) = &done.outcome {
             crate::metrics::count_webhook_delivery(state);
+        }
+        let r = &mut self.report;
+        match done.outcome.as_ref().map(|s| s.as_deref()) {
+            Ok(Some("delivered")) => r.delivered += 1,
+            Ok(Some("failed")) => r.failed += 1,
+            Ok(Some(_)) => r.retrying += 1,
+            Ok(None) | Err(_) => r.unrecorded += 1,
         }
         match done.outcome {
             Ok(Some(state)) if state == "failed" => tracing::warn!(

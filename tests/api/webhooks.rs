@@ -5,121 +5,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
 use hmac::{Hmac, Mac};
 use poolkeeper::db::Db;
+use poolkeeper::metrics::Metrics;
+use poolkeeper::settings::Settings;
+use poolkeeper::webhooks::Step;
 use serde_json::{Value, json};
 use sha2::Sha256;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use crate::helpers::receiver::{Received, Receiver};
 use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{TestApp, binary, spawn_app, spawn_app_with};
-
-// ---- The receiver -----------------------------------------------------------
-
-#[derive(Clone, Debug)]
-struct Received {
-    event_id: i64,
-    timestamp: String,
-    signature: String,
-    attempt: u32,
-    body: Vec<u8>,
-    /// The status this receiver answered.
-    answered: u16,
-}
-
-impl Received {
-    fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).expect("a JSON body")
-    }
-}
-
-#[derive(Clone, Default)]
-pub(crate) struct Receiver {
-    log: Arc<Mutex<Vec<Received>>>,
-    /// Answer 500 to this many requests, then 200.
-    fail_next: Arc<AtomicUsize>,
-    /// Wait this long before answering (to have requests in flight).
-    delay_ms: Arc<AtomicU64>,
-    port: u16,
-}
-
-impl Receiver {
-    pub(crate) async fn start() -> Receiver {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
-        let r = Receiver {
-            port: listener.local_addr().expect("address").port(),
-            ..Receiver::default()
-        };
-        let state = r.clone();
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(web::Data::new(state.clone()))
-                .app_data(web::PayloadConfig::new(1 << 20))
-                .default_service(web::to(receive))
-        })
-        .workers(1)
-        .disable_signals()
-        .listen(listener)
-        .expect("listen")
-        .run();
-        tokio::spawn(server);
-        r
-    }
-
-    pub(crate) fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/hooks/poolkeeper", self.port)
-    }
-
-    fn requests(&self) -> Vec<Received> {
-        self.log.lock().expect("log").clone()
-    }
-
-    /// Event ids answered 200.
-    pub(crate) fn delivered(&self) -> BTreeSet<i64> {
-        self.requests()
-            .iter()
-            .filter(|r| r.answered == 200)
-            .map(|r| r.event_id)
-            .collect()
-    }
-}
-
-async fn receive(req: HttpRequest, body: web::Bytes, r: web::Data<Receiver>) -> HttpResponse {
-    let header = |name: &str| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned()
-    };
-    let delay = r.delay_ms.load(Ordering::SeqCst);
-    if delay > 0 {
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-    }
-    let fail = r
-        .fail_next
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-        .is_ok();
-    let answered = if fail { 500 } else { 200 };
-    r.log.lock().expect("log").push(Received {
-        event_id: header("poolkeeper-event-id").parse().unwrap_or(-1),
-        timestamp: header("poolkeeper-timestamp"),
-        signature: header("poolkeeper-signature"),
-        attempt: header("poolkeeper-delivery-attempt").parse().unwrap_or(0),
-        body: body.to_vec(),
-        answered,
-    });
-    if fail {
-        HttpResponse::InternalServerError().body("on demand")
-    } else {
-        HttpResponse::Ok().body("ok")
-    }
-}
 
 /// What the order service does (docs/webhooks.md, "Verifying a delivery"), written
 /// independently of the server's code: HMAC-SHA256 with the secret over
@@ -191,6 +92,44 @@ async fn stop_worker(worker: (watch::Sender<bool>, tokio::task::JoinHandle<()>))
         .expect("worker task");
 }
 
+/// One step of the delivery worker of `settings` (`webhooks::run_once`):
+/// every delivery due now attempted and recorded.
+async fn step(pool: &Db, settings: &Settings) -> Step {
+    let step = poolkeeper::webhooks::run_once(pool, settings, Metrics::new()).await;
+    assert!(step.leased, "the step holds the webhooks lease: {step:?}");
+    step
+}
+
+/// Steps the worker until `done` holds. A step attempts all that is due;
+/// after a step that attempted nothing, the next one waits for the soonest
+/// pending retry by the database clock: the backoff, never a poll interval.
+/// Fails after 30 s.
+async fn step_until<F, Fut>(pool: &Db, settings: &Settings, what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let attempted = step(pool, settings).await.attempted();
+        if done().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out stepping until {what}");
+        if attempted == 0 {
+            let due_in: Option<f64> = sqlx::query_scalar(
+                "SELECT extract(epoch FROM min(next_attempt_at) - clock_timestamp())::float8
+                   FROM webhook_deliveries WHERE state = 'pending'",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("the next retry");
+            let wait = Duration::from_secs_f64(due_in.unwrap_or(0.0).clamp(0.0, 5.0));
+            tokio::time::sleep(wait.max(Duration::from_millis(1))).await;
+        }
+    }
+}
+
 /// Registers `url` for the organization of `token`; returns the secret.
 async fn register(app: &TestApp, token: &str, url: &str) -> String {
     let r = app
@@ -207,17 +146,45 @@ async fn register(app: &TestApp, token: &str, url: &str) -> String {
     body["secret"].as_str().expect("a secret").to_owned()
 }
 
-/// An order of one r650 at par1.
-fn order(order_ref: &str) -> Value {
-    json!({"order_ref": order_ref, "site": "par1", "profile": "r650"})
+async fn reserve(app: &TestApp, token: &str, order: &str) -> (i64, i64) {
+    let r = app
+        .http
+        .post(app.url("/api/v1/reservations"))
+        .bearer_auth(token)
+        .json(&json!({"order_ref": order, "site": "par1", "profile": "r650"}))
+        .send()
+        .await
+        .expect("reserve");
+    assert_eq!(r.status().as_u16(), 201, "{order}");
+    let b: Value = r.json().await.expect("json");
+    (
+        b["id"].as_i64().expect("id"),
+        b["fence"].as_i64().expect("fence"),
+    )
 }
 
-/// The id and fence of a reservation's body.
-fn id_fence(body: &Value) -> (i64, i64) {
-    (
-        body["id"].as_i64().expect("id"),
-        body["fence"].as_i64().expect("fence"),
-    )
+async fn cancel(app: &TestApp, token: &str, id: i64, fence: i64) {
+    let r = app
+        .http
+        .post(app.url(&format!("/api/v1/reservations/{id}/cancel")))
+        .bearer_auth(token)
+        .json(&json!({"fence": fence, "reason": "customer left"}))
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(r.status().as_u16(), 200);
+}
+
+async fn convert(app: &TestApp, token: &str, id: i64, fence: i64) {
+    let r = app
+        .http
+        .post(app.url(&format!("/api/v1/reservations/{id}/convert")))
+        .bearer_auth(token)
+        .json(&json!({"fence": fence, "service_ref": format!("SRV-{id}")}))
+        .send()
+        .await
+        .expect("convert");
+    assert_eq!(r.status().as_u16(), 200);
 }
 
 async fn machines(app: &TestApp, org_id: i64, prefix: &str, n: usize) {
@@ -227,6 +194,23 @@ async fn machines(app: &TestApp, org_id: i64, prefix: &str, n: usize) {
             .profile("r650")
             .create(&app.pool, org_id)
             .await;
+    }
+}
+
+/// Polls `check` until it holds or `within` passes (no sleep stands in for
+/// synchronisation: the condition is what the test waits for).
+async fn wait_for<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -260,10 +244,7 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
     let receiver = Receiver::start().await;
     machines(&app, app.org.id, "wh", 4).await;
     // Before a webhook exists, events write no delivery rows.
-    let (early, _) = id_fence(
-        &app.reserve_created(&app.org.token, order("ORD-EARLY"))
-            .await,
-    );
+    let (early, _) = reserve(&app, &app.org.token, "ORD-EARLY").await;
     assert_eq!(
         scalar(
             &app.pool,
@@ -278,21 +259,11 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
 
     // created + converted, created + cancelled, created + expired by the
     // sweep's batch statement (the trigger covers every writer).
-    let (a, fa) = id_fence(&app.reserve_created(&app.org.token, order("ORD-A")).await);
-    app.convert_ok(
-        &app.org.token,
-        a,
-        json!({"fence": fa, "service_ref": format!("SRV-{a}")}),
-    )
-    .await;
-    let (b, fb) = id_fence(&app.reserve_created(&app.org.token, order("ORD-B")).await);
-    app.cancel_ok(
-        &app.org.token,
-        b,
-        json!({"fence": fb, "reason": "customer left"}),
-    )
-    .await;
-    let (c, _) = id_fence(&app.reserve_created(&app.org.token, order("ORD-C")).await);
+    let (a, fa) = reserve(&app, &app.org.token, "ORD-A").await;
+    convert(&app, &app.org.token, a, fa).await;
+    let (b, fb) = reserve(&app, &app.org.token, "ORD-B").await;
+    cancel(&app, &app.org.token, b, fb).await;
+    let (c, _) = reserve(&app, &app.org.token, "ORD-C").await;
     app.make_overdue(c).await;
     let mandate = match poolkeeper::lease::claim(
         &app.pool,
@@ -329,22 +300,22 @@ async fn every_event_is_delivered_signed_and_the_receiver_can_verify_it() {
         "one outbox row per event, written with the event"
     );
 
-    let worker = start_worker(&app);
-    app.wait_for("six deliveries", Duration::from_secs(30), || async {
-        receiver.delivered().len() >= 6
-    })
-    .await;
-    app.wait_for("the attempts recorded", Duration::from_secs(30), || async {
+    // Two steps: the three 'created' events, then the event after each
+    // (one event of a reservation at a time).
+    let first = step(&app.pool, &app.settings).await;
+    let second = step(&app.pool, &app.settings).await;
+    assert_eq!((first.delivered, second.delivered), (3, 3));
+    assert_eq!(receiver.delivered().len(), 6, "six deliveries");
+    assert_eq!(
         scalar(
             &app.pool,
             "SELECT count(*) FROM webhook_deliveries WHERE org_id = $1 AND state = 'delivered'",
             app.org.id,
         )
-        .await
-            == 6
-    })
-    .await;
-    stop_worker(worker).await;
+        .await,
+        6,
+        "the attempts recorded"
+    );
 
     let requests = receiver.requests();
     assert_eq!(receiver.delivered(), expected);
@@ -448,11 +419,11 @@ async fn a_delivery_answered_500_is_retried_with_backoff_and_every_attempt_is_re
     receiver.fail_next.store(3, Ordering::SeqCst);
     machines(&app, app.org.id, "rt", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
-    app.reserve_created(&app.org.token, order("ORD-R")).await;
-    let worker = start_worker(&app);
-    app.wait_for(
+    reserve(&app, &app.org.token, "ORD-R").await;
+    step_until(
+        &app.pool,
+        &app.settings,
         "the delivery after three 500s",
-        Duration::from_secs(30),
         || async {
             scalar(
                 &app.pool,
@@ -464,7 +435,6 @@ async fn a_delivery_answered_500_is_retried_with_backoff_and_every_attempt_is_re
         },
     )
     .await;
-    stop_worker(worker).await;
 
     let requests = receiver.requests();
     let answered: Vec<(u16, u32)> = requests.iter().map(|r| (r.answered, r.attempt)).collect();
@@ -523,20 +493,11 @@ async fn events_of_one_reservation_are_never_sent_ahead_of_an_earlier_one() {
     // Both events of each reservation are pending before the worker starts,
     // and the receiver refuses the first deliveries it gets.
     for i in 0..6 {
-        let (id, fence) = id_fence(
-            &app.reserve_created(&app.org.token, order(&format!("ORD-{i}")))
-                .await,
-        );
-        app.cancel_ok(
-            &app.org.token,
-            id,
-            json!({"fence": fence, "reason": "customer left"}),
-        )
-        .await;
+        let (id, fence) = reserve(&app, &app.org.token, &format!("ORD-{i}")).await;
+        cancel(&app, &app.org.token, id, fence).await;
     }
     receiver.fail_next.store(8, Ordering::SeqCst);
-    let worker = start_worker(&app);
-    app.wait_for("twelve deliveries", Duration::from_secs(30), || async {
+    step_until(&app.pool, &app.settings, "twelve deliveries", || async {
         scalar(
             &app.pool,
             "SELECT count(*) FROM webhook_deliveries WHERE org_id = $1 AND state = 'delivered'",
@@ -546,7 +507,6 @@ async fn events_of_one_reservation_are_never_sent_ahead_of_an_earlier_one() {
             == 12
     })
     .await;
-    stop_worker(worker).await;
 
     let requests = receiver.requests();
     assert!(
@@ -601,32 +561,22 @@ async fn one_organizations_events_never_reach_another_and_its_failing_endpoint_b
     let other_secret = register(&app, &app.other.orders_token, &other_rx.url()).await;
     assert_ne!(acme_secret, other_secret);
     for i in 0..3 {
-        app.reserve_created(&app.org.token, order(&format!("A-{i}")))
-            .await;
-        let (id, fence) = id_fence(
-            &app.reserve_created(&app.other.token, order(&format!("O-{i}")))
-                .await,
-        );
-        app.cancel_ok(
-            &app.other.token,
-            id,
-            json!({"fence": fence, "reason": "customer left"}),
-        )
-        .await;
+        reserve(&app, &app.org.token, &format!("A-{i}")).await;
+        let (id, fence) = reserve(&app, &app.other.token, &format!("O-{i}")).await;
+        cancel(&app, &app.other.token, id, fence).await;
     }
-    let worker = start_worker(&app);
     let other_events = events_of(&app.pool, app.other.id).await;
-    app.wait_for(
+    step_until(
+        &app.pool,
+        &app.settings,
         "other's six events despite acme's failures",
-        Duration::from_secs(30),
         || async { other_rx.delivered() == other_events },
     )
     .await;
-    app.wait_for("acme retried", Duration::from_secs(30), || async {
+    step_until(&app.pool, &app.settings, "acme retried", || async {
         acme_rx.requests().len() >= 6
     })
     .await;
-    stop_worker(worker).await;
 
     let acme_events = events_of(&app.pool, app.org.id).await;
     for r in acme_rx.requests() {
@@ -722,21 +672,11 @@ async fn internal_addresses_and_bad_urls_are_refused_at_registration_and_at_deli
     register(&allowed, &allowed.org.orders_token, &receiver.url()).await;
     let by_name = format!("http://localhost:{}/hook", receiver.port);
     register(&allowed, &allowed.other.orders_token, &by_name).await;
-    allowed
-        .reserve_created(&allowed.org.token, order("ORD-L"))
-        .await;
-    allowed
-        .reserve_created(&allowed.other.token, order("ORD-N"))
-        .await;
+    reserve(&allowed, &allowed.org.token, "ORD-L").await;
+    reserve(&allowed, &allowed.other.token, "ORD-N").await;
     let mut strict = allowed.settings.clone();
     strict.webhook_allow_private = false;
-    let (stop, stopped) = watch::channel(false);
-    let pool = allowed.pool.clone();
-    let task = tokio::spawn(async move {
-        poolkeeper::webhooks::run(&pool, &strict, poolkeeper::metrics::Metrics::new(), stopped)
-            .await
-    });
-    app.wait_for("two refused attempts", Duration::from_secs(30), || async {
+    step_until(&allowed.pool, &strict, "two refused attempts", || async {
         allowed
             .count(
                 "SELECT count(DISTINCT org_id) FROM webhook_attempts WHERE error LIKE '%loopback%'",
@@ -745,7 +685,6 @@ async fn internal_addresses_and_bad_urls_are_refused_at_registration_and_at_deli
             == 2
     })
     .await;
-    stop_worker((stop, task)).await;
     assert!(
         receiver.requests().is_empty(),
         "nothing reached the internal address"
@@ -946,7 +885,7 @@ async fn no_delivery_is_lost_when_the_delivering_replica_is_killed_mid_batch() {
         Replica::spawn(&url, "wh-b", &dir),
     ];
     // Kill the holder once it has delivered some but not all.
-    app.wait_for(
+    wait_for(
         "a first part delivered",
         Duration::from_secs(60),
         || async {
@@ -978,7 +917,7 @@ async fn no_delivery_is_lost_when_the_delivering_replica_is_killed_mid_batch() {
         "killed mid-batch ({delivered_at_kill} of {total})"
     );
 
-    app.wait_for(
+    wait_for(
         "every delivery recorded",
         Duration::from_secs(90),
         || async {
@@ -1172,9 +1111,9 @@ async fn jobs_shows_the_delivery_lease_the_backlog_and_only_the_own_organization
     receiver.fail_next.store(usize::MAX, Ordering::SeqCst);
     machines(&app, app.org.id, "j", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
-    app.reserve_created(&app.org.token, order("ORD-J")).await;
+    reserve(&app, &app.org.token, "ORD-J").await;
     let worker = start_worker(&app);
-    app.wait_for("a failed attempt", Duration::from_secs(30), || async {
+    wait_for("a failed attempt", Duration::from_secs(30), || async {
         app.count("SELECT count(*) FROM webhook_attempts WHERE status = 500")
             .await
             >= 1
@@ -1294,16 +1233,20 @@ async fn a_delivery_that_keeps_failing_is_given_up_after_the_retry_window() {
     receiver.fail_next.store(usize::MAX, Ordering::SeqCst);
     machines(&app, app.org.id, "gu", 1).await;
     register(&app, &app.org.orders_token, &receiver.url()).await;
-    app.reserve_created(&app.org.token, order("ORD-GU")).await;
-    let worker = start_worker(&app);
-    app.wait_for("the delivery given up", Duration::from_secs(30), || async {
-        app.count("SELECT count(*) FROM webhook_deliveries WHERE state = 'failed'")
-            .await
-            == 1
-    })
+    reserve(&app, &app.org.token, "ORD-GU").await;
+    step_until(
+        &app.pool,
+        &app.settings,
+        "the delivery given up",
+        || async {
+            app.count("SELECT count(*) FROM webhook_deliveries WHERE state = 'failed'")
+                .await
+                == 1
+        },
+    )
     .await;
     let attempts = app.count("SELECT count(*) FROM webhook_attempts").await;
-    stop_worker(worker).await;
+    step(&app.pool, &app.settings).await;
     assert!(attempts >= 2, "retried before giving up: {attempts}");
     // Given up after the window, by the database clock; nothing after it
     // (the last attempt is the one that gave up).

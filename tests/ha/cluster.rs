@@ -6,7 +6,7 @@
 //! own free port and keeps its files under one temporary directory; the
 //! PostgreSQL nodes and Patroni run as `postgres` when we are root.
 //!
-//! Shared by `tests/api/failover.rs` and `benches/allocation/ha.rs`
+//! Shared by `tests/components/failover.rs` and `benches/allocation/ha.rs`
 //! (`#[path]` modules): nothing here depends on either.
 #![allow(dead_code)]
 

@@ -1,17 +1,20 @@
 //! The test harness: one private PostgreSQL per test run (or `DATABASE_URL`
-//! when set), a freshly migrated database per test, and `spawn_app()` that
-//! starts the server on port 0 against it.
+//! when set), a freshly migrated database per test (dropped when the test
+//! ends), and `spawn_app()` that starts the server on port 0 against it, its
+//! logs on stdout when `TEST_LOG` is set.
 #![allow(dead_code)]
 
+pub mod conformance;
 mod fake;
 mod fixtures;
 mod http;
+pub mod receiver;
 pub mod replicas;
 pub use fake::*;
 pub use fixtures::*;
 
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, Once, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use poolkeeper::db::Db;
@@ -146,11 +149,62 @@ fn remove_stale_clusters() {
     }
 }
 
-/// A database of the test cluster, owned by one test.
+/// A database of the test cluster, owned by one test: dropped when the
+/// last clone goes, at the test's end, passed or panicked.
 #[derive(Clone)]
 pub struct TestDb {
     pub name: String,
     pub options: PgConnectOptions,
+    _dropped_with: Arc<DropOnExit>,
+}
+
+/// Drops its database: `WITH (FORCE)` ends the sessions the test left (its
+/// pools, a server still running, a child process), on a plain thread with
+/// its own runtime, as `cluster()` starts the cluster, because the test's
+/// runtime may be the one unwinding. Bounded: a drop that does not finish
+/// in time is left to its thread (the database stays), never holding up the
+/// run.
+struct DropOnExit {
+    name: String,
+}
+
+const DROP_WITHIN: Duration = Duration::from_secs(10);
+
+impl Drop for DropOnExit {
+    fn drop(&mut self) {
+        let Some(Ok(c)) = CLUSTER.get() else { return };
+        let admin = c.admin.clone();
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let result = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| {
+                    rt.block_on(async {
+                        let drop = async {
+                            let mut conn = PgConnection::connect_with(&admin).await?;
+                            sqlx::query(sqlx::AssertSqlSafe(sql))
+                                .execute(&mut conn)
+                                .await?;
+                            conn.close().await
+                        };
+                        match tokio::time::timeout(DROP_WITHIN, drop).await {
+                            Ok(r) => r.map_err(|e| e.to_string()),
+                            Err(_) => Err(format!("not done within {DROP_WITHIN:?}")),
+                        }
+                    })
+                });
+            let _ = done.send(result);
+        });
+        let outcome = finished
+            .recv_timeout(DROP_WITHIN + Duration::from_secs(1))
+            .unwrap_or_else(|_| Err("its thread did not answer".to_owned()));
+        if let Err(e) = outcome {
+            eprintln!("test database {} not dropped: {e}", self.name);
+        }
+    }
 }
 
 impl TestDb {
@@ -200,6 +254,7 @@ async fn create_db(template: Option<&str>) -> TestDb {
     let _ = conn.close().await;
     TestDb {
         options: c.admin.clone().database(&name),
+        _dropped_with: Arc::new(DropOnExit { name: name.clone() }),
         name,
     }
 }
@@ -253,9 +308,25 @@ pub async fn spawn_app() -> TestApp {
     spawn_app_with(|_| {}).await
 }
 
+/// The in-process servers' logs: on stdout when `TEST_LOG` is set
+/// (`TEST_LOG=1 cargo test --test api NAME -- --nocapture`, `RUST_LOG`
+/// filtering as for `serve`), else formatted into a sink, so that every
+/// log line's formatting still runs.
+fn init_logs() {
+    static LOGS: Once = Once::new();
+    LOGS.call_once(|| {
+        if std::env::var_os("TEST_LOG").is_some() {
+            poolkeeper::telemetry::init_logs(std::io::stdout);
+        } else {
+            poolkeeper::telemetry::init_logs(std::io::sink);
+        }
+    });
+}
+
 /// Starts the application on port 0 against a fresh database, with two
 /// organizations (both with the datacenter module on).
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut Settings)) -> TestApp {
+    init_logs();
     let db = migrated_db().await;
     let pool = db.pool().await;
     let mut settings = test_settings();
@@ -599,14 +670,15 @@ impl TestApp {
 /// A test that uses `component` (PgBouncer, the browser, systemd-analyze,
 /// Prometheus) never passes without it: a missing one fails the test,
 /// naming the command that installs it (`scripts/test` installs every
-/// one). A quick local loop leaves such tests out with libtest's own filter
-/// (`cargo test -- --skip browser::`), which the summary counts as
-/// filtered out, never as passed.
+/// one). Such tests are in the `components` binary, out of the default
+/// `cargo test`; a run of it leaves some out with libtest's own filter
+/// (`cargo test --test components -- --skip browser::`), which the summary
+/// counts as filtered out, never as passed.
 pub fn needs(component: &str, present: bool, install: &str) {
     assert!(
         present,
         "{component} is not installed: run `scripts/test` (it installs what is missing) or \
-         `{install}`; to leave these tests out of a local run, `cargo test -- --skip MODULE::` \
+         `{install}`; to leave these tests out of a local run, `cargo test --test components -- --skip MODULE::` \
          (they are then counted as filtered out)"
     );
 }

@@ -1,4 +1,6 @@
-//! `poolkeeper serve` as real processes, for the deployment tests.
+//! `poolkeeper serve` as real processes, for the deployment tests (of both
+//! test binaries: each uses some of it).
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 use std::process::Stdio;

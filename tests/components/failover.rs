@@ -21,10 +21,10 @@ use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
 use crate::ha_cluster::{HaCluster, TTL_SECONDS, signal};
+use crate::helpers::receiver::Receiver;
 use crate::helpers::replicas::Replica;
 use crate::helpers::{FakeHold, FakeMachine};
 use crate::soak::{Created, SoakReport, check_invariants, check_told};
-use crate::webhooks::Receiver;
 
 const CLIENTS: usize = 16;
 const MACHINES: i64 = 40;
@@ -50,7 +50,7 @@ async fn no_acknowledged_write_is_lost_and_no_machine_is_sold_twice_across_failo
     run(rounds).await;
 }
 
-/// The long variant, by hand: `cargo test --test api failover_long --
+/// The long variant, by hand: `cargo test --test components failover_long --
 /// --ignored --nocapture` (5 rounds of the five faults).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore]
@@ -1195,7 +1195,7 @@ async fn a_write_whose_connection_is_lost_gets_503_outcome_unknown_and_its_retry
         .order("ORD-FO-1")
         .create_with_fence(&app.pool, app.org.id)
         .await;
-    let mut conformance = crate::openapi::Conformance::new(&app).await;
+    let mut conformance = crate::helpers::conformance::Conformance::new(&app).await;
 
     // Hold the machine row: the cancel's statement blocks on it, sent.
     let mut blocker = app.db.connection().await;

@@ -5,9 +5,9 @@
 //! its lease). Afterwards the invariants are checked in SQL and against what
 //! the clients were told.
 //!
-//! `soak_short` runs in `cargo test` (about 45 s); `soak_long` runs for
+//! `soak_short` runs in `scripts/test` (about 45 s); `soak_long` runs for
 //! `SOAK_SECONDS` (default 600):
-//! `SOAK_SECONDS=600 cargo test --test api soak_long -- --ignored --nocapture`.
+//! `SOAK_SECONDS=600 cargo test --test components soak_long -- --ignored --nocapture`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -217,7 +217,7 @@ async fn soak_short() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "long soak: SOAK_SECONDS=600 cargo test --test api soak_long -- --ignored --nocapture"]
+#[ignore = "long soak: SOAK_SECONDS=600 cargo test --test components soak_long -- --ignored --nocapture"]
 async fn soak_long() {
     let seconds: u64 = std::env::var("SOAK_SECONDS")
         .ok()
