@@ -71,6 +71,37 @@ pub async fn read(
     .await
 }
 
+/// One pool of `capacity_pools`, as the dashboard reads it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Pool {
+    pub site: String,
+    pub profile: String,
+    pub total: i64,
+    pub sellable: i64,
+    pub held: i64,
+    pub sold: i64,
+    pub not_ready: i64,
+    /// Machines kept per segment (R18).
+    pub reserved: sqlx::types::Json<std::collections::BTreeMap<String, i64>>,
+    /// What an order without a segment could take now.
+    pub available: i64,
+}
+
+/// Every pool of `org_id`, by site and profile, in one snapshot: the
+/// overview and its demand table read their counts here, so that staff see
+/// what the capacity API tells the shop (R17: an overdue hold is sellable,
+/// the allocator takes it). One counting of the pool, index-only, where the
+/// overview's own joins of every machine cost four times as much.
+pub async fn pools(db: impl PgExecutor<'_>, org_id: i64) -> Result<Vec<Pool>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT site, profile, total, sellable, held, sold, not_ready, reserved, available
+           FROM capacity_pools($1, NULL, NULL, NULL, NULL)",
+    )
+    .bind(org_id)
+    .fetch_all(db)
+    .await
+}
+
 /// R17 for a shop front that asks on every page view: for `ttl`, this
 /// process answers the same question of the same organization from the
 /// snapshot it last read, instead of counting the pool again. Each answer is

@@ -203,29 +203,16 @@ impl SiteProfileDemand {
     }
 }
 
-/// Every site and profile of the inventory, and every one refused in the
+/// Every site and profile of the inventory (`stock`: site, profile and
+/// sellable machines, read by the caller), and every one refused in the
 /// last 7 days (a profile never stocked is the plainest "buy hardware"),
 /// most refused first, at most `limit`.
 pub async fn by_site_and_profile(
     pool: &Db,
     org_id: i64,
+    stock: Vec<(String, String, i64)>,
     limit: usize,
 ) -> Result<Vec<SiteProfileDemand>, sqlx::Error> {
-    // The same four disjoint categories as the overview: sellable is ready
-    // with neither a live service link nor a held reservation.
-    let stock: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT m.site, m.profile,
-                count(*) FILTER (WHERE s.machine_id IS NULL AND r.machine_id IS NULL
-                                   AND m.status = 'ready') AS sellable
-           FROM machines m
-           LEFT JOIN reservations r ON r.machine_id = m.id AND r.state = 'held'
-           LEFT JOIN service_links s ON s.machine_id = m.id AND s.ended_at IS NULL
-          WHERE m.org_id = $1
-          GROUP BY m.site, m.profile",
-    )
-    .bind(org_id)
-    .fetch_all(pool)
-    .await?;
     // One reading of the clock: hour 0 ends now. A range scan of
     // reservation_refusals_by_org_at_idx.
     // `contended` is not charted here: capacity exists, it is only hot.

@@ -255,9 +255,14 @@ fn row_view(d: SiteProfileDemand) -> DemandRowView {
     }
 }
 
-/// The overview's hook.
-pub async fn overview_part(pool: &Db, org_id: i64) -> Result<OverviewDemand, DashError> {
-    let rows = demand::by_site_and_profile(pool, org_id, OVERVIEW_ROWS).await?;
+/// The overview's hook; `stock` is the sellable machines per site and
+/// profile, from the overview's own reading of the pools.
+pub async fn overview_part(
+    pool: &Db,
+    org_id: i64,
+    stock: Vec<(String, String, i64)>,
+) -> Result<OverviewDemand, DashError> {
+    let rows = demand::by_site_and_profile(pool, org_id, stock, OVERVIEW_ROWS).await?;
     Ok(OverviewDemand {
         rows: rows.into_iter().map(row_view).collect(),
         chart_width: CHART_HOURS * HOUR_WIDTH,

@@ -17,20 +17,10 @@ use chrono::{DateTime, Duration, Timelike, Utc};
 use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, page};
-use crate::inventory;
+use crate::capacity;
 
 /// (site, kind, hour index, count) of the 24-hour chart's query.
 type HourCount = (String, String, i32, i64);
-
-#[derive(sqlx::FromRow)]
-struct ProfileCounts {
-    site: String,
-    profile: String,
-    sellable: i64,
-    held: i64,
-    sold: i64,
-    not_ready: i64,
-}
 
 /// One row of a site's table: a profile, or the site's total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -217,27 +207,13 @@ pub(crate) async fn overview(
     staff: Staff,
     pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
-    // The four categories of `inventory::PoolState`, the same SQL as the
-    // machines list's.
-    let sql = format!(
-        "SELECT site, profile,
-                count(*) FILTER (WHERE st = 'sellable') AS sellable,
-                count(*) FILTER (WHERE st = 'held') AS held,
-                count(*) FILTER (WHERE st = 'sold') AS sold,
-                count(*) FILTER (WHERE st = 'not_ready') AS not_ready
-           FROM (SELECT m.site, m.profile, {state} AS st
-                   FROM machines m
-                   {joins}
-                  WHERE m.org_id = $1) m
-          GROUP BY site, profile ORDER BY site, profile",
-        state = inventory::pool_state_sql(),
-        joins = inventory::POOL_STATE_JOINS,
-    );
-    let rows: Vec<ProfileCounts> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(staff.org_id)
-        .fetch_all(pool.get_ref())
-        .await?;
-    let mut headroom = headroom_by_pool(pool.get_ref(), staff.org_id).await?;
+    // One reading of the pools (R17's counts, as the capacity API gives
+    // them): the site tables, the headroom and the demand's stock.
+    let pools = capacity::pools(pool.get_ref(), staff.org_id).await?;
+    let stock = pools
+        .iter()
+        .map(|p| (p.site.clone(), p.profile.clone(), p.sellable))
+        .collect();
     // The last 24 hours by the database clock, in whole hours: the 23 past
     // hours and the current one. One range of
     // reservations_recent_activity_idx holds every reservation created or
@@ -281,19 +257,17 @@ pub(crate) async fn overview(
         }
     }
     let mut by_site: BTreeMap<String, Vec<ProfileView>> = BTreeMap::new();
-    for r in rows {
+    for r in pools {
         let counts = Counts {
             sellable: r.sellable,
             held: r.held,
             sold: r.sold,
             not_ready: r.not_ready,
         };
-        let headroom = headroom
-            .remove(&(r.site.clone(), r.profile.clone()))
-            .unwrap_or_else(|| Headroom {
-                kept: vec![],
-                available: counts.sellable,
-            });
+        let headroom = Headroom {
+            kept: r.reserved.0.into_iter().collect(),
+            available: r.available,
+        };
         by_site.entry(r.site).or_default().push(ProfileView {
             profile: r.profile,
             counts,
@@ -341,35 +315,8 @@ pub(crate) async fn overview(
         chrome: Chrome::new(&req, &staff, "Overview", "overview"),
         sites,
         series: SERIES,
-        demand: super::demand::overview_part(pool.get_ref(), staff.org_id).await?,
+        demand: super::demand::overview_part(pool.get_ref(), staff.org_id, stock).await?,
     })
-}
-
-/// Per pool (site, profile): the headroom kept per segment and what an
-/// order without a segment could take now, as the capacity API says it
-/// (`capacity_pools`, one snapshot).
-async fn headroom_by_pool(
-    pool: &Db,
-    org_id: i64,
-) -> Result<BTreeMap<(String, String), Headroom>, sqlx::Error> {
-    let rows: Vec<(String, String, super::machines::KeptJson, i64)> = sqlx::query_as(
-        "SELECT site, profile, reserved, available FROM capacity_pools($1, NULL, NULL, NULL, NULL)",
-    )
-    .bind(org_id)
-    .fetch_all(pool)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(site, profile, kept, available)| {
-            (
-                (site, profile),
-                Headroom {
-                    kept: kept.0.into_iter().collect(),
-                    available,
-                },
-            )
-        })
-        .collect())
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use scraper::Html;
 
 use super::{sel, text_of};
-use crate::helpers::{FakeHold, FakeMachine};
+use crate::helpers::{FakeHold, FakeMachine, InService};
 use crate::helpers::{StaffClient, TestApp, spawn_app};
 
 async fn keep(app: &TestApp, site: &str, profile: &str, segment: &str, machines: i32) {
@@ -73,6 +73,77 @@ async fn the_overview_says_the_headroom_kept_per_profile_and_what_is_left_withou
     let (_, body) = viewer.page("/").await;
     assert_eq!(cell(&body, epyc, "kept"), "2 for enterprise");
     assert_eq!(cell(&body, epyc, "available"), "1");
+}
+
+/// The overview counts what the capacity API tells the shop (R17), from
+/// the same reading: per pool, every state, the headroom and what is
+/// available; an overdue hold is sellable (the allocator takes it, R11),
+/// a live one held, a live service sold.
+#[tokio::test]
+async fn the_overview_counts_every_pool_as_the_capacity_api_does() {
+    let app = spawn_app().await;
+    ready(&app, &["A-1", "A-2", "A-3", "A-4", "A-5"], "par1", "epyc").await;
+    ready(&app, &["B-1", "B-2"], "ams9", "epyc").await;
+    FakeMachine::new()
+        .tag("A-6")
+        .site("par1")
+        .profile("epyc")
+        .status("maintenance")
+        .create(&app.pool, app.org.id)
+        .await;
+    FakeHold::on("A-1").create(&app.pool, app.org.id).await;
+    FakeHold::on("A-2")
+        .created_ago("20 minutes")
+        .deadline("-1 minute")
+        .create(&app.pool, app.org.id)
+        .await;
+    FakeHold::on("A-3")
+        .state(InService)
+        .create(&app.pool, app.org.id)
+        .await;
+    FakeHold::on("B-1").create(&app.pool, app.org.id).await;
+    keep(&app, "par1", "epyc", "enterprise", 1).await;
+
+    let r = app
+        .http
+        .get(app.url("/api/v1/capacity"))
+        .bearer_auth(&app.org.orders_token)
+        .send()
+        .await
+        .expect("GET /capacity");
+    assert_eq!(r.status(), 200);
+    let api: serde_json::Value = r.json().await.expect("json");
+    let viewer = app.staff("vera@acme.example", "viewer").await;
+    let (status, body) = viewer.page("/").await;
+    assert_eq!(status, 200, "{body}");
+    let pools = api["pools"].as_array().expect("pools");
+    assert_eq!(pools.len(), 2, "{api}");
+    for p in pools {
+        let site = p["site"].as_str().expect("site");
+        let row =
+            format!("section.site[data-site=\"{site}\"] table.profiles tr[data-profile=\"epyc\"]");
+        for key in [
+            "sellable",
+            "held",
+            "sold",
+            "not_ready",
+            "total",
+            "available",
+        ] {
+            assert_eq!(
+                cell(&body, &row, key),
+                p[key].to_string(),
+                "{site} {key}: {api}"
+            );
+        }
+    }
+    // The figures themselves: par1 has A-2 (overdue), A-4, A-5 sellable.
+    let par1 = "section.site[data-site=\"par1\"] table.profiles tr[data-profile=\"epyc\"]";
+    let counts: Vec<String> = ["sellable", "held", "sold", "not_ready", "available"]
+        .iter()
+        .map(|k| cell(&body, par1, k))
+        .collect();
+    assert_eq!(counts, ["3", "1", "1", "1", "2"]);
 }
 
 #[tokio::test]
