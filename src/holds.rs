@@ -90,12 +90,28 @@ pub async fn held_page(
     // The remaining seconds come from the database clock (clock_timestamp),
     // the same clock that judges expiry; the browser only counts down from
     // it, never reads its own wall clock. Keyset paging on (expires_at, id)
-    // walks reservations_held_by_deadline_idx (the sweep's index) in order,
-    // forwards or backwards, and stops after a page: no OFFSET, no per-row
-    // query. The redundant `expires_at >=`/`<=` lets the index bound the walk,
+    // walks reservations_held_by_deadline_idx (the sweep's, on (expires_at,
+    // id)) in order, forwards or backwards, probes each row's machine by key
+    // and stops after a page: no OFFSET, no per-row query, no join of the
+    // whole pool. The redundant `expires_at >=`/`<=` lets the index bound the walk,
     // and `expires_at IS NOT NULL` (always true) matches the index's
     // predicate, which says so to keep the allocator's probes off it.
-    let sql = format!(
+    let sql = held_page_sql(backwards);
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .bind(f.site.as_ref().map(Site::as_str))
+        .bind(f.within)
+        .bind(cursor.map(|c| c.expires_at))
+        .bind(cursor.map_or(0, |c| c.id))
+        .bind(limit)
+        .fetch_all(pool)
+        .await
+}
+
+/// `held_page`'s statement: `$1` org, `$2` site, `$3` within minutes,
+/// `$4`, `$5` the cursor (deadline, id), `$6` the limit.
+pub fn held_page_sql(backwards: bool) -> String {
+    format!(
         "SELECT r.id, r.order_ref, m.asset_tag, m.site, r.fence, r.expires_at,
                 floor(extract(epoch FROM r.expires_at - clock_timestamp()))::bigint AS remaining,
                 r.quantity, r.slot, x.replaced_tag, x.replaced_at, r.segment, r.customer_ref
@@ -114,16 +130,7 @@ pub async fn held_page(
           LIMIT $6",
         cmp = if backwards { "<" } else { ">" },
         dir = if backwards { "DESC" } else { "ASC" },
-    );
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(org_id)
-        .bind(f.site.as_ref().map(Site::as_str))
-        .bind(f.within)
-        .bind(cursor.map(|c| c.expires_at))
-        .bind(cursor.map_or(0, |c| c.id))
-        .bind(limit)
-        .fetch_all(pool)
-        .await
+    )
 }
 
 /// How many held reservations `f` selects, and the database's clock when
