@@ -97,22 +97,25 @@ pub async fn expire_batch<'c>(
     // now is left to its owner; if it is still held and overdue, the next
     // sweep takes it. R13: an order ends whole, in this one statement: its
     // other slots are then locked and waited for (whoever locks slots
-    // takes the first one first, or never waits: no deadlock).
+    // takes the first one first, or never waits: no deadlock). An order of
+    // one is its first slot, already locked: only orders of several look
+    // up their other slots.
     let sql = format!(
         "WITH {LIVE_LEASE},
          due AS (
-             SELECT r.org_id, r.order_ref FROM reservations r
+             SELECT r.id, r.org_id, r.order_ref, r.quantity FROM reservations r
               WHERE r.state = 'held' AND r.expires_at <= clock_timestamp() AND r.slot = 1
                 AND EXISTS (SELECT 1 FROM lease)
               ORDER BY r.expires_at
               LIMIT $4
                 FOR UPDATE OF r SKIP LOCKED
          ),
-         slots AS (
+         others AS (
              SELECT s.id FROM reservations s JOIN due d ON s.org_id = d.org_id AND s.order_ref = d.order_ref
-              WHERE s.state = 'held'
+              WHERE d.quantity > 1 AND s.slot > 1 AND s.state = 'held'
                 FOR UPDATE OF s
          ),
+         slots AS (SELECT id FROM due UNION ALL SELECT id FROM others),
          expired AS (
              UPDATE reservations r
                 SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'sweep',

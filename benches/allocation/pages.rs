@@ -28,6 +28,10 @@ pub fn pages(site: &str, profile: &str) -> Vec<(&'static str, String)> {
             format!("/machines?site={site}&profile={profile}"),
         ),
         ("live reservations", "/reservations".to_owned()),
+        (
+            "the overview (every pool's counts, headroom and demand, the 24-hour chart)",
+            "/".to_owned(),
+        ),
     ]
 }
 
