@@ -69,6 +69,33 @@ BEGIN
 END
 $$;
 
+-- lock_holds for one reservation (a cancel, a convert, an extension): the
+-- same two steps and the same 40PK1, without the set and the arrays;
+-- NULL when org p_org has no reservation p_id.
+CREATE OR REPLACE FUNCTION lock_hold(p_org bigint, p_id bigint) RETURNS reservations
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_machine bigint;
+    v_row     reservations;
+BEGIN
+    SELECT r.machine_id INTO v_machine FROM reservations r WHERE r.id = p_id AND r.org_id + 0 = p_org;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM machines m WHERE m.id = v_machine FOR UPDATE;
+    SELECT r.* INTO v_row FROM reservations r WHERE r.id = p_id AND r.org_id + 0 = p_org FOR UPDATE;
+    IF v_row.machine_id <> v_machine THEN
+        RAISE EXCEPTION USING ERRCODE = '40PK1',
+            MESSAGE = format('reservation %s moved to another machine while it was being locked', v_row.id),
+            HINT = 'nothing was written; run the transaction again';
+    END IF;
+    RETURN v_row;
+END
+$$;
+
 -- Step 2 for a status or hardware change of machines p_machines, which the
 -- caller has locked (step 1): the rows of every order with a live hold on
 -- one of them, in id order. Those are the rows healing may move or cancel

@@ -88,12 +88,12 @@ BEGIN
     END IF;
     -- R10: the machine row is the allocator's lock too; while we hold it no
     -- new order can lock this machine, and an order that holds it finishes
-    -- first. lock_holds takes it, then the reservation row (the lock
+    -- first. lock_hold takes it, then the reservation row (the lock
     -- order); a hold that healing moved meanwhile is read on its new
     -- machine, locked (R15, sql/healing.sql).
     -- R11: the deadline is judged by the database's clock, after the locks.
-    SELECT * INTO v_row FROM lock_holds(p_org, ARRAY[p_id]);
-    IF NOT FOUND THEN
+    v_row := lock_hold(p_org, p_id);
+    IF v_row.id IS NULL THEN
         RETURN transition_result_of('not_found', NULL);
     END IF;
     -- R13: a reservation of an order of several machines is cancelled or

@@ -18,6 +18,8 @@ use crate::throughput::{self, Run};
 pub struct Result {
     pub machines: i64,
     pub readers: usize,
+    /// Each run's length, to turn reads into reads per second.
+    pub seconds: f64,
     pub reads: Vec<Latency>,
     pub alone: Vec<Run>,
     pub beside: Vec<Run>,
@@ -84,6 +86,7 @@ pub async fn run(
     let mut out = Result {
         machines,
         readers: cfg.page_readers,
+        seconds: cfg.run_seconds,
         reads: Vec::new(),
         alone: Vec::new(),
         beside: Vec::new(),

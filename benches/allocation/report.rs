@@ -425,6 +425,48 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             alone,
             met(ratio >= 0.9)
         );
+        // What the readers cost: they read in a closed loop on the same
+        // two CPUs as the load, the server and PostgreSQL, so the CPU their
+        // reads take is what the reserve rate loses. Per run: the CPU of
+        // the run with readers beyond what its cycles cost alone, over the
+        // reads.
+        let per_run: Vec<(f64, f64)> = c
+            .reads
+            .iter()
+            .zip(c.beside.iter().zip(&c.alone))
+            .map(|(reads, (beside, alone))| {
+                let n = reads.samples as f64;
+                let extra = (beside.cpu.total_ms - alone.cpu.total_ms) * beside.cycles as f64;
+                (n / c.seconds, if n > 0.0 { extra / n } else { 0.0 })
+            })
+            .collect();
+        let reads_per_s = median(&per_run.iter().map(|r| r.0).collect::<Vec<_>>());
+        let cpu_per_read = median(&per_run.iter().map(|r| r.1).collect::<Vec<_>>());
+        let _ = writeln!(
+            w,
+            "| 14 | capacity (R17): what the readers take (closed loop, same machine) | {:.0} reads/s (×{:.1} the reserve cycles); CPU per read, server + PostgreSQL + client, beyond the load's own: {:.3} ms; machine busy {:.0}% with readers, {:.0}% without |  |  |",
+            reads_per_s,
+            if beside > 0.0 {
+                reads_per_s / beside
+            } else {
+                0.0
+            },
+            cpu_per_read,
+            100.0
+                * median(
+                    &c.beside
+                        .iter()
+                        .map(|r| r.cpu.machine_busy)
+                        .collect::<Vec<_>>()
+                ),
+            100.0
+                * median(
+                    &c.alone
+                        .iter()
+                        .map(|r| r.cpu.machine_busy)
+                        .collect::<Vec<_>>()
+                ),
+        );
     }
     if let Some(t) = &results.tracing {
         let med = |runs: &[crate::throughput::Run], f: fn(&crate::throughput::Run) -> f64| {
