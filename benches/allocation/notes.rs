@@ -316,7 +316,10 @@ const SWEEP: &str = "### What limits item 4 (the sweep)
 
 A batch of 500 is one statement: find 500 overdue rows in deadline order on
 the partial index of held reservations, update them, write 500 `expired`
-events, and return the count. EXPLAIN (ANALYZE, BUFFERS) of one batch: the
+events, and return the count. The rows it finds are first slots, locked as
+they are found; an order of one is nothing more, so only orders of several
+look up and lock their other slots (a probe of the order's key per row
+before, 23-25 against 25-26 ms a batch in psql). EXPLAIN (ANALYZE, BUFFERS) of one batch: the
 scan and locking take under 1 ms; the rest is per row. Each expired
 reservation is a non-HOT update (its state is in the arbiter's predicate,
 `ended_at` in the recent-activity key), so 4 index insertions (primary
@@ -362,7 +365,19 @@ largest part left (they read every machine of the filter, index only); a
 count kept per site and state would make them constant, at the price of a
 write on every reserve and cancel, which the hot path does not pay today.
 The live page (100 rows a page) counts every hold of the organization for
-its header (0.65 ms at 1,000 holds).";
+its header (0.65 ms at 1,000 holds), then walks
+`reservations_held_by_deadline_idx`, on (expires_at, id), in the page's
+order and probes each row's machine by key (0.4 to 0.6 ms; on the index of
+expires_at alone PostgreSQL sorted every hold over a hash of every machine,
+11 ms). The overview reads every pool once, in one statement
+(`capacity_pools`, R17's counts, index-only: about 10 ms at 50,000
+machines alone), and takes the site tables, the headroom and the lost
+demand's stock from it; it used to join every machine three times for
+them (about 80 ms). That reading is now the largest statement of any page:
+it reads one index entry per machine. Counts kept per pool would make it
+constant; the machines' side changes only with the inventory, but sold
+and held change on every convert, cancel and reserve, which would then
+write a counter row that every order of the pool shares.";
 
 /// For each target of item 1 this run missed: by how much, why, and what
 /// would close it (from the figures of the run and the notes above).
