@@ -1,6 +1,7 @@
 //! poolkeeper: reserves dedicated bare-metal machines for customer orders,
 //! with PostgreSQL as the arbiter, and a staff dashboard over the pool.
 
+pub mod activity;
 pub mod allocator;
 pub mod api;
 pub mod audit;

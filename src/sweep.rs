@@ -462,6 +462,7 @@ impl Worker {
                 if self.lease.is_held() {
                     self.sweep().await;
                     self.purge_refusals().await;
+                    self.count_activity().await;
                 }
                 next_warning = self.plan_warnings().await;
             } else if next_warning.is_some_and(|at| now >= at) {
@@ -606,6 +607,27 @@ impl Worker {
                 s.clamp(WARNING_PAUSE.as_secs_f64(), WARNING_RECHECK.as_secs_f64())
             });
         Some(now + Duration::from_secs_f64(wait))
+    }
+
+    /// The overview's chart: what happened since the last count, under the
+    /// same mandate (the statement checks it).
+    async fn count_activity(&mut self) {
+        let Some(fence) = self.lease.fence() else {
+            return;
+        };
+        if self.stop_requested() || !self.lease.trusted() {
+            return;
+        }
+        let replica = self.config.replica.clone();
+        let counted = bounded(self.config.lease.call_timeout, async {
+            crate::activity::count(&self.pool, &replica, fence)
+                .await?
+                .ok_or(SweepError::Lost)
+        })
+        .await;
+        if let Err(e) = counted {
+            self.sweep_failed("count activity", fence, e);
+        }
     }
 
     /// Refusal rows past their retention, batch by batch, under

@@ -39,6 +39,7 @@ const RUNGS: &[(&str, &[&str])] = &[
     (
         "rules: what the product decides, over the bottom",
         &[
+            "activity",
             "allocator",
             "audit",
             "capacity",

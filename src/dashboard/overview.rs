@@ -17,10 +17,7 @@ use chrono::{DateTime, Duration, Timelike, Utc};
 use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, page};
-use crate::capacity;
-
-/// (site, kind, hour index, count) of the 24-hour chart's query.
-type HourCount = (String, String, i32, i64);
+use crate::{activity, capacity};
 
 /// One row of a site's table: a profile, or the site's total.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -199,6 +196,8 @@ struct OverviewPage {
     chrome: Chrome,
     sites: Vec<SiteView>,
     series: [(&'static str, &'static str); 4],
+    /// Up to when the chart counts (UTC, to the minute).
+    counted_until: String,
     demand: super::demand::OverviewDemand,
 }
 
@@ -215,40 +214,19 @@ pub(crate) async fn overview(
         .map(|p| (p.site.clone(), p.profile.clone(), p.sellable))
         .collect();
     // The last 24 hours by the database clock, in whole hours: the 23 past
-    // hours and the current one. One range of
-    // reservations_recent_activity_idx holds every reservation created or
-    // ended since then (its key, the later of the two times, is at or after
-    // the start of the window exactly when one of them is); each such row
-    // counts once for its creation and once for its end when they fall in
-    // the window. Each row's site by its machine's primary key (a join let
-    // the planner hash every machine of the pool).
-    let (first_hour, events): (DateTime<Utc>, Vec<HourCount>) = {
-        let first: DateTime<Utc> = sqlx::query_scalar(
-            "SELECT date_trunc('hour', clock_timestamp()) - interval '23 hours'",
-        )
-        .fetch_one(pool.get_ref())
-        .await?;
-        let events = sqlx::query_as(
-            "SELECT (SELECT m.site FROM machines m WHERE m.id = r.machine_id) AS site, e.kind,
-                    floor(extract(epoch FROM e.at - $2::timestamptz) / 3600)::int AS hour,
-                    count(*)
-               FROM reservations r
-              CROSS JOIN LATERAL (VALUES ('created', r.created_at), (r.state, r.ended_at)) e (kind, at)
-              WHERE r.org_id = $1 AND coalesce(r.ended_at, r.created_at) >= $2 AND e.at >= $2
-              GROUP BY 1, 2, 3",
-        )
-        .bind(staff.org_id)
-        .bind(first)
-        .fetch_all(pool.get_ref())
-        .await?;
-        (first, events)
-    };
-    let first_hour = first_hour.with_minute(0).unwrap_or(first_hour);
+    // hours and the current one, as the sweep's holder counted them
+    // (crate::activity), up to `counted_until`.
+    let first: DateTime<Utc> =
+        sqlx::query_scalar("SELECT date_trunc('hour', clock_timestamp()) - interval '23 hours'")
+            .fetch_one(pool.get_ref())
+            .await?;
+    let (events, counted_until) = activity::since(pool.get_ref(), staff.org_id, first).await?;
+    let first_hour = first.with_minute(0).unwrap_or(first);
     let mut hours: BTreeMap<String, [[i64; 4]; HOURS]> = BTreeMap::new();
     for (site, kind, hour, count) in events {
         let (Some(s), Ok(h)) = (
             SERIES.iter().position(|(k, _)| *k == kind),
-            usize::try_from(hour),
+            usize::try_from((hour - first_hour).num_hours()),
         ) else {
             continue;
         };
@@ -315,6 +293,7 @@ pub(crate) async fn overview(
         chrome: Chrome::new(&req, &staff, "Overview", "overview"),
         sites,
         series: SERIES,
+        counted_until: counted_until.format("%Y-%m-%d %H:%M UTC").to_string(),
         demand: super::demand::overview_part(pool.get_ref(), staff.org_id, stock).await?,
     })
 }

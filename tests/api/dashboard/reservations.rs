@@ -326,6 +326,7 @@ async fn the_detail_page_says_who_ended_it_and_how() {
         "{sentence}"
     );
     // The overview's 24-hour chart counts both as created and expired.
+    crate::helpers::count_activity_now(&app.pool, app.org.id).await;
     let (_, body) = c.page("/").await;
     let day = Html::parse_document(&body)
         .select(&sel("section.site p.day"))
