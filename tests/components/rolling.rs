@@ -59,6 +59,10 @@ async fn poll_readiness(lb: Lb, stop: Arc<AtomicBool>) {
                     let text = r.text().await.unwrap_or_default();
                     (status == 200, Some(format!("{status} {}", text.trim())))
                 }
+                // A probe that timed out says nothing about the backend
+                // (on a loaded 2-CPU machine /readyz can take over a
+                // second): only an answer or a refused connection counts.
+                Err(e) if e.is_timeout() => continue,
                 Err(_) => (false, None),
             };
             let mut w = lb.write().await;
