@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{PgConnection, PgExecutor};
 
@@ -71,8 +71,9 @@ pub async fn read(
     .await
 }
 
-/// One pool of `capacity_pools`, as the dashboard reads it.
-#[derive(Debug, Clone, sqlx::FromRow)]
+/// One pool of a capacity snapshot (`Snapshot::pools`), as the dashboard
+/// reads it.
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct Pool {
     pub site: String,
     pub profile: String,
@@ -82,24 +83,16 @@ pub struct Pool {
     pub sold: i64,
     pub not_ready: i64,
     /// Machines kept per segment (R18).
-    pub reserved: sqlx::types::Json<std::collections::BTreeMap<String, i64>>,
+    pub reserved: std::collections::BTreeMap<String, i64>,
     /// What an order without a segment could take now.
     pub available: i64,
 }
 
-/// Every pool of `org_id`, by site and profile, in one snapshot: the
-/// overview and its demand table read their counts here, so that staff see
-/// what the capacity API tells the shop (R17: an overdue hold is sellable,
-/// the allocator takes it). One counting of the pool, index-only, where the
-/// overview's own joins of every machine cost four times as much.
-pub async fn pools(db: impl PgExecutor<'_>, org_id: i64) -> Result<Vec<Pool>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT site, profile, total, sellable, held, sold, not_ready, reserved, available
-           FROM capacity_pools($1, NULL, NULL, NULL, NULL)",
-    )
-    .bind(org_id)
-    .fetch_all(db)
-    .await
+impl Snapshot {
+    /// The snapshot's pools, by site and profile.
+    pub fn pool_rows(&self) -> Result<Vec<Pool>, serde_json::Error> {
+        Vec::<Pool>::deserialize(&self.pools)
+    }
 }
 
 /// R17 for a shop front that asks on every page view: for `ttl`, this

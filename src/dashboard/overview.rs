@@ -198,6 +198,8 @@ struct OverviewPage {
     series: [(&'static str, &'static str); 4],
     /// Up to when the chart counts (UTC, to the minute).
     counted_until: String,
+    /// When the pools were counted (the capacity snapshot's `as_of`).
+    counted_at: String,
     demand: super::demand::OverviewDemand,
 }
 
@@ -205,10 +207,20 @@ pub(crate) async fn overview(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<Db>,
+    cache: web::Data<capacity::Cache>,
 ) -> Result<HttpResponse, DashError> {
-    // One reading of the pools (R17's counts, as the capacity API gives
-    // them): the site tables, the headroom and the demand's stock.
-    let pools = capacity::pools(pool.get_ref(), staff.org_id).await?;
+    // One reading of the pools, the capacity API's own (R17's counts, the
+    // same snapshot, kept POOLKEEPER_CAPACITY_CACHE_MS per process): the
+    // site tables, the headroom and the demand's stock. Counting every
+    // machine of the organization is the page's largest statement (10 ms
+    // at 50,000 machines); staff reading the overview share it with the
+    // shop front, and the page says when it was read.
+    let snapshot = cache
+        .read(pool.get_ref(), staff.org_id, &capacity::Filter::default())
+        .await?;
+    let pools = snapshot
+        .pool_rows()
+        .map_err(|e| DashError::Internal(anyhow::Error::new(e).context("a capacity snapshot")))?;
     let stock = pools
         .iter()
         .map(|p| (p.site.clone(), p.profile.clone(), p.sellable))
@@ -243,7 +255,7 @@ pub(crate) async fn overview(
             not_ready: r.not_ready,
         };
         let headroom = Headroom {
-            kept: r.reserved.0.into_iter().collect(),
+            kept: r.reserved.into_iter().collect(),
             available: r.available,
         };
         by_site.entry(r.site).or_default().push(ProfileView {
@@ -294,6 +306,7 @@ pub(crate) async fn overview(
         sites,
         series: SERIES,
         counted_until: counted_until.format("%Y-%m-%d %H:%M UTC").to_string(),
+        counted_at: snapshot.as_of.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
         demand: super::demand::overview_part(pool.get_ref(), staff.org_id, stock).await?,
     })
 }
