@@ -524,3 +524,106 @@ async fn the_overview_chart_counts_what_was_created_and_what_ended_in_the_last_2
         assert!(html.contains(counted), "{step}: {html}");
     }
 }
+
+/// The chart's count and a recount of the same organization, released
+/// together by a barrier on separate connections, round after round: each
+/// waits for the other (the row of `activity_counted`), so the hours end
+/// as the reservations say, up to `counted_until`: nothing lost, nothing
+/// counted twice, and no recount refused for a key the count wrote
+/// meanwhile (without the wait, about one run in two of 60 rounds was).
+#[tokio::test]
+async fn counts_and_recounts_racing_leave_the_hours_exact() {
+    let app = spawn_app().await;
+    let org = app.org.id;
+    for i in 0..12 {
+        let tag = format!("RACE-{i}");
+        FakeMachine::new()
+            .tag(&tag)
+            .site(["par1", "ams1"][i % 2])
+            .profile("epyc")
+            .create(&app.pool, org)
+            .await;
+        let state = [Held, Cancelled, Converted, Expired][i % 4];
+        let mut hold = FakeHold::on(&tag)
+            .state(state)
+            .bare()
+            .reason("test")
+            .created_ago(&format!("{} minutes", 40 + 15 * i));
+        if state != Held {
+            hold = hold.ended_ago(&format!("{} minutes", 5 + 10 * i));
+        }
+        hold.create(&app.pool, org).await;
+    }
+    let mandate = match poolkeeper::lease::claim(
+        &app.pool,
+        poolkeeper::lease::SWEEP_KEY,
+        "race-counter",
+        std::time::Duration::from_secs(120),
+    )
+    .await
+    .expect("claim")
+    {
+        poolkeeper::lease::Claim::Acquired(m) => m,
+        poolkeeper::lease::Claim::HeldByOther => panic!("the sweep lease is taken"),
+    };
+    // What the hours must hold: every creation and end before
+    // counted_until, by hour, site and kind.
+    let truth = "SELECT date_trunc('hour', e.at) AS hour, m.site, e.kind, count(*)
+                   FROM reservations r JOIN machines m ON m.id = r.machine_id
+                  CROSS JOIN LATERAL (VALUES ('created', r.created_at), (r.state, r.ended_at)) e (kind, at)
+                  WHERE r.org_id = $1 AND e.at IS NOT NULL
+                    AND e.at < (SELECT counted_until FROM activity_counted)
+                  GROUP BY 1, 2, 3
+                 EXCEPT ALL
+                 SELECT hour, site, kind, n FROM activity_hours WHERE org_id = $1";
+    let hours = "SELECT hour, site, kind, n FROM activity_hours WHERE org_id = $1
+                 EXCEPT ALL
+                 SELECT date_trunc('hour', e.at), m.site, e.kind, count(*)
+                   FROM reservations r JOIN machines m ON m.id = r.machine_id
+                  CROSS JOIN LATERAL (VALUES ('created', r.created_at), (r.state, r.ended_at)) e (kind, at)
+                  WHERE r.org_id = $1 AND e.at IS NOT NULL
+                    AND e.at < (SELECT counted_until FROM activity_counted)
+                  GROUP BY 1, 2, 3";
+    for round in 0..60 {
+        // Each round the count has the last four hours to add.
+        sqlx::query(
+            "UPDATE activity_counted SET counted_until = clock_timestamp() - interval '4 hours'",
+        )
+        .execute(&app.pool)
+        .await
+        .expect("move the count back");
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+        let mut tasks = Vec::new();
+        for t in 0..8 {
+            let (pool, barrier, fence) = (app.pool.clone(), barrier.clone(), mandate.fence);
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                if t % 2 == 0 {
+                    poolkeeper::activity::count(&pool, "race-counter", fence)
+                        .await
+                        .expect("count")
+                        .expect("the mandate is live");
+                } else {
+                    poolkeeper::activity::recount(&pool, org)
+                        .await
+                        .expect("recount");
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("task");
+        }
+        for (what, sql) in [
+            ("missing from the hours", truth),
+            ("counted too often", hours),
+        ] {
+            let off: Vec<(chrono::DateTime<chrono::Utc>, String, String, i64)> =
+                sqlx::query_as(sql)
+                    .bind(org)
+                    .fetch_all(&app.pool)
+                    .await
+                    .expect(what);
+            assert!(off.is_empty(), "round {round}: {what}: {off:?}");
+        }
+    }
+}
