@@ -561,17 +561,6 @@ BEGIN
 END
 $$;
 
--- The entry point of the release before segments and customers (R18,
--- R19): an order of neither. Kept while a deployment rolls; the next set
--- drops it (sql/VERSIONS).
-CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                              p_vendor text, p_hold integer, p_quantity integer)
-RETURNS SETOF reserve_result
-LANGUAGE sql AS $$
-    SELECT * FROM reserve_order(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold, p_quantity,
-                                NULL, NULL)
-$$;
-
 -- Lost demand, recorded by the statement that refused. When this
 -- transaction has written nothing else (no transaction id yet: the API's
 -- autocommit call), its commit need not wait for the disk: a crash may
@@ -610,19 +599,14 @@ BEGIN
 END
 $$;
 
--- The entry point of the release before segments and customers; dropped
--- by the next set, as reserve_order's (above).
-CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
-                                  p_profile text, p_vendor text, p_hold integer, p_quantity integer)
-RETURNS TABLE (caller text, result reserve_result)
-LANGUAGE sql AS $$
-    SELECT * FROM api_reserve_order(p_token_hash, p_module_on, p_order_ref, p_site, p_profile, p_vendor, p_hold,
-                                    p_quantity, NULL, NULL)
-$$;
-
 -- The entry points of orders of one, which the release before orders of
 -- several called; that release's binaries are gone once a deployment has
 -- rolled through set 6, which no longer needed them (sql/VERSIONS).
 DROP FUNCTION IF EXISTS api_reserve(bytea, boolean, text, text, text, text, integer);
 DROP FUNCTION IF EXISTS reserve_machine(bigint, text, text, text, text, text, integer);
 DROP FUNCTION IF EXISTS reserve_walk(bigint, text, text, text, text, text, integer, bigint[]);
+-- The entry points of the release before segments and customers (R18,
+-- R19), of 8 arguments: kept through set 11 while deployments rolled, gone
+-- from set 16 (sql/VERSIONS).
+DROP FUNCTION IF EXISTS api_reserve_order(bytea, boolean, text, text, text, text, integer, integer);
+DROP FUNCTION IF EXISTS reserve_order(bigint, text, text, text, text, text, integer, integer);

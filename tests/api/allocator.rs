@@ -1236,7 +1236,7 @@ async fn plans_cached_on_an_empty_table_look_reservations_up_by_their_keys() {
     let mut conn = limited_connection(&db).await;
     let reserve = |order_ref: String| {
         format!(
-            "SELECT id, fence FROM reserve_order({}, 'test', '{order_ref}', '{SITE}', '{PROFILE}', NULL, 900, 1)",
+            "SELECT id, fence FROM reserve_order({}, 'test', '{order_ref}', '{SITE}', '{PROFILE}', NULL, 900, 1, NULL, NULL)",
             org.id
         )
     };

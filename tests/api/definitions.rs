@@ -441,3 +441,57 @@ async fn legacy_entry_points_are_gone() {
         assert!(after.is_empty(), "still defined: {after:?}");
     }
 }
+
+/// The entry points of 8 arguments (before segments and customers) that a
+/// database of sets 11 to 15 holds are dropped when it is upgraded, and a
+/// fresh database never has them.
+#[tokio::test]
+async fn entry_points_of_8_arguments_are_gone() {
+    const OLD: &str = "SELECT p.oid::regprocedure::text FROM pg_proc p
+         WHERE p.pronamespace = 'public'::regnamespace
+           AND p.proname IN ('reserve_order', 'api_reserve_order') AND p.pronargs = 8
+         ORDER BY 1";
+    let db = migrated_db().await;
+    let mut conn = db.connection().await;
+    let fresh: Vec<String> = sqlx::query_scalar(OLD)
+        .fetch_all(&mut conn)
+        .await
+        .expect("names");
+    assert!(fresh.is_empty(), "defined on a fresh database: {fresh:?}");
+    // As set 15 left them, with allocator.sql installed at set 15.
+    sqlx::raw_sql(
+        "CREATE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                                       p_vendor text, p_hold integer, p_quantity integer)
+         RETURNS SETOF reserve_result LANGUAGE sql AS $$
+             SELECT * FROM reserve_order(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor, p_hold,
+                                         p_quantity, NULL, NULL)
+         $$;
+         CREATE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
+                                           p_profile text, p_vendor text, p_hold integer, p_quantity integer)
+         RETURNS TABLE (caller text, result reserve_result) LANGUAGE sql AS $$
+             SELECT * FROM api_reserve_order(p_token_hash, p_module_on, p_order_ref, p_site, p_profile, p_vendor,
+                                             p_hold, p_quantity, NULL, NULL)
+         $$;
+         UPDATE sql_definitions SET version = 15;
+         UPDATE sql_definitions SET checksum = '\\x00'::bytea WHERE file = 'allocator.sql';",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("the set-15 entry points");
+    let before: Vec<String> = sqlx::query_scalar(OLD)
+        .fetch_all(&mut conn)
+        .await
+        .expect("names");
+    assert_eq!(before.len(), 2, "{before:?}");
+    let _ = conn.close().await;
+    poolkeeper::db::migrate(&db.options).await.expect("upgrade");
+    let mut conn = db.connection().await;
+    let after: Vec<String> = sqlx::query_scalar(OLD)
+        .fetch_all(&mut conn)
+        .await
+        .expect("names");
+    assert!(
+        after.is_empty(),
+        "still defined after the upgrade: {after:?}"
+    );
+}
