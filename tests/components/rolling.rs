@@ -169,6 +169,31 @@ async fn wait_ok(counts: &Counts, more: u64) {
     }
 }
 
+/// A statement in flight for as long as the test wants: the update of a
+/// `SLOW-` order's reservation waits (in `pg_sleep`, seen in
+/// `pg_stat_activity` as `PgSleep`) until `rolling_gate` has a row. A row
+/// lock would do the same but gives up after the session's `lock_timeout`
+/// (5 s), and the drain plus the workers' stop can take longer than that
+/// on a busy machine; this wait is bounded by `statement_timeout` (15 s).
+async fn hold_slow_orders_at_a_gate(db: &poolkeeper::db::Db) {
+    sqlx::raw_sql(
+        "CREATE TABLE rolling_gate (open boolean);
+         CREATE FUNCTION rolling_wait_at_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             WHILE NOT EXISTS (SELECT 1 FROM rolling_gate) LOOP
+                 PERFORM pg_sleep(0.01);
+             END LOOP;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER rolling_wait_at_gate BEFORE UPDATE ON reservations
+             FOR EACH ROW WHEN (OLD.order_ref LIKE 'SLOW-%')
+             EXECUTE FUNCTION rolling_wait_at_gate();",
+    )
+    .execute(db)
+    .await
+    .expect("the gate");
+}
+
 fn env(db_url: &str) -> Vec<(&'static str, String)> {
     vec![
         ("DATABASE_URL", db_url.to_owned()),
@@ -202,6 +227,8 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
         .profile("epyc")
         .create(&direct, org.id)
         .await;
+
+    hold_slow_orders_at_a_gate(&direct).await;
 
     let mut replicas = [
         Replica::start("rolling-a1", &env(&db.url())).await,
@@ -244,7 +271,8 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
             .expect("holder is ours");
         let survivor = replicas[1 - victim_at].name.clone();
 
-        // An in-flight request on the victim: a cancel waiting on a row lock.
+        // An in-flight request on the victim: a cancel held inside the
+        // database by the gate (see `hold_slow_orders_at_a_gate`).
         let (slow_id, slow_fence) = {
             let id = FakeHold::on(slow_machine)
                 .order(&format!("SLOW-{round}"))
@@ -258,16 +286,10 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
                 .expect("fence");
             (id, fence)
         };
-        let mut blocker = db.connection().await;
-        sqlx::query("BEGIN")
-            .execute(&mut blocker)
+        sqlx::query("DELETE FROM rolling_gate")
+            .execute(&direct)
             .await
-            .expect("begin");
-        sqlx::query("SELECT id FROM machines WHERE id = $1 FOR UPDATE")
-            .bind(slow_machine)
-            .execute(&mut blocker)
-            .await
-            .expect("lock");
+            .expect("close the gate");
         let in_flight = {
             let url = replicas[victim_at].url(&format!("/api/v1/reservations/{slow_id}/cancel"));
             let token = org.token.clone();
@@ -276,22 +298,17 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
                     .post(url)
                     .bearer_auth(token)
                     .json(&json!({"fence": slow_fence, "reason": "in flight"}))
-                    .timeout(Duration::from_secs(20))
+                    .timeout(Duration::from_secs(30))
                     .send()
                     .await
             })
         };
-        let blocker_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut blocker)
-            .await
-            .expect("pid");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity
-                  WHERE datname = current_database() AND $1 = ANY (pg_blocking_pids(pid))",
+                  WHERE datname = current_database() AND wait_event = 'PgSleep'",
             )
-            .bind(blocker_pid)
             .fetch_one(&direct)
             .await
             .expect("activity");
@@ -300,7 +317,7 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
             }
             assert!(
                 Instant::now() < deadline,
-                "the in-flight cancel never waited"
+                "the in-flight cancel never reached the gate"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -309,23 +326,26 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
         replicas[victim_at].signal(libc::SIGTERM);
         // Once the drain is over (the replica logs it), let the in-flight
         // one go: the replica must keep its workers until it ends.
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let deadline = Instant::now() + Duration::from_secs(20);
         while !replicas[victim_at].log().contains("drain over") {
             assert!(Instant::now() < deadline, "the drain never ended");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        sqlx::query("ROLLBACK")
-            .execute(&mut blocker)
+        sqlx::query("INSERT INTO rolling_gate VALUES (true)")
+            .execute(&direct)
             .await
-            .expect("rollback");
+            .expect("open the gate");
         let answer = in_flight
             .await
             .expect("task")
             .expect("the in-flight request is answered");
+        let status = answer.status().as_u16();
+        let body = answer.text().await.unwrap_or_default();
         assert_eq!(
-            answer.status().as_u16(),
+            status,
             200,
-            "round {round}: the in-flight cancel"
+            "round {round}: the in-flight cancel answered {body}\n{}",
+            replicas[victim_at].log()
         );
         let (status, log) = replicas[victim_at].exit(Duration::from_secs(30)).await;
         assert!(status.success(), "round {round}: graceful exit\n{log}");
