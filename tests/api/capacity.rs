@@ -703,3 +703,73 @@ async fn a_cached_capacity_answer_is_one_snapshot_dated_by_as_of() {
         "{other}"
     );
 }
+
+/// The cache reads ahead: for half its period a question is answered from
+/// its snapshot alone; past half, still from the snapshot, while one read
+/// behind the answer replaces it; a question not asked for a whole period
+/// is read in the request. The clock is the test's (`read_at`).
+#[tokio::test]
+async fn the_capacity_cache_reads_a_snapshot_ahead_past_half_its_period() {
+    use poolkeeper::capacity::{Cache, Filter};
+    use std::time::{Duration, Instant};
+
+    let app = spawn_app().await;
+    let sellable = |s: &poolkeeper::capacity::Snapshot| -> i64 {
+        s.pool_rows()
+            .expect("pools")
+            .iter()
+            .map(|p| p.sellable)
+            .sum()
+    };
+    let add = |tag: &'static str| {
+        let app = &app;
+        async move {
+            app.put_machine(&app.org.token, tag, SITE, "dell", PROFILE, "ready")
+                .await;
+        }
+    };
+    let period = Duration::from_secs(60);
+    let cache = Cache::new(period);
+    let ask = |at: Instant| {
+        let (cache, app) = (&cache, &app);
+        async move {
+            cache
+                .read_at(&app.pool, app.org.id, &Filter::default(), at)
+                .await
+                .expect("capacity")
+        }
+    };
+    let t0 = Instant::now();
+    add("AHEAD-1").await;
+    let first = ask(t0).await;
+    assert_eq!(sellable(&first), 1);
+    add("AHEAD-2").await;
+
+    let early = ask(t0 + period / 3).await;
+    assert_eq!(
+        early.as_of, first.as_of,
+        "before half the period: the snapshot"
+    );
+
+    let half = t0 + period * 2 / 3;
+    let late = ask(half).await;
+    assert_eq!(late.as_of, first.as_of, "past half: still the snapshot");
+    // The read behind it lands (no new read starts: its age is 0 then).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ahead = loop {
+        let s = ask(half).await;
+        if s.as_of != first.as_of {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the read ahead never landed");
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(sellable(&ahead), 2, "the read ahead counts the new machine");
+
+    add("AHEAD-3").await;
+    let kept = ask(half + period / 3).await;
+    assert_eq!(kept.as_of, ahead.as_of, "aged from when it was read");
+    let fresh = ask(half + period + Duration::from_secs(1)).await;
+    assert_ne!(fresh.as_of, ahead.as_of, "a whole period later: read now");
+    assert_eq!(sellable(&fresh), 3);
+}
