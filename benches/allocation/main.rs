@@ -87,6 +87,8 @@ pub struct Throughput {
     pub db_wal: wal::PerCycle,
     pub http_wal_runs: Vec<wal::PerCycle>,
     pub db_wal_runs: Vec<wal::PerCycle>,
+    /// At 8 clients: the ceiling paced to each HTTP run's rate.
+    pub paced_runs: Vec<throughput::Run>,
 }
 
 impl Throughput {
@@ -96,6 +98,7 @@ impl Throughput {
         db_runs: Vec<throughput::Run>,
         http_wal_runs: Vec<wal::PerCycle>,
         db_wal_runs: Vec<wal::PerCycle>,
+        paced_runs: Vec<throughput::Run>,
     ) -> Throughput {
         let rate = |runs: &[throughput::Run]| {
             median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
@@ -125,7 +128,25 @@ impl Throughput {
             db_wal: wal::PerCycle::median_of(&db_wal_runs),
             http_wal_runs,
             db_wal_runs,
+            paced_runs,
         }
+    }
+
+    /// The paced ceiling's rate and CPU per cycle (medians), if it ran.
+    pub fn paced(&self) -> Option<(f64, cpu::CpuPerCycle)> {
+        if self.paced_runs.is_empty() {
+            return None;
+        }
+        let rate = median(
+            &self
+                .paced_runs
+                .iter()
+                .map(|r| r.cycles_per_s)
+                .collect::<Vec<_>>(),
+        );
+        let cpu =
+            cpu::CpuPerCycle::median_of(&self.paced_runs.iter().map(|r| r.cpu).collect::<Vec<_>>());
+        Some((rate, cpu))
     }
 }
 
@@ -400,6 +421,7 @@ pub async fn measure_throughput(
 ) -> anyhow::Result<Throughput> {
     let (mut http_runs, mut db_runs) = (Vec::new(), Vec::new());
     let (mut http_wal, mut db_wal) = (Vec::new(), Vec::new());
+    let mut paced_runs = Vec::new();
     // The warm-up's counters settle before the first mark.
     tokio::time::sleep(std::time::Duration::from_secs_f64(cfg.settle_seconds)).await;
     // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
@@ -466,13 +488,37 @@ pub async fn measure_throughput(
         for e in hw.lock_wait_examples.iter().chain(&dw.lock_wait_examples) {
             eprintln!("    lock wait: {e}");
         }
+        // At 8 clients (the goal's count), the ceiling again at this HTTP
+        // run's rate: the same work at the same pace.
+        if clients == 8 && std::env::var("BENCH_CEILING").map_or(true, |v| v != "0") {
+            let p = throughput::db_run_paced(
+                meter,
+                db,
+                org.id,
+                cfg.sites,
+                clients,
+                cfg.run_seconds,
+                &format!("p{clients}-{r}"),
+                Some(h.cycles_per_s),
+            )
+            .await?;
+            eprintln!(
+                "  {clients} clients run {r}: ceiling paced to {:.0}/s: {:.0}/s (cpu/cycle: client {:.2} pg {:.2}; machine {:.0}% busy)",
+                h.cycles_per_s,
+                p.cycles_per_s,
+                p.cpu.client_ms,
+                p.cpu.postgres_ms,
+                p.cpu.machine_busy * 100.0,
+            );
+            paced_runs.push(p);
+        }
         http_runs.push(h);
         db_runs.push(d);
         http_wal.push(hw);
         db_wal.push(dw);
     }
     Ok(Throughput::of(
-        clients, http_runs, db_runs, http_wal, db_wal,
+        clients, http_runs, db_runs, http_wal, db_wal, paced_runs,
     ))
 }
 

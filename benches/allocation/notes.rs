@@ -161,6 +161,16 @@ tables as the API and writes the same rows (their WAL records per cycle
 are within a record of each other), so the ratio is what the HTTP path
 costs beyond the same database work.
 
+The ceiling runs faster than the API, and PostgreSQL's CPU per cycle
+falls with the rate (commits share a flush, a backend finds the next
+request waiting instead of sleeping): unpaced, its figure moved between
+0.64 and 0.91 ms from run to run at 8 connections, and the ratio with
+it. At 8 clients the ceiling therefore also runs paced to each HTTP run's
+rate, the same work at the same pace (its own row): that comparison holds
+still from run to run (the paced ceiling 0.83 to 0.94 ms where unpaced it
+read 0.69), and it is the one that says what the API's statements cost
+beyond the ceiling's.
+
 What the HTTP path adds is CPU: the server's (per request, in the table),
 the clients' HTTP, and more PostgreSQL CPU per cycle than the ceiling's for
 the same two decisions. Most of the PostgreSQL part is the functions:
@@ -176,7 +186,17 @@ frames 0.05, the wider insert and event 0.02. No part dominates. What
 would close the gap: less work per call in the functions, a few
 hundredths of a millisecond at a time (a pass one that asks only for
 candidates, the result row built in place, one frame for an order of
-one), with every concurrency test unchanged in what it asserts.
+one), with every concurrency test unchanged in what it asserts. The
+token check was one: `api_caller` was a PL/pgSQL function called by a
+statement of its own; as one SQL SELECT, PostgreSQL inlines it into its
+caller's statement (its two statements per cycle, 38 to 43 µs before,
+13 to 14 µs after, by pg_stat_statements at one pgbench connection with
+synchronous_commit off, where a backend's CPU per cycle read 0.64 to
+0.79 ms for the API's two calls and 0.45 to 0.46 ms for the ceiling's).
+By the same count, what the API's functions do themselves, beyond the
+statements they run, is about 0.13 ms a cycle (their frames, the
+composite result rows, the savepoint, `SET` on four of them) against
+the ceiling's 0.07 to 0.11 ms.
 
 The rest comes with the pool: a request goes to whichever pooled
 connection is free, so successive statements wake different backends, and
@@ -380,7 +400,12 @@ reading of every pool (`capacity_pools`, R17's counts, index-only: about
 shop front's reads; the site tables, the headroom and the lost demand's
 stock come from it. The overview used to join every machine three times
 for them (about 80 ms), then, read once per view, 16 ms alone and 183 ms
-at p99 under this load. Counting a pool reads one index entry per machine;
+at p99 under this load; then, from the snapshot, 92 ms at p99: the view
+that found the snapshot expired counted every pool in its request. Past
+half its period the snapshot is now read again by a task behind the
+answers, so under steady reads no view waits for the count (45 ms at
+p99 in the first run after that change, 4.9 ms alone at p99 against
+14.8). Counting a pool reads one index entry per machine;
 counts kept per pool would make it constant, but sold and held change on
 every convert, cancel and reserve, which would then write a counter row
 that every order of the pool shares.";

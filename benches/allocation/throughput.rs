@@ -356,6 +356,28 @@ pub async fn db_run(
     seconds: f64,
     tag: &str,
 ) -> anyhow::Result<Run> {
+    db_run_paced(meter, db, org_id, sites, clients, seconds, tag, None).await
+}
+
+/// `db_run`, each connection starting its cycles on a schedule when `rate`
+/// (cycles per second, all connections together) is given: the ceiling
+/// doing the same work at the API's pace, so that what PostgreSQL spends
+/// per cycle whatever the rate (the WAL writer's wake-ups, a commit's wait
+/// for the disk shared by fewer commits) weighs the same on both sides.
+#[allow(clippy::too_many_arguments)]
+pub async fn db_run_paced(
+    meter: &Meter,
+    db: &Db,
+    org_id: i64,
+    sites: i64,
+    clients: usize,
+    seconds: f64,
+    tag: &str,
+    rate: Option<f64>,
+) -> anyhow::Result<Run> {
+    let interval = rate
+        .filter(|r| *r > 0.0)
+        .map(|r| Duration::from_secs_f64(clients as f64 / r));
     let barrier = Arc::new(Barrier::new(clients + 1));
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -368,14 +390,18 @@ pub async fn db_run(
             // connections have done theirs: a new backend compiles the
             // functions and plans their statements on its first calls.
             let warm = Instant::now() + Duration::from_nanos(1);
-            let warmed = db_client(&mut conn, org_id, &site, &format!("{prefix}-w"), warm).await;
+            let warmed =
+                db_client(&mut conn, org_id, &site, &format!("{prefix}-w"), warm, None).await;
             // Past the barrier whatever happened, so that no one waits for ever.
             barrier.wait().await;
             warmed?;
             let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+            // Paced connections start a slice of an interval apart.
+            let schedule =
+                interval.map(|i| (Instant::now() + i.mul_f64(c as f64 / clients as f64), i));
             // The connection is closed after the CPU reading: a backend
             // that exits first would count as PostgreSQL's background.
-            db_client(&mut conn, org_id, &site, &prefix, deadline)
+            db_client(&mut conn, org_id, &site, &prefix, deadline, schedule)
                 .await
                 .map(|r| (r, conn))
         }));
@@ -403,11 +429,20 @@ async fn db_client(
     site: &str,
     prefix: &str,
     deadline: Instant,
+    schedule: Option<(Instant, Duration)>,
 ) -> anyhow::Result<ClientResult> {
     let mut out = ClientResult::default();
     let mut i = 0u64;
     // At least one cycle (the warm-up passes a deadline already reached).
     while i == 0 || Instant::now() < deadline {
+        if let Some((first, interval)) = schedule {
+            // A cycle late starts at once; none is skipped to catch up.
+            let at = first + interval.mul_f64(i as f64);
+            if at >= deadline {
+                break;
+            }
+            tokio::time::sleep_until(at.into()).await;
+        }
         i += 1;
         let t = Instant::now();
         let (id, fence): (Option<i64>, Option<i64>) =
