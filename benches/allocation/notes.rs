@@ -194,9 +194,11 @@ caller's statement (its two statements per cycle, 38 to 43 µs before,
 synchronous_commit off, where a backend's CPU per cycle read 0.64 to
 0.79 ms for the API's two calls and 0.45 to 0.46 ms for the ceiling's).
 By the same count, what the API's functions do themselves, beyond the
-statements they run, is about 0.13 ms a cycle (their frames, the
-composite result rows, the savepoint, `SET` on four of them) against
-the ceiling's 0.07 to 0.11 ms.
+statements they run, is about 0.24 ms a cycle (four frames for the
+reserve and three for the cancel, the composite result rows passed up
+through each, the savepoint, `SET` on four of them) against the
+ceiling's 0.11 ms (two frames, the same savepoint): the largest part of
+the gap left, and the next place to look.
 
 The rest comes with the pool: a request goes to whichever pooled
 connection is free, so successive statements wake different backends, and
