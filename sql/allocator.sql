@@ -86,35 +86,20 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 4 + p_quantity $$;
 
 -- A reserve_result carrying reservation p_row (or none). PL/pgSQL, not
 -- SQL: PostgreSQL 15 plans a SQL function that it cannot inline on every
--- call, and this one (a row of 23 columns) cannot be inlined.
+-- call, and this one (a row of 24 columns) cannot be inlined. One row
+-- constructor, in the type's column order, not an assignment per field:
+-- each assignment to a field of a row variable is a step of its own
+-- (BENCHMARKS.md measured the cycle's CPU 8% lower with this form).
 CREATE OR REPLACE FUNCTION reserve_result_of(p_outcome text, p_row reservations,
                                   p_scanned integer, p_locked integer, p_gone integer, p_attempts integer)
 RETURNS reserve_result LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    v reserve_result;
 BEGIN
-    v.outcome := p_outcome;
-    v.id := p_row.id;
-    v.org_id := p_row.org_id;
-    v.order_ref := p_row.order_ref;
-    v.machine_id := p_row.machine_id;
-    v.state := p_row.state;
-    v.fence := p_row.fence;
-    v.reason := p_row.reason;
-    v.hold_seconds := p_row.hold_seconds;
-    v.created_at := p_row.created_at;
-    v.expires_at := p_row.expires_at;
-    v.ended_at := p_row.ended_at;
-    v.ended_by := p_row.ended_by;
-    v.end_reason := p_row.end_reason;
-    v.machine := p_row.machine_snapshot;
-    v.quantity := p_row.quantity;
-    v.slot := p_row.slot;
-    v.scanned := p_scanned;
-    v.locked_by_others := p_locked;
-    v.gone := p_gone;
-    v.attempts := p_attempts;
-    RETURN v;
+    -- candidates, excluded and alternatives are the refusals' to fill.
+    RETURN ROW(p_outcome, p_row.id, p_row.org_id, p_row.order_ref, p_row.machine_id, p_row.state,
+               p_row.fence, p_row.reason, p_row.hold_seconds, p_row.created_at, p_row.expires_at,
+               p_row.ended_at, p_row.ended_by, p_row.end_reason, p_row.machine_snapshot,
+               p_scanned, p_locked, p_gone, p_attempts,
+               NULL, NULL, p_row.quantity, p_row.slot, NULL)::reserve_result;
 END
 $$;
 

@@ -10,35 +10,18 @@
 -- machine (SKIP LOCKED), so it cannot deadlock with a transition, and while
 -- a transition holds a machine no new order can take it (R10).
 
+-- A transition_result carrying reservation p_row and service link p_link
+-- (or none): one row constructor in the type's column order, as
+-- reserve_result_of (sql/allocator.sql) says why.
 CREATE OR REPLACE FUNCTION transition_result_of(p_outcome text, p_row reservations,
                                      p_link service_links DEFAULT NULL)
 RETURNS transition_result LANGUAGE plpgsql IMMUTABLE AS $$
-DECLARE
-    v transition_result;
 BEGIN
-    v.outcome := p_outcome;
-    v.id := p_row.id;
-    v.org_id := p_row.org_id;
-    v.order_ref := p_row.order_ref;
-    v.machine_id := p_row.machine_id;
-    v.state := p_row.state;
-    v.fence := p_row.fence;
-    v.reason := p_row.reason;
-    v.hold_seconds := p_row.hold_seconds;
-    v.created_at := p_row.created_at;
-    v.expires_at := p_row.expires_at;
-    v.ended_at := p_row.ended_at;
-    v.ended_by := p_row.ended_by;
-    v.end_reason := p_row.end_reason;
-    v.machine := p_row.machine_snapshot;
-    v.quantity := p_row.quantity;
-    v.slot := p_row.slot;
-    v.link_id := p_link.id;
-    v.link_service_ref := p_link.service_ref;
-    v.link_created_at := p_link.created_at;
-    v.link_ended_at := p_link.ended_at;
-    v.link_ended_by := p_link.ended_by;
-    RETURN v;
+    RETURN ROW(p_outcome, p_row.id, p_row.org_id, p_row.order_ref, p_row.machine_id, p_row.state,
+               p_row.fence, p_row.reason, p_row.hold_seconds, p_row.created_at, p_row.expires_at,
+               p_row.ended_at, p_row.ended_by, p_row.end_reason, p_row.machine_snapshot,
+               p_link.id, p_link.service_ref, p_link.created_at, p_row.quantity, p_row.slot,
+               p_link.ended_at, p_link.ended_by)::transition_result;
 END
 $$;
 

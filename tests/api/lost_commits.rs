@@ -922,7 +922,8 @@ async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made()
                     .expect("the request task");
             assert_eq!(
                 statement, "COMMIT",
-                "{name}: the session killed waited in its commit"
+                "{name}: the session killed waited in its commit (empty: the form \
+                 answered {status} before any commit waited: {body})"
             );
             assert_eq!(status, 503, "{name}: {body}");
             assert!(retry_after, "{name}: Retry-After");
