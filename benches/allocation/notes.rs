@@ -194,11 +194,16 @@ caller's statement (its two statements per cycle, 38 to 43 µs before,
 synchronous_commit off, where a backend's CPU per cycle read 0.64 to
 0.79 ms for the API's two calls and 0.45 to 0.46 ms for the ceiling's).
 By the same count, what the API's functions do themselves, beyond the
-statements they run, is about 0.24 ms a cycle (four frames for the
+statements they run, was about 0.24 ms a cycle (four frames for the
 reserve and three for the cancel, the composite result rows passed up
 through each, the savepoint, `SET` on four of them) against the
-ceiling's 0.11 ms (two frames, the same savepoint): the largest part of
-the gap left, and the next place to look.
+ceiling's 0.11 ms (two frames, the same savepoint). The result rows were
+the largest part: built one field at a time (a PL/pgSQL step per field,
+46 of them per cycle), then by one row constructor each, the backend's
+CPU per cycle at one connection fell by 8% (median of three alternating
+rounds, 758 to 695 µs). Tried and not kept, being within the noise:
+`SET` removed from the two nested functions, and the cancel's end
+written inline instead of in `reservation_end`'s frame.
 
 The rest comes with the pool: a request goes to whichever pooled
 connection is free, so successive statements wake different backends, and
