@@ -78,7 +78,7 @@ pub async fn run(cfg: &Config) -> anyhow::Result<Result> {
     let meter = crate::cpu::Meter::new(None, backend);
     // Warm-up: connections opened, plans cached, on both sides.
     crate::pooler::timed(&pool, &hash, "ha-w", 0.5).await?;
-    crate::throughput::db_run(&meter, &db, org.id, cfg.sites, CLIENTS, 0.5, "ha-cw").await?;
+    crate::throughput::db_run(&meter, &db, org.id, cfg.sites, CLIENTS, 0.5, "ha-cw", None).await?;
     let (mut rates, mut reserves, mut cancels) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ceiling, mut ceiling_reserves) = (Vec::new(), Vec::new());
     for run in 0..cfg.runs {
@@ -92,6 +92,7 @@ pub async fn run(cfg: &Config) -> anyhow::Result<Result> {
             CLIENTS,
             cfg.run_seconds,
             &format!("ha-c{run}"),
+            None,
         )
         .await?;
         eprintln!(

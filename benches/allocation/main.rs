@@ -424,6 +424,19 @@ pub async fn measure_throughput(
     let mut paced_runs = Vec::new();
     // The warm-up's counters settle before the first mark.
     tokio::time::sleep(std::time::Duration::from_secs_f64(cfg.settle_seconds)).await;
+    let ceiling = async |rate: Option<f64>, tag: String| {
+        throughput::db_run(
+            meter,
+            db,
+            org.id,
+            cfg.sites,
+            clients,
+            cfg.run_seconds,
+            &tag,
+            rate,
+        )
+        .await
+    };
     // HTTP and ceiling runs alternate, so that a noisy neighbour hits both.
     for r in 0..cfg.runs {
         let mark = probe.start(db).await?;
@@ -443,16 +456,7 @@ pub async fn measure_throughput(
             (h, hw.clone())
         } else {
             let mark = probe.start(db).await?;
-            let d = throughput::db_run(
-                meter,
-                db,
-                org.id,
-                cfg.sites,
-                clients,
-                cfg.run_seconds,
-                &format!("d{clients}-{r}"),
-            )
-            .await?;
+            let d = ceiling(None, format!("d{clients}-{r}")).await?;
             let dw = probe.end(db, &mark, d.cycles).await?;
             (d, dw)
         };
@@ -491,17 +495,7 @@ pub async fn measure_throughput(
         // At 8 clients (the goal's count), the ceiling again at this HTTP
         // run's rate: the same work at the same pace.
         if clients == 8 && std::env::var("BENCH_CEILING").map_or(true, |v| v != "0") {
-            let p = throughput::db_run_paced(
-                meter,
-                db,
-                org.id,
-                cfg.sites,
-                clients,
-                cfg.run_seconds,
-                &format!("p{clients}-{r}"),
-                Some(h.cycles_per_s),
-            )
-            .await?;
+            let p = ceiling(Some(h.cycles_per_s), format!("p{clients}-{r}")).await?;
             eprintln!(
                 "  {clients} clients run {r}: ceiling paced to {:.0}/s: {:.0}/s (cpu/cycle: client {:.2} pg {:.2}; machine {:.0}% busy)",
                 h.cycles_per_s,
@@ -537,7 +531,7 @@ async fn api_items(
         // Warm-up: connections, plans, caches; not measured.
         if std::env::var("BENCH_NO_WARMUP").is_err() {
             throughput::http_run(meter, base, &org.token, cfg.sites, 8, warm, "warm-h").await?;
-            throughput::db_run(meter, db, org.id, cfg.sites, 8, warm, "warm-d").await?;
+            throughput::db_run(meter, db, org.id, cfg.sites, 8, warm, "warm-d", None).await?;
         }
         for &clients in &cfg.clients {
             let t = measure_throughput(cfg, meter, probe, db, org, base, clients).await?;

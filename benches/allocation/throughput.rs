@@ -346,26 +346,14 @@ pub async fn create_ceiling_functions(db: &Db) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `clients` connections calling the ceiling functions for `seconds`.
-pub async fn db_run(
-    meter: &Meter,
-    db: &Db,
-    org_id: i64,
-    sites: i64,
-    clients: usize,
-    seconds: f64,
-    tag: &str,
-) -> anyhow::Result<Run> {
-    db_run_paced(meter, db, org_id, sites, clients, seconds, tag, None).await
-}
-
-/// `db_run`, each connection starting its cycles on a schedule when `rate`
+/// `clients` connections calling the ceiling functions for `seconds`;
+/// each connection starts its cycles on a schedule when `rate`
 /// (cycles per second, all connections together) is given: the ceiling
 /// doing the same work at the API's pace, so that what PostgreSQL spends
 /// per cycle whatever the rate (the WAL writer's wake-ups, a commit's wait
 /// for the disk shared by fewer commits) weighs the same on both sides.
 #[allow(clippy::too_many_arguments)]
-pub async fn db_run_paced(
+pub async fn db_run(
     meter: &Meter,
     db: &Db,
     org_id: i64,
