@@ -161,15 +161,18 @@ tables as the API and writes the same rows (their WAL records per cycle
 are within a record of each other), so the ratio is what the HTTP path
 costs beyond the same database work.
 
-The ceiling runs faster than the API, and PostgreSQL's CPU per cycle
-falls with the rate (commits share a flush, a backend finds the next
-request waiting instead of sleeping): unpaced, its figure moved between
-0.64 and 0.91 ms from run to run at 8 connections, and the ratio with
-it. At 8 clients the ceiling therefore also runs paced to each HTTP run's
-rate, the same work at the same pace (its own row): that comparison holds
-still from run to run (the paced ceiling 0.83 to 0.94 ms where unpaced it
-read 0.69), and it is the one that says what the API's statements cost
-beyond the ceiling's.
+The ceiling runs two to three times faster than the API, and
+PostgreSQL's CPU per cycle falls with the rate (commits share a flush, a
+backend finds its next request waiting instead of sleeping): paced to
+the API's rate the ceiling costs more per cycle than flat out (0.67 to
+0.94 ms against 0.53 to 0.78 ms in nine runs of one day at 8
+connections). At 8 clients the ceiling therefore also runs paced to each
+HTTP run's rate, the same work at the same pace, in a row of its own:
+the comparison that says what the API's statements cost beyond the
+ceiling's. Neither holds still: on this machine each figure moves by
+10 to 15% from run to run (a ratio of ×1.47 to ×2.08 paced, on one
+code), more than the distance between the goal and the median; read the
+medians of several runs, and the table of item 15 for what moved.
 
 What the HTTP path adds is CPU: the server's (per request, in the table),
 the clients' HTTP, and more PostgreSQL CPU per cycle than the ceiling's for
