@@ -165,7 +165,7 @@ impl Cache {
             }
         }
         let snap = read(db, org_id, f).await?;
-        self.keep(key, now, snap.clone());
+        keep(&self.entries, self.ttl, key, now, snap.clone());
         Ok(snap)
     }
 
@@ -185,10 +185,6 @@ impl Cache {
                 }
             }
         });
-    }
-
-    fn keep(&self, key: Key, at: Instant, snap: Snapshot) {
-        keep(&self.entries, self.ttl, key, at, snap);
     }
 }
 
