@@ -120,25 +120,45 @@ pub async fn recount(db: &Db, org_id: i64) -> Result<(), sqlx::Error> {
     tx.commit().await
 }
 
-/// (site, kind, hour, count) of organization `org_id` since `first` (a
-/// whole hour), and the instant up to which they count.
+/// (site, kind, hour, count) of organization `org_id` in an hour.
 pub type HourCount = (String, String, DateTime<Utc>, i64);
 
-pub async fn since(
+/// The last `hours` whole hours by the database clock (the current one
+/// included), each as counted so far: the first hour, the counts of
+/// organization `org_id` since then, and the instant up to which they
+/// count. One statement, so that the hours and the instant are one reading.
+pub async fn last_hours(
     db: &Db,
     org_id: i64,
-    first: DateTime<Utc>,
-) -> Result<(Vec<HourCount>, DateTime<Utc>), sqlx::Error> {
-    let hours = sqlx::query_as(
-        "SELECT site, kind, hour, n FROM activity_hours
-          WHERE org_id = $1 AND hour >= $2",
+    hours: i32,
+) -> Result<(DateTime<Utc>, Vec<HourCount>, DateTime<Utc>), sqlx::Error> {
+    type Row = (
+        DateTime<Utc>,
+        DateTime<Utc>,
+        Option<String>,
+        Option<String>,
+        Option<DateTime<Utc>>,
+        Option<i64>,
+    );
+    // The window's row comes back alone when no hour has counts yet.
+    let rows: Vec<Row> = sqlx::query_as(
+        "WITH w AS (
+             SELECT date_trunc('hour', clock_timestamp()) - ($2 - 1) * interval '1 hour' AS first,
+                    (SELECT counted_until FROM activity_counted) AS until
+         )
+         SELECT w.first, w.until, h.site, h.kind, h.hour, h.n
+           FROM w LEFT JOIN activity_hours h ON h.org_id = $1 AND h.hour >= w.first",
     )
     .bind(org_id)
-    .bind(first)
+    .bind(hours)
     .fetch_all(db)
     .await?;
-    let until = sqlx::query_scalar("SELECT counted_until FROM activity_counted")
-        .fetch_one(db)
-        .await?;
-    Ok((hours, until))
+    let Some(&(first, until, ..)) = rows.first() else {
+        return Err(sqlx::Error::RowNotFound);
+    };
+    let counts = rows
+        .into_iter()
+        .filter_map(|(_, _, site, kind, hour, n)| Some((site?, kind?, hour?, n?)))
+        .collect();
+    Ok((first, counts, until))
 }

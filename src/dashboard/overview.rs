@@ -227,12 +227,12 @@ pub(crate) async fn overview(
         .collect();
     // The last 24 hours by the database clock, in whole hours: the 23 past
     // hours and the current one, as the sweep's holder counted them
-    // (crate::activity), up to `counted_until`.
-    let first: DateTime<Utc> =
-        sqlx::query_scalar("SELECT date_trunc('hour', clock_timestamp()) - interval '23 hours'")
-            .fetch_one(pool.get_ref())
-            .await?;
-    let (events, counted_until) = activity::since(pool.get_ref(), staff.org_id, first).await?;
+    // (crate::activity), up to `counted_until`. Read beside the demand
+    // table: two independent reads, the page waits for the slower only.
+    let ((first, events, counted_until), demand) = tokio::try_join!(
+        async { Ok(activity::last_hours(pool.get_ref(), staff.org_id, HOURS as i32).await?) },
+        super::demand::overview_part(pool.get_ref(), staff.org_id, stock),
+    )?;
     let first_hour = first.with_minute(0).unwrap_or(first);
     let mut hours: BTreeMap<String, [[i64; 4]; HOURS]> = BTreeMap::new();
     for (site, kind, hour, count) in events {
@@ -307,7 +307,7 @@ pub(crate) async fn overview(
         series: SERIES,
         counted_until: counted_until.format("%Y-%m-%d %H:%M UTC").to_string(),
         counted_at: snapshot.as_of.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
-        demand: super::demand::overview_part(pool.get_ref(), staff.org_id, stock).await?,
+        demand,
     })
 }
 
