@@ -116,21 +116,24 @@ pub(crate) async fn list(
         .transpose()?;
     let backwards = before.is_some() && after.is_none();
     let cursor = if backwards { before } else { after };
-    let mut rows =
-        holds::held_page(&pool, staff.org_id, &f, cursor, backwards, LIVE_PAGE + 1).await?;
+    // Three independent reads, run together (see `machines::list`).
+    let (mut rows, (total, refreshed_at), facets) = tokio::try_join!(
+        holds::held_page(&pool, staff.org_id, &f, cursor, backwards, LIVE_PAGE + 1),
+        holds::count_held(&pool, staff.org_id, &f),
+        inventory::facets(&pool, staff.org_id),
+    )?;
     let more = rows.len() as i64 > LIVE_PAGE;
     rows.truncate(LIVE_PAGE as usize);
     if backwards {
         rows.reverse();
     }
-    let (total, refreshed_at) = holds::count_held(&pool, staff.org_id, &f).await?;
     let (has_next, has_prev) = if backwards {
         (true, more)
     } else {
         (more, after.is_some())
     };
     let within_text = within.map(|w| w.to_string()).unwrap_or_default();
-    let sites = inventory::facets(&pool, staff.org_id).await?.sites;
+    let sites = facets.sites;
     let site_text = site.as_ref().map_or("", |s| s.as_str());
     let link = |key: &str, c: &HeldRow| {
         let c = Cursor {
