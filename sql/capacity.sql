@@ -34,13 +34,18 @@ $$;
 -- R18: the machines of pool (p_site, p_profile) kept for segments other than
 -- p_segments (an order's own segment, and for healing the organization's
 -- repairs segment too; NULLs, no segment, are left out): what an order of
--- those segments must leave.
+-- those segments must leave. PL/pgSQL, not SQL: a SQL function with a FROM
+-- cannot be inlined as a value, and PostgreSQL 15 plans such a function at
+-- every statement that calls it (a reserve in a pool with headroom paid
+-- about 0.15 ms of CPU for it); PL/pgSQL keeps the plan for the session.
 CREATE OR REPLACE FUNCTION pool_kept_for_others(p_org bigint, p_site text, p_profile text, p_segments text[])
 RETURNS integer
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(sum(h.machines), 0)::integer FROM headroom h
-     WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile
-       AND NOT (h.segment = ANY (array_remove(coalesce(p_segments, '{}'), NULL)))
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT coalesce(sum(h.machines), 0)::integer FROM headroom h
+             WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile
+               AND NOT (h.segment = ANY (array_remove(coalesce(p_segments, '{}'), NULL))));
+END
 $$;
 
 -- R17: per pool of org p_org (filtered by site and profile when given; the
