@@ -6,6 +6,7 @@
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
+use futures_util::TryFutureExt;
 use serde::Deserialize;
 
 use super::csv;
@@ -406,9 +407,10 @@ async fn rows(
         let states = inventory::pooled_by_ids(pool, org_id, &ids).await?;
         Ok::<_, DashError>((verdicts, states))
     };
-    let ((verdicts, states), kept) = tokio::try_join!(page, async {
-        Ok(kept_for_others(pool, org_id, spec, asked.segment.as_ref()).await?)
-    })?;
+    let ((verdicts, states), kept) = tokio::try_join!(
+        page,
+        kept_for_others(pool, org_id, spec, asked.segment.as_ref()).err_into()
+    )?;
     let mut states: std::collections::HashMap<i64, PooledMachine> =
         states.into_iter().map(|p| (p.machine.id, p)).collect();
     let mut views: Vec<MachineView> = verdicts
@@ -442,13 +444,11 @@ pub(crate) async fn list(
     // together, the page waits for the slowest instead of for their sum
     // (three turns for a CPU on a busy machine, not one each in line).
     // One more than a page tells whether a "next" link is needed.
+    // The counts cover the whole filter (its state aside), not the page.
     let (mut machines, counts, facets) = tokio::try_join!(
         rows(&pool, staff.org_id, &asked, after, PAGE_SIZE + 1),
-        async {
-            // The counts cover the whole filter (its state aside), not the page.
-            Ok(inventory::count_by_state(&pool, staff.org_id, &asked.filter).await?)
-        },
-        async { Ok(inventory::facets(&pool, staff.org_id).await?) },
+        inventory::count_by_state(&pool, staff.org_id, &asked.filter).err_into(),
+        inventory::facets(&pool, staff.org_id).err_into(),
     )?;
     let more = machines.len() as i64 > PAGE_SIZE;
     machines.truncate(PAGE_SIZE as usize);

@@ -13,6 +13,7 @@ use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use chrono::{DateTime, Duration, Timelike, Utc};
+use futures_util::TryFutureExt;
 
 use super::error::DashError;
 use super::session::Staff;
@@ -230,7 +231,7 @@ pub(crate) async fn overview(
     // (crate::activity), up to `counted_until`. Read beside the demand
     // table: two independent reads, the page waits for the slower only.
     let ((first, events, counted_until), demand) = tokio::try_join!(
-        async { Ok(activity::last_hours(pool.get_ref(), staff.org_id, HOURS as i32).await?) },
+        activity::last_hours(pool.get_ref(), staff.org_id, HOURS as i32).err_into(),
         super::demand::overview_part(pool.get_ref(), staff.org_id, stock),
     )?;
     let first_hour = first.with_minute(0).unwrap_or(first);
