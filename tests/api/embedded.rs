@@ -5,6 +5,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::helpers::binary;
+use crate::helpers::replicas::free_port;
 
 #[tokio::test]
 async fn serve_without_database_url_starts_a_private_postgres_and_is_ready() {
@@ -67,11 +68,4 @@ async fn serve_without_database_url_starts_a_private_postgres_and_is_ready() {
         "PostgreSQL still running after serve exited"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }

@@ -14,6 +14,7 @@ use sqlx::Connection;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::helpers::replicas::free_port;
 use crate::helpers::{FakeHold, binary, migrated_db, seed_org_with_machines, test_settings};
 
 const LONG: Duration = Duration::from_secs(60);
@@ -648,13 +649,6 @@ impl Replica {
         body.lines()
             .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 async fn holder(pool: &Db) -> Option<(String, i64)> {

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::helpers::FakeMachine;
+use crate::helpers::replicas::free_port;
 use crate::helpers::spawn_app;
 
 const RULES: &str = include_str!("../../deploy/prometheus/poolkeeper.rules.yml");
@@ -226,13 +227,6 @@ pub const SERIES: &[&str] = &[
     "process_open_fds",
     "process_start_time_seconds",
 ];
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// The shipped rules with every `for:` shortened to 3 s, so that an alert
 /// goes pending, then firing, within the test; the expressions are the

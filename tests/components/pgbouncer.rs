@@ -33,6 +33,7 @@ use sqlx::{Connection, PgConnection};
 
 use serde_json::{Value, json};
 
+use crate::helpers::replicas::free_port;
 use crate::helpers::replicas::{Replica, wait_lease};
 use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{TestDb, create_org};
@@ -59,13 +60,6 @@ impl Drop for Bouncer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// (uid, gid) of the `postgres` user when we are root: pgbouncer, like

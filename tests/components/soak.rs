@@ -25,6 +25,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::process::{Child, Command};
 
+use crate::helpers::replicas::free_port_to_bind_again;
 use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{binary, create_org, migrated_db, test_settings};
 
@@ -407,30 +408,6 @@ struct Fleet {
     generation: u32,
 }
 
-/// A free port below the kernel's ephemeral range. A killed replica comes
-/// back on its own port (the clients keep its address); a port of the
-/// ephemeral range can meanwhile become the local end of some outgoing
-/// connection, and the new replica's bind then fails with "Address already
-/// in use" (seen once). Below the range, only a listener could take it.
-fn free_port() -> u16 {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| {
-            r.split_whitespace()
-                .next()
-                .and_then(|l| l.parse::<u16>().ok())
-        })
-        .unwrap_or(32768);
-    let mut rng = StdRng::seed_from_u64(rand::random());
-    for _ in 0..1000 {
-        let port = rng.random_range(10_000..low.max(10_001));
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port between 10000 and {low}");
-}
-
 impl Fleet {
     async fn spawn(&mut self, slot: usize, port: u16) -> Replica {
         self.generation += 1;
@@ -574,7 +551,7 @@ async fn run_soak(load: Duration) -> SoakReport {
         replicas: Vec::new(),
         generation: 0,
     };
-    let ports: Vec<u16> = (0..REPLICAS).map(|_| free_port()).collect();
+    let ports: Vec<u16> = (0..REPLICAS).map(|_| free_port_to_bind_again()).collect();
     for (slot, port) in ports.iter().enumerate() {
         let r = fleet.spawn(slot, *port).await;
         fleet.replicas.push(r);

@@ -10,11 +10,38 @@ use tokio::process::{Child, Command};
 
 use crate::helpers::binary;
 
+/// A port free now, from the kernel (bound, then released).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
+}
+
+/// A free port below the kernel's ephemeral range, for a process that is
+/// killed and comes back on the same port (the clients keep its address): a
+/// port of the ephemeral range can meanwhile become the local end of some
+/// outgoing connection, and the new bind then fails with "Address already
+/// in use" (seen once). Below the range, only a listener could take it.
+pub fn free_port_to_bind_again() -> u16 {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| {
+            r.split_whitespace()
+                .next()
+                .and_then(|l| l.parse::<u16>().ok())
+        })
+        .unwrap_or(32768);
+    let mut rng = StdRng::seed_from_u64(rand::random());
+    for _ in 0..1000 {
+        let port = rng.random_range(10_000..low.max(10_001));
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between 10000 and {low}");
 }
 
 /// One `poolkeeper serve` process; killed when dropped.
