@@ -177,7 +177,7 @@ async fn wait_ok(counts: &Counts, more: u64) {
 /// on a busy machine; this wait is bounded by `statement_timeout` (15 s).
 async fn hold_slow_orders_at_a_gate(db: &poolkeeper::db::Db) {
     sqlx::raw_sql(
-        "CREATE TABLE rolling_gate (open boolean);
+        "CREATE TABLE rolling_gate ();
          CREATE FUNCTION rolling_wait_at_gate() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
              WHILE NOT EXISTS (SELECT 1 FROM rolling_gate) LOOP
@@ -331,7 +331,7 @@ async fn sigterm_one_replica_at_a_time_while_16_clients_order() {
             assert!(Instant::now() < deadline, "the drain never ended");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        sqlx::query("INSERT INTO rolling_gate VALUES (true)")
+        sqlx::query("INSERT INTO rolling_gate DEFAULT VALUES")
             .execute(&direct)
             .await
             .expect("open the gate");
