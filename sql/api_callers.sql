@@ -14,8 +14,8 @@
 -- inlines it into the statement of its caller, so the token is read by
 -- that statement itself, without a PL/pgSQL call and a statement of its
 -- own (per request, 19 µs as PL/pgSQL, 7 µs inlined: BENCHMARKS.md). It
--- always answers one row. Its return type was OUT parameters before: the
--- old form is dropped first (the same name and arguments).
+-- always answers one row. Dropped first: CREATE OR REPLACE cannot change a
+-- function's return type, and the PL/pgSQL form had OUT parameters.
 DROP FUNCTION IF EXISTS api_caller(bytea, text, boolean);
 CREATE FUNCTION api_caller(p_token_hash bytea, p_scope text, p_module_on boolean)
 RETURNS TABLE (status text, org_id bigint, actor text)

@@ -36,8 +36,8 @@ $$;
 -- repairs segment too; NULLs, no segment, are left out): what an order of
 -- those segments must leave. PL/pgSQL, not SQL: a SQL function with a FROM
 -- cannot be inlined as a value, and PostgreSQL 15 plans such a function at
--- every statement that calls it (a reserve in a pool with headroom paid
--- about 0.15 ms of CPU for it); PL/pgSQL keeps the plan for the session.
+-- every statement that calls it (about 0.1 ms of CPU per reserve in a pool
+-- with headroom, BENCHMARKS.md); PL/pgSQL keeps the plan for the session.
 CREATE OR REPLACE FUNCTION pool_kept_for_others(p_org bigint, p_site text, p_profile text, p_segments text[])
 RETURNS integer
 LANGUAGE plpgsql STABLE AS $$
