@@ -318,8 +318,12 @@ BEGIN
         RETURN NEXT reserve_result_of('nothing', NULL, v_scanned, v_locked, v_gone, v_attempts);
         RETURN;
     END IF;
-    RETURN QUERY SELECT x.* FROM unnest(v_rows) r,
-                        LATERAL reserve_result_of('created', r, v_scanned, v_locked, v_gone, v_attempts) x;
+    -- A row at a time: RETURN NEXT of an expression is no statement, so
+    -- there is no plan to start, where a query over unnest(v_rows) would
+    -- start one at every reserve.
+    FOREACH v_row IN ARRAY v_rows LOOP
+        RETURN NEXT reserve_result_of('created', v_row, v_scanned, v_locked, v_gone, v_attempts);
+    END LOOP;
 END
 $$;
 
@@ -488,7 +492,10 @@ BEGIN
             RETURN;
         END IF;
         IF v_result.outcome <> 'nothing' THEN
-            RETURN QUERY SELECT * FROM unnest(v_rows);
+            -- As the walk answers, a row at a time, without a query.
+            FOREACH v_result IN ARRAY v_rows LOOP
+                RETURN NEXT v_result;
+            END LOOP;
             RETURN;
         END IF;
     ELSE
