@@ -229,6 +229,22 @@ cycle read 677, 694 and 698 µs against 669, 675 and 733 µs with it
 (alternated), within the noise; it was not pursued, since it would also
 have widened the verdict's type, which R7 shares with the dashboard.
 
+Fewer statements, then, each measured as backend CPU per cycle at one
+pgbench connection (synchronous_commit off, 10,000 machines, without
+headroom, the forms alternated). Kept: the walk hands its rows up one
+`RETURN NEXT` at a time instead of by a query over `unnest` of them, and
+`reserve_order` likewise for an order it took, which leaves two plans
+fewer to start per reserve: 597 µs median of six rounds against 630
+(581 to 628 against 577 to 727). Tried and not kept: the token checked by
+the server's own statement, `api_caller` joined to `reserve_order` with
+a one-time filter instead of through `api_reserve_order`'s frame, cost
+more (685 to 813 µs against 653 to 708; 693 to 721 with a generic plan
+forced): the client's statement then plans and starts the join itself;
+the walk as a function returning an array, called as an expression
+rather than by a query, read the same (597 to 706 against 599 to 635);
+and the cancel's answer by `RETURN NEXT` instead of a query, within the
+noise (619 to 806 against 602 to 711).
+
 The rest comes with the pool: a request goes to whichever pooled
 connection is free, so successive statements wake different backends, and
 each backend sleeps and wakes between requests while the HTTP exchange
