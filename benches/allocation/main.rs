@@ -100,10 +100,7 @@ impl Throughput {
         db_wal_runs: Vec<wal::PerCycle>,
         paced_runs: Vec<throughput::Run>,
     ) -> Throughput {
-        let rate = |runs: &[throughput::Run]| {
-            median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
-        };
-        let (http, db) = (rate(&http_runs), rate(&db_runs));
+        let (http, db) = (median_rate(&http_runs), median_rate(&db_runs));
         Throughput {
             clients,
             http_cycles_per_s: http,
@@ -117,10 +114,8 @@ impl Throughput {
             db_cycles_per_s: db,
             db_reserve: Latency::median_of(&db_runs.iter().map(|r| r.reserve).collect::<Vec<_>>()),
             db_contended: db_runs.iter().map(|r| r.contended).sum(),
-            http_cpu: cpu::CpuPerCycle::median_of(
-                &http_runs.iter().map(|r| r.cpu).collect::<Vec<_>>(),
-            ),
-            db_cpu: cpu::CpuPerCycle::median_of(&db_runs.iter().map(|r| r.cpu).collect::<Vec<_>>()),
+            http_cpu: median_cpu(&http_runs),
+            db_cpu: median_cpu(&db_runs),
             ratio: http / db,
             http_runs,
             db_runs,
@@ -137,17 +132,18 @@ impl Throughput {
         if self.paced_runs.is_empty() {
             return None;
         }
-        let rate = median(
-            &self
-                .paced_runs
-                .iter()
-                .map(|r| r.cycles_per_s)
-                .collect::<Vec<_>>(),
-        );
-        let cpu =
-            cpu::CpuPerCycle::median_of(&self.paced_runs.iter().map(|r| r.cpu).collect::<Vec<_>>());
-        Some((rate, cpu))
+        Some((median_rate(&self.paced_runs), median_cpu(&self.paced_runs)))
     }
+}
+
+/// The median rate of runs, in cycles per second.
+fn median_rate(runs: &[throughput::Run]) -> f64 {
+    median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
+}
+
+/// The median CPU per cycle of runs, field by field.
+fn median_cpu(runs: &[throughput::Run]) -> cpu::CpuPerCycle {
+    cpu::CpuPerCycle::median_of(&runs.iter().map(|r| r.cpu).collect::<Vec<_>>())
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
