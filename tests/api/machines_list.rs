@@ -100,6 +100,11 @@ async fn pool(app: &TestApp) -> (i64, i64) {
         .profile("arm")
         .create(&app.pool, app.other.id)
         .await;
+    // Held by the other organization: counted there, never here.
+    FakeHold::on("OT-1")
+        .order("OT-HELD")
+        .create(&app.pool, app.other.id)
+        .await;
     (held, sold)
 }
 
