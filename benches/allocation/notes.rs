@@ -464,6 +464,19 @@ hot path does not pay today. The server's own CPU for a `/machines`
 view is about 1.3 ms (0.86 user, 0.42 system, by /proc at one reader):
 a third of it decodes the page's 101 rows of 14 columns, a tenth renders
 the HTML.
+
+The page's own time also follows the database it reads. Run alone
+(`BENCH_ONLY=pages`) on a fresh database, `/machines?site&status` took
+3.0 ms at p50 with one reader and 41.0 ms at p99 under load; after
+items 1, 13, 14 and 15 in the same database, as a full run does (280,000
+reservations, 27,000 of them dead rows not yet vacuumed, no autovacuum
+running when the pages began), 4.1 and 54.9 ms on the same hour's
+machine. The hold counts read from the arbiter's index alone (every
+organization's holds, index only, the machine's probe keeping the
+organization's) instead of filtered by organization on the heap were
+tried and not kept: by pgbench on a copy of this inventory with 200,000
+ended reservations, 1.57 to 2.19 ms against 1.64 to 2.06, the holds being
+packed into a few heap pages either way.
 The live page (100 rows a page) counts every hold of the organization for
 its header (0.65 ms at 1,000 holds), then chooses its page of holds on
 `reservations_held_by_deadline_idx`, on (expires_at, id), and only then
