@@ -476,7 +476,12 @@ organization's holds, index only, the machine's probe keeping the
 organization's) instead of filtered by organization on the heap were
 tried and not kept: by pgbench on a copy of this inventory with 200,000
 ended reservations, 1.57 to 2.19 ms against 1.64 to 2.06, the holds being
-packed into a few heap pages either way.
+packed into a few heap pages either way. Nor is the server's pool what
+the pages wait for, although a page takes up to four of its connections
+at once: with 40 connections instead of 20, alternated twice in runs of
+this item alone, `/machines?site&status` read 42.5 and 43.6 ms at p99
+against 42.3 and 44.3, the spec view 42.8 and 46.0 against 47.4 and
+44.9.
 The live page (100 rows a page) counts every hold of the organization for
 its header (0.65 ms at 1,000 holds), then chooses its page of holds on
 `reservations_held_by_deadline_idx`, on (expires_at, id), and only then
