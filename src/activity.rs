@@ -154,7 +154,9 @@ pub async fn last_hours(
     .fetch_all(db)
     .await?;
     let Some(&(first, until, ..)) = rows.first() else {
-        return Err(sqlx::Error::RowNotFound);
+        return Err(sqlx::Error::Protocol(
+            "activity::last_hours answered no row".to_owned(),
+        ));
     };
     let counts = rows
         .into_iter()
