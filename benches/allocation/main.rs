@@ -150,6 +150,8 @@ fn median_cpu(runs: &[throughput::Run]) -> cpu::CpuPerCycle {
 pub struct PagesResult {
     pub machines_in_org: i64,
     pub held: i64,
+    /// Machines in service (a live service link) among them.
+    pub sold: i64,
     pub readers: usize,
     /// Per page: label, path, size of the HTML in bytes, median over runs of
     /// the run's latency summary.
@@ -607,7 +609,9 @@ async fn api_items(
             return Ok(());
         }
         // The organization grows to `page_machines`: another profile, most
-        // ready, some in maintenance; `page_held` of them held for an hour.
+        // ready, some in maintenance; `page_held` of them held for an hour,
+        // and `page_sold` others in service, as in a shop that has sold
+        // most of its pool.
         let extra = (cfg.page_machines - cfg.machines).max(0);
         let ready = extra * 4 / 5;
         setup::machines(db, org.id, "x", ready, cfg.sites, "xeon-6430-128g", "ready").await?;
@@ -632,6 +636,25 @@ async fn api_items(
         )
         .bind(org.id)
         .bind(cfg.page_held)
+        .execute(&db.setup)
+        .await?;
+        sqlx::query(
+            "WITH sold AS (
+                INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                          hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason)
+                SELECT $1, 'sold-' || m.id, m.id, 'converted', '{\"site\": \"s01\"}',
+                       jsonb_build_object('asset_tag', m.asset_tag), 'sold before the bench', 900,
+                       clock_timestamp() - interval '1 day', clock_timestamp() - interval '1 day' + interval '15 minutes',
+                       clock_timestamp() - interval '1 day' + interval '5 minutes', 'bench', 'converted into service'
+                  FROM (SELECT * FROM machines WHERE org_id = $1 AND asset_tag LIKE 'x-%'
+                         ORDER BY id OFFSET $2 LIMIT $3) m
+                RETURNING id, machine_id)
+             INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+             SELECT $1, machine_id, id, 'SRV-' || id, clock_timestamp() - interval '1 day' FROM sold",
+        )
+        .bind(org.id)
+        .bind(cfg.page_held)
+        .bind(cfg.page_sold)
         .execute(&db.setup)
         .await?;
         db.exec("VACUUM ANALYZE").await?;
@@ -699,6 +722,7 @@ async fn api_items(
         results.pages = Some(PagesResult {
             machines_in_org,
             held: cfg.page_held,
+            sold: cfg.page_sold,
             readers: cfg.page_readers,
             pages: pages
                 .iter()

@@ -83,8 +83,10 @@ const HOW: &str = "## How it is measured
   Each batch is one autocommit statement, so the time of the statement seen
   from the client bounds how long it held its row locks.
 - **5. Pages.** The organization of item 1 grows to 50,000 machines (40,000
-  of another profile, a fifth of them in maintenance) and 1,000 held
-  reservations of an hour. A viewer created with `poolkeeper::staff::create`
+  of another profile, a fifth of them in maintenance), 1,000 held
+  reservations of an hour and 25,000 machines in service (a converted
+  reservation and a live service link each: a shop sells most of its
+  pool). A viewer created with `poolkeeper::staff::create`
   logs in through the login form; 8 readers fetch the pages in turn (to the
   last byte) while the 8-client allocation load of item 1 runs against the
   same server. The time is seen from the client, so it includes HTTP and

@@ -129,6 +129,7 @@ fn command(cfg: &Config) -> String {
         "BENCH_GROWTH_RESERVES",
         "BENCH_PAGE_MACHINES",
         "BENCH_PAGE_HELD",
+        "BENCH_PAGE_SOLD",
         "BENCH_PAGE_READERS",
         "BENCH_SERVER_LOG",
         "BENCH_DURABLE",
@@ -528,10 +529,11 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
             let alone = p.alone.get(i).copied().unwrap_or_default();
             let _ = writeln!(
                 w,
-                "| 5 | page `{path}`: {name} ({} kB of HTML); {} machines, {} held; {} readers during the 8-client allocation load | p50 {:.1} ms, p99 {:.1} ms (one reader, no load: p50 {:.1} ms, p99 {:.1} ms) | p99 < 50 ms | {} |",
+                "| 5 | page `{path}`: {name} ({} kB of HTML); {} machines, {} held, {} in service; {} readers during the 8-client allocation load | p50 {:.1} ms, p99 {:.1} ms (one reader, no load: p50 {:.1} ms, p99 {:.1} ms) | p99 < 50 ms | {} |",
                 size / 1024,
                 thousands(p.machines_in_org),
                 thousands(p.held),
+                thousands(p.sold),
                 p.readers,
                 l.p50_ms,
                 l.p99_ms,

@@ -40,6 +40,7 @@ pub struct Config {
     /// Machines of the organization whose pages are read, and its held reservations.
     pub page_machines: i64,
     pub page_held: i64,
+    pub page_sold: i64,
     /// Reserve+cancel cycles of one run of the fill item.
     pub fill_cycles: u64,
     /// Readers of the dashboard pages.
@@ -104,6 +105,7 @@ impl Config {
             heal_holds: env_or("BENCH_HEAL", 200),
             page_machines: env_or("BENCH_PAGE_MACHINES", pick(quick, 50_000, 20_000)),
             page_held: env_or("BENCH_PAGE_HELD", 1_000),
+            page_sold: env_or("BENCH_PAGE_SOLD", pick(quick, 25_000, 10_000)),
             page_readers: env_or("BENCH_PAGE_READERS", 8),
             fill_cycles: env_or("BENCH_FILL", pick(quick, 30_000, 3_000)),
             server_log: std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "info".to_owned()),
