@@ -58,28 +58,23 @@ CREATE OR REPLACE FUNCTION capacity_pools(p_org bigint, p_site text, p_profile t
 RETURNS TABLE (site text, profile text, total bigint, sellable bigint, held bigint, sold bigint,
                not_ready bigint, reserved jsonb, available bigint)
 LANGUAGE sql STABLE AS $$
-    -- Counted by pool, not probed per machine: the machines by status (an
-    -- index-only scan of machines_pool_counts_idx), then the few live holds
-    -- and the live services joined to their machines, each subtracted from
-    -- what their machine's status counted. `_any` counts every vendor (what
-    -- the headroom is kept from), the others the vendor asked.
+    -- Counted by pool, not probed per machine: the machines by status, and
+    -- those in service (the machine's copy of its live link,
+    -- sql/services.sql), in one index-only scan of machines_pool_counts_idx;
+    -- then the few live holds joined to their machines, each subtracted
+    -- from what its machine's status counted. `_any` counts every vendor
+    -- (what the headroom is kept from), the others the vendor asked.
     WITH pools AS (
         SELECT m.site, m.profile,
                count(*) FILTER (WHERE p_vendor IS NULL OR m.vendor = p_vendor) AS total,
                count(*) FILTER (WHERE m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS ready,
-               count(*) FILTER (WHERE m.status = 'ready') AS ready_any
+               count(*) FILTER (WHERE m.status = 'ready') AS ready_any,
+               count(*) FILTER (WHERE m.in_service AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS sold,
+               count(*) FILTER (WHERE m.in_service AND m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS sold_ready,
+               count(*) FILTER (WHERE m.in_service AND m.status = 'ready') AS sold_ready_any
           FROM machines m
          WHERE m.org_id = p_org AND (p_site IS NULL OR m.site = p_site)
            AND (p_profile IS NULL OR m.profile = p_profile)
-         GROUP BY m.site, m.profile
-    ), sold AS (
-        SELECT m.site, m.profile,
-               count(*) FILTER (WHERE p_vendor IS NULL OR m.vendor = p_vendor) AS n,
-               count(*) FILTER (WHERE m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS ready,
-               count(*) FILTER (WHERE m.status = 'ready') AS ready_any
-          FROM service_links l JOIN machines m ON m.id = l.machine_id
-         WHERE l.org_id = p_org AND l.ended_at IS NULL
-           AND (p_site IS NULL OR m.site = p_site) AND (p_profile IS NULL OR m.profile = p_profile)
          GROUP BY m.site, m.profile
     ), held AS (
         SELECT m.site, m.profile,
@@ -89,17 +84,16 @@ LANGUAGE sql STABLE AS $$
           FROM reservations r JOIN machines m ON m.id = r.machine_id
          WHERE r.org_id = p_org AND r.state = 'held' AND r.expires_at > clock_timestamp()
            AND (p_site IS NULL OR m.site = p_site) AND (p_profile IS NULL OR m.profile = p_profile)
-           AND NOT EXISTS (SELECT 1 FROM service_links l WHERE l.machine_id = m.id AND l.ended_at IS NULL)
+           AND NOT m.in_service
          GROUP BY m.site, m.profile
     ), counted AS (
         SELECT p.site, p.profile, p.total,
-               p.ready - coalesce(h.ready, 0) - coalesce(s.ready, 0) AS sellable,
+               p.ready - coalesce(h.ready, 0) - p.sold_ready AS sellable,
                coalesce(h.n, 0) AS held,
-               coalesce(s.n, 0) AS sold,
-               p.ready_any - coalesce(h.ready_any, 0) - coalesce(s.ready_any, 0) AS sellable_any_vendor
+               p.sold,
+               p.ready_any - coalesce(h.ready_any, 0) - p.sold_ready_any AS sellable_any_vendor
           FROM pools p
           LEFT JOIN held h ON h.site = p.site AND h.profile = p.profile
-          LEFT JOIN sold s ON s.site = p.site AND s.profile = p.profile
     )
     SELECT c.site, c.profile, c.total, c.sellable, c.held, c.sold,
            c.total - c.sellable - c.held - c.sold,

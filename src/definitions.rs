@@ -31,6 +31,7 @@ use sqlx::{Connection, PgConnection};
 pub const FILES: &[(&str, &str)] = &[
     ("api_callers.sql", include_str!("../sql/api_callers.sql")),
     ("locks.sql", include_str!("../sql/locks.sql")),
+    ("services.sql", include_str!("../sql/services.sql")),
     ("capacity.sql", include_str!("../sql/capacity.sql")),
     ("allocator.sql", include_str!("../sql/allocator.sql")),
     ("transitions.sql", include_str!("../sql/transitions.sql")),

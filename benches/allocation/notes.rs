@@ -462,7 +462,21 @@ other way (the filter's machines, with their ids, against a hash of the
 holds and of the services) they cost as much (2.2 against 2.0 ms), so
 that was not kept. A count kept per site and state would make them
 constant, at the price of a write on every reserve and cancel, which the
-hot path does not pay today. The server's own CPU for a `/machines`
+hot path does not pay today. The counts also probed one machine per live
+service of the organization (`service_links`, then
+`machines_pool_probe_idx`), which this item's pool hid while none of its
+machines was in service. With 25,000 of the 50,000 in service the counts
+cost 51 to 52 ms by pgbench on a copy, and in a partial run of this item
+`/machines?site&status` read 43.7 ms at p50 alone and 478 ms at p99 under
+load, the spec view 41.2 and 448 ms. Each machine now carries a copy of
+whether it has a live link (`machines.in_service`, written by a trigger on
+`service_links` in the transaction that changes the link,
+`sql/services.sql`), included in both covering indexes, so what is sold is
+counted in the scan that counts the filter's machines (2.4 ms by pgbench on
+the same copy; in the next partial run 4.6 and 57.6 ms, and 4.2 and
+44.8 ms). A convert and the end of a service write the machine's row once
+more; a reserve and a cancel write nothing new. R17's pools
+(`capacity_pools`) count what is sold the same way. The server's own CPU for a `/machines`
 view is about 1.3 ms (0.86 user, 0.42 system, by /proc at one reader):
 a third of it decodes the page's 101 rows of 14 columns, a tenth renders
 the HTML.

@@ -20,6 +20,7 @@ mod headroom;
 mod healing;
 mod helpers;
 mod hostile_forms;
+mod in_service;
 mod inventory;
 mod lease;
 mod lock_order;

@@ -1,0 +1,196 @@
+//! `machines.in_service`, the machine's copy of whether it has a live service
+//! link (sql/services.sql): the counts per pool state read it, so it must
+//! agree with `service_links` after every way a link changes, concurrent
+//! ones included.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::Barrier;
+
+use crate::helpers::{FakeMachine, PROFILE, SITE, TestApp, spawn_app};
+
+/// Machines of `org` whose copy disagrees with `service_links`.
+async fn disagreeing(app: &TestApp, org: i64) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT m.asset_tag FROM machines m
+          WHERE m.org_id = $1
+            AND m.in_service IS DISTINCT FROM EXISTS (SELECT 1 FROM service_links l
+                                                       WHERE l.machine_id = m.id AND l.ended_at IS NULL)
+          ORDER BY m.asset_tag",
+    )
+    .bind(org)
+    .fetch_all(&app.pool)
+    .await
+    .expect("compare the copy")
+}
+
+async fn in_service(app: &TestApp, org: i64) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM machines WHERE org_id = $1 AND in_service")
+        .bind(org)
+        .fetch_one(&app.pool)
+        .await
+        .expect("count in service")
+}
+
+/// Reserves a machine through the API: (id, fence).
+async fn reserve(app: &TestApp, order_ref: &str) -> (i64, i64) {
+    let body = app
+        .reserve_created(
+            &app.org.token,
+            json!({"order_ref": order_ref, "site": SITE, "profile": PROFILE}),
+        )
+        .await;
+    (
+        body["id"].as_i64().expect("id"),
+        body["fence"].as_i64().expect("fence"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
+    let app = Arc::new(spawn_app().await);
+    let org = app.org.id;
+    for i in 0..16 {
+        FakeMachine::new()
+            .tag(&format!("IS-{i:02}"))
+            .create(&app.pool, org)
+            .await;
+    }
+    // 8 machines sold before the race, 8 held.
+    let mut services = Vec::new();
+    for i in 0..8 {
+        let (id, fence) = reserve(&app, &format!("SOLD-{i}")).await;
+        let body = app
+            .convert_ok(
+                &app.org.token,
+                id,
+                json!({"fence": fence, "service_ref": format!("SRV-{i}")}),
+            )
+            .await;
+        services.push(body["service"]["id"].as_i64().expect("service id"));
+    }
+    let mut holds = Vec::new();
+    for i in 0..8 {
+        holds.push(reserve(&app, &format!("HELD-{i}")).await);
+    }
+    assert_eq!(in_service(&app, org).await, 8);
+    assert_eq!(disagreeing(&app, org).await, Vec::<String>::new());
+
+    // 16 writers released together, each through the API on its own
+    // connection: 8 converts of the holds, 8 ends of the services.
+    let barrier = Arc::new(Barrier::new(16));
+    let mut tasks = Vec::new();
+    for (i, (id, fence)) in holds.iter().copied().enumerate() {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            app.convert(
+                &app.org.token,
+                id,
+                json!({"fence": fence, "service_ref": format!("SRV-NEW-{i}")}),
+            )
+            .await
+        }));
+    }
+    for service in services {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            app.post_as(
+                &app.org.token,
+                &format!("/api/v1/services/{service}/end"),
+                &json!({}),
+            )
+            .await
+        }));
+    }
+    for t in tasks {
+        let (status, body): (_, Value) = t.await.expect("task");
+        assert_eq!(status, 200, "{body}");
+    }
+    assert_eq!(disagreeing(&app, org).await, Vec::<String>::new());
+    assert_eq!(
+        in_service(&app, org).await,
+        8,
+        "the 8 converted, not the 8 ended"
+    );
+    // What the counts read: R17's pool says the same.
+    let r = app
+        .http
+        .get(app.url(&format!("/api/v1/capacity?site={SITE}&profile={PROFILE}")))
+        .bearer_auth(&app.org.token)
+        .send()
+        .await
+        .expect("capacity");
+    assert_eq!(r.status(), 200);
+    let capacity: Value = r.json().await.expect("json");
+    assert_eq!(capacity["pools"][0]["sold"], 8, "{capacity}");
+    assert_eq!(capacity["pools"][0]["held"], 0, "{capacity}");
+}
+
+#[tokio::test]
+async fn a_link_inserted_moved_or_deleted_by_hand_keeps_the_copy_and_attaching_mends_drift() {
+    let app = spawn_app().await;
+    let org = app.org.id;
+    let a = FakeMachine::new().tag("IS-A").create(&app.pool, org).await;
+    let b = FakeMachine::new().tag("IS-B").create(&app.pool, org).await;
+    let (hold, fence) = reserve(&app, "HAND-1").await;
+    let body = app
+        .convert_ok(
+            &app.org.token,
+            hold,
+            json!({"fence": fence, "service_ref": "SRV-HAND"}),
+        )
+        .await;
+    let link = body["service"]["id"].as_i64().expect("service id");
+    let on: i64 = sqlx::query_scalar("SELECT machine_id FROM service_links WHERE id = $1")
+        .bind(link)
+        .fetch_one(&app.pool)
+        .await
+        .expect("the link's machine");
+    let other = if on == a { b } else { a };
+    let copy = |id: i64| {
+        let app = &app;
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT in_service FROM machines WHERE id = $1")
+                .bind(id)
+                .fetch_one(&app.pool)
+                .await
+                .expect("copy")
+        }
+    };
+    assert!(copy(on).await && !copy(other).await);
+
+    // Moved to the other machine (an operator's repair): both rows follow.
+    sqlx::query("UPDATE service_links SET machine_id = $2 WHERE id = $1")
+        .bind(link)
+        .bind(other)
+        .execute(&app.pool)
+        .await
+        .expect("move the link");
+    assert!(!copy(on).await && copy(other).await);
+    // Deleted: the machine is no longer in service.
+    sqlx::query("DELETE FROM service_links WHERE id = $1")
+        .bind(link)
+        .execute(&app.pool)
+        .await
+        .expect("delete the link");
+    assert!(!copy(on).await && !copy(other).await);
+    assert_eq!(disagreeing(&app, org).await, Vec::<String>::new());
+
+    // A copy that drifted (written by hand, or before the trigger existed)
+    // is mended when the definitions attach the trigger.
+    let mut conn = app.pool.acquire().await.expect("connection");
+    sqlx::query("UPDATE machines SET in_service = true WHERE id = $1")
+        .bind(on)
+        .execute(&mut *conn)
+        .await
+        .expect("drift");
+    assert_eq!(disagreeing(&app, org).await.len(), 1);
+    sqlx::raw_sql(include_str!("../../sql/services.sql"))
+        .execute(&mut *conn)
+        .await
+        .expect("attach the trigger again");
+    assert_eq!(disagreeing(&app, org).await, Vec::<String>::new());
+}
