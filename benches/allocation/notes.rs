@@ -284,7 +284,30 @@ the reserve's or the cancel's path is a SQL function left to plan at each
 call: the others (`machine_candidates`, `machine_verdicts`, `api_caller`,
 `first_batch`, `pool_turn`) are inlined into the statement that calls
 them, which pg_stat_statements shows (an uninlined SQL function's body
-appears there as a statement of its own).";
+appears there as a statement of its own).
+
+On Debian's stock cluster (the same PostgreSQL 15 binaries, its own
+`postgresql.conf`, TLS on as Debian ships it), reached over TCP with
+`BENCH_DATABASE_URL`, item 1 at 8 clients reads about as it does on the
+bench's cluster over its Unix socket. Six partial runs taking turns in one
+hour (each the median of 3 runs; PostgreSQL's CPU per cycle, API and
+ceiling paced to its rate): the bench's cluster 1.36 ms over 0.76 (×1.78)
+and 1.38 over 1.01 (×1.37); stock over TCP with TLS 1.43 over 1.00
+(×1.43) and 1.52 over 0.87 (×1.74); stock over TCP without TLS 1.48 over
+1.00 (×1.48) and 1.29 over 0.80 (×1.60). The API's share of the ceiling
+by CPU was 0.44, 0.58; 0.55, 0.45; 0.53, 0.50. Where the difference goes:
+TCP and TLS cost PostgreSQL about 0.1 ms per cycle (1.48 against 1.37,
+the pairs' means), the same in the ceiling's statements, which cross the
+same socket; TLS costs the server about 0.03 ms per cycle (0.39 to 0.40
+against 0.36 over the socket; its sqlx connections encrypt each message).
+Both are within one run's noise, which on the same cluster moved the ratio
+from ×1.37 to ×1.78 within the hour, mostly by the paced ceiling's own CPU
+per cycle (0.76 to 1.01 ms). The API sends each statement as one message
+batch per round trip (one statement per call, item 7), so nothing of ours
+is left to merge there. An earlier reading of the stock cluster (1.51 to
+1.67 ms for the API against 0.95 to 1.07 on the bench's cluster, of older
+code) was not taken in turns with the bench's cluster; taken in turns, the
+difference is the one above.";
 
 const LATENCY8: &str = "The p99 at 8 clients is mostly time spent waiting for a CPU: 8 clients,
 the server's threads and 8 or more backends share 2 CPUs with whatever
