@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 use crate::helpers::{FakeHold, FakeMachine, InService};
 use crate::helpers::{PROFILE, SITE, TestApp, binary, spawn_app};
 
-async fn capacity(app: &TestApp, query: &str) -> (StatusCode, Value) {
+/// `GET /api/v1/capacity{query}` with the orders token: the status and the body.
+pub(crate) async fn capacity(app: &TestApp, query: &str) -> (StatusCode, Value) {
     let r = app
         .http
         .get(app.url(&format!("/api/v1/capacity{query}")))

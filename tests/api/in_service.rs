@@ -116,15 +116,9 @@ async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
         "the 8 converted, not the 8 ended"
     );
     // What the counts read: R17's pool says the same.
-    let r = app
-        .http
-        .get(app.url(&format!("/api/v1/capacity?site={SITE}&profile={PROFILE}")))
-        .bearer_auth(&app.org.token)
-        .send()
-        .await
-        .expect("capacity");
-    assert_eq!(r.status(), 200);
-    let capacity: Value = r.json().await.expect("json");
+    let (status, capacity) =
+        crate::capacity::capacity(&app, &format!("?site={SITE}&profile={PROFILE}")).await;
+    assert_eq!(status, 200, "{capacity}");
     assert_eq!(capacity["pools"][0]["sold"], 8, "{capacity}");
     assert_eq!(capacity["pools"][0]["held"], 0, "{capacity}");
 }
