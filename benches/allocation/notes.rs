@@ -305,8 +305,8 @@ from ×1.37 to ×1.78 within the hour, mostly by the paced ceiling's own CPU
 per cycle (0.76 to 1.01 ms). The API sends each statement as one message
 batch per round trip (one statement per call, item 7), so nothing of ours
 is left to merge there. An earlier reading of the stock cluster (1.51 to
-1.67 ms for the API against 0.95 to 1.07 on the bench's cluster, of older
-code) was not taken in turns with the bench's cluster; taken in turns, the
+1.67 ms for the API against 0.95 to 1.07 on the bench's cluster) was of
+older code, at another time; taken in turns with the current code, the
 difference is the one above.";
 
 const LATENCY8: &str = "The p99 at 8 clients is mostly time spent waiting for a CPU: 8 clients,
