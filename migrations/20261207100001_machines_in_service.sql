@@ -1,9 +1,9 @@
 -- Whether a machine has a live service link, on the machine's row, so that
 -- the counts per pool state (the /machines header, R17's pools) read what
 -- is sold in the same index-only scan that counts the filter's machines.
--- They used to probe one machine per live service of the organization: a
--- shop sells most of its pool, and with 25,000 live services among 50,000
--- machines that was about 50 ms per count (BENCHMARKS.md item 5).
+-- Probing one machine per live service of the organization instead costs
+-- about 50 ms per count with 25,000 live services among 50,000 machines
+-- (BENCHMARKS.md item 5), and a shop sells most of its pool.
 --
 -- service_links stays the truth (its partial unique index is the arbiter);
 -- `in_service` is a copy written in the same transaction as every change
