@@ -29,7 +29,14 @@
 -- (LIMIT 1 changes nothing, the indexes allow one row, but keeps each a
 -- per-machine probe). The held probe's predicate is exactly the arbiter's;
 -- whether the hold is overdue is judged on the row it found.
-CREATE OR REPLACE FUNCTION machine_verdicts(p_org bigint, p_site text, p_profile text, p_vendor text)
+--
+-- p_unsold_only leaves out the machines whose copy says they are in service
+-- (`machines.in_service`, sql/services.sql) before any probe: pass one's
+-- walk, so that it steps over no sold machine (`machines_sellable_idx`).
+-- The copy only narrows the walk; the live link probe still decides, so a
+-- machine with a live link is never a candidate whatever its copy says.
+CREATE OR REPLACE FUNCTION machine_verdicts(p_org bigint, p_site text, p_profile text, p_vendor text,
+                                            p_unsold_only boolean)
 RETURNS SETOF machine_verdict
 LANGUAGE sql STABLE AS $$
     SELECT m.id, m.asset_tag, m.site, m.vendor, m.profile, m.status, m.created_at, m.updated_at,
@@ -50,17 +57,25 @@ LANGUAGE sql STABLE AS $$
       LEFT JOIN LATERAL (
            SELECT r.id, r.expires_at, r.expires_at > clock_timestamp() AS live FROM reservations r
             WHERE r.machine_id = m.id AND r.state = 'held' LIMIT 1) hold ON true
-     WHERE m.org_id = p_org
+     WHERE m.org_id = p_org AND (p_unsold_only IS NOT TRUE OR NOT m.in_service)
+$$;
+
+-- Every machine, sold ones included (the explanation, the re-checks, the
+-- counts): inlined in turn, so the callers' filters still reach the indexes.
+CREATE OR REPLACE FUNCTION machine_verdicts(p_org bigint, p_site text, p_profile text, p_vendor text)
+RETURNS SETOF machine_verdict
+LANGUAGE sql STABLE AS $$
+    SELECT * FROM machine_verdicts(p_org, p_site, p_profile, p_vendor, false)
 $$;
 
 -- R7 pass one's candidates: at most p_limit machines with no exclusion, in
 -- id order. The filters repeat what `exclusion IS NULL` implies (site,
--- profile, vendor, ready) only so that the planner walks
--- `machines_candidates_idx`; the verdict itself is machine_verdicts'.
+-- profile, vendor, ready, not in service) only so that the planner walks
+-- `machines_sellable_idx`; the verdict itself is machine_verdicts'.
 CREATE OR REPLACE FUNCTION machine_candidates(p_org bigint, p_site text, p_profile text, p_vendor text, p_limit bigint)
 RETURNS SETOF machine_verdict
 LANGUAGE sql STABLE AS $$
-    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v
+    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor, true) v
      WHERE v.site = p_site AND v.profile = p_profile AND (p_vendor IS NULL OR v.vendor = p_vendor)
        AND v.status = 'ready' AND v.exclusion IS NULL
      ORDER BY v.id LIMIT p_limit
@@ -72,7 +87,7 @@ CREATE OR REPLACE FUNCTION machine_candidates_after(p_org bigint, p_site text, p
                                                     p_after bigint, p_limit bigint)
 RETURNS SETOF machine_verdict
 LANGUAGE sql STABLE AS $$
-    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v
+    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor, true) v
      WHERE v.site = p_site AND v.profile = p_profile AND (p_vendor IS NULL OR v.vendor = p_vendor)
        AND v.status = 'ready' AND v.exclusion IS NULL AND v.id > p_after
      ORDER BY v.id LIMIT p_limit

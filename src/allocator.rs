@@ -146,7 +146,7 @@ fn classified(scope: &str) -> String {
 }
 
 /// Pass one's candidate query (the SQL function `machine_candidates`): `$5`
-/// candidates of the spec, in id order, on `machines_candidates_idx`.
+/// candidates of the spec, in id order, on `machines_sellable_idx`.
 pub fn candidate_query() -> String {
     "SELECT * FROM machine_candidates($1, $2, $3, $4::text, $5)".to_owned()
 }

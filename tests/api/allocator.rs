@@ -1060,7 +1060,7 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
         text.contains("service_links_one_live_per_machine"),
         "{plan:#}"
     );
-    assert!(text.contains("machines_candidates_idx"), "{plan:#}");
+    assert!(text.contains("machines_sellable_idx"), "{plan:#}");
     // The same query, forbidden its indexes, blows through the bound.
     sqlx::query("BEGIN")
         .execute(&mut conn)
@@ -1086,6 +1086,119 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
     );
     eprintln!("candidate query: {indexed} buffers on indexes, {scanned} without");
 }
+/// Pass one steps over no sold machine. A shop's oldest machines, the
+/// lowest ids, are the ones it has sold; the candidate list, planned
+/// generically as the allocator's functions force it, goes straight to the
+/// first unsold one on `machines_sellable_idx`, and a reserve takes it. The
+/// same walk over every machine's verdict (the copy `in_service` unused)
+/// probes each sold machine first and blows through the bound.
+#[tokio::test]
+async fn pass_one_steps_over_the_machines_in_service() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "sold", true).await;
+    let ids = generated_machines(
+        &pool,
+        org.id,
+        600,
+        Generated {
+            tag: "'S-' || lpad(g::text, 4, '0')",
+            site: &literal(SITE),
+            vendor: "'dell'",
+            profile: &literal(PROFILE),
+            status: "'ready'",
+        },
+    )
+    .await;
+    sqlx::query(
+        "WITH sold AS (
+             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                       hold_seconds, expires_at, ended_at, ended_by)
+             SELECT $1, 'SOLD-' || m.id, m.id, 'converted', '{}', '{}', 'sold', 900,
+                    clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test'
+               FROM machines m WHERE m.id = ANY($2)
+             RETURNING id, machine_id)
+         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
+         SELECT $1, machine_id, id, 'SRV-' || id FROM sold",
+    )
+    .bind(org.id)
+    .bind(&ids[..500])
+    .execute(&pool)
+    .await
+    .expect("the first 500 in service");
+    sqlx::query("ANALYZE")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    let mut conn = limited_connection(&db).await;
+    for set in [
+        "SET plan_cache_mode = force_generic_plan",
+        "SET enable_seqscan = off",
+        "SET enable_sort = off",
+    ] {
+        sqlx::query(set).execute(&mut conn).await.expect("set");
+    }
+    let args = format!(
+        "({}, {}, {}, NULL, 5)",
+        org.id,
+        literal(SITE),
+        literal(PROFILE)
+    );
+    let walk = |name: &str, query: &str| {
+        (
+            format!("PREPARE {name}(bigint, text, text, text, bigint) AS {query}"),
+            format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}{args}"),
+        )
+    };
+    let mut plans = Vec::new();
+    for (name, query) in [
+        ("sellable", allocator::candidate_query()),
+        (
+            "every_verdict",
+            "SELECT * FROM machine_verdicts($1, $2, $3, $4) v
+              WHERE v.site = $2 AND v.profile = $3 AND v.status = 'ready' AND v.exclusion IS NULL
+              ORDER BY v.id LIMIT $5"
+                .to_owned(),
+        ),
+    ] {
+        let (prepare, explain) = walk(name, &query);
+        sqlx::query(sqlx::AssertSqlSafe(prepare))
+            .execute(&mut conn)
+            .await
+            .expect("prepare");
+        let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .fetch_one(&mut conn)
+            .await
+            .expect("explain");
+        plans.push(plan);
+    }
+    let candidates: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM machine_candidates($1, $2, $3, NULL, 5)")
+            .bind(org.id)
+            .bind(SITE)
+            .bind(PROFILE)
+            .fetch_all(&mut conn)
+            .await
+            .expect("candidates");
+    assert_eq!(candidates, ids[500..505]);
+    let (sellable, every) = (&plans[0], &plans[1]);
+    assert_eq!(
+        sellable[0]["Plan"]["Actual Rows"].as_f64(),
+        Some(5.0),
+        "{sellable:#}"
+    );
+    let text = sellable.to_string();
+    assert!(text.contains("machines_sellable_idx"), "{sellable:#}");
+    const BOUND: i64 = 80;
+    let (walked, probed) = (buffers(sellable), buffers(every));
+    assert!(walked <= BOUND, "{walked} buffers: {sellable:#}");
+    assert!(probed > BOUND * 4, "over every verdict: {probed} buffers");
+    eprintln!("candidates past 500 sold machines: {walked} buffers, {probed} without the copy");
+    // And a reserve takes the first machine not in service.
+    let reservation = reserved(&pool, org.id, "ORD-PAST-SOLD", None).await;
+    assert_eq!(reservation.machine_id, ids[500]);
+}
+
 /// A fresh deployment does not slow as it fills: a plan cached
 /// while `reservations` was analyzed empty must stay on the arbiter index
 /// once the table has grown. The connection takes the settings the

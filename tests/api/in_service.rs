@@ -123,6 +123,115 @@ async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
     assert_eq!(capacity["pools"][0]["held"], 0, "{capacity}");
 }
 
+/// Pass one skips the machines whose copy says they are in service
+/// (`machines_sellable_idx`): reserves racing converts and ends of services
+/// never hold a machine with a live link, and take machines that an ended
+/// service has just freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reserves_racing_converts_and_ends_never_hold_a_machine_in_service() {
+    let app = Arc::new(spawn_app().await);
+    let org = app.org.id;
+    for i in 0..24 {
+        FakeMachine::new()
+            .tag(&format!("RC-{i:02}"))
+            .create(&app.pool, org)
+            .await;
+    }
+    // The 8 lowest ids sold, the next 8 held, 8 free.
+    let mut services = Vec::new();
+    for i in 0..8 {
+        let (id, fence) = reserve(&app, &format!("SOLD-{i}")).await;
+        let body = app
+            .convert_ok(
+                &app.org.token,
+                id,
+                json!({"fence": fence, "service_ref": format!("SRV-{i}")}),
+            )
+            .await;
+        services.push(body["service"]["id"].as_i64().expect("service id"));
+    }
+    let mut holds = Vec::new();
+    for i in 0..8 {
+        holds.push(reserve(&app, &format!("HELD-{i}")).await);
+    }
+
+    // 24 clients released together: 8 converts, 8 ends, 8 new orders.
+    let barrier = Arc::new(Barrier::new(24));
+    let mut writes = Vec::new();
+    for (i, (id, fence)) in holds.iter().copied().enumerate() {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        writes.push(tokio::spawn(async move {
+            barrier.wait().await;
+            app.convert(
+                &app.org.token,
+                id,
+                json!({"fence": fence, "service_ref": format!("SRV-NEW-{i}")}),
+            )
+            .await
+        }));
+    }
+    for service in services {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        writes.push(tokio::spawn(async move {
+            barrier.wait().await;
+            app.post_as(
+                &app.org.token,
+                &format!("/api/v1/services/{service}/end"),
+                &json!({}),
+            )
+            .await
+        }));
+    }
+    let mut orders = Vec::new();
+    for i in 0..8 {
+        let (app, barrier) = (app.clone(), barrier.clone());
+        orders.push(tokio::spawn(async move {
+            barrier.wait().await;
+            app.reserve(
+                &app.org.token,
+                json!({"order_ref": format!("NEW-{i}"), "site": SITE, "profile": PROFILE}),
+            )
+            .await
+        }));
+    }
+    for t in writes {
+        let (status, body): (_, Value) = t.await.expect("task");
+        assert_eq!(status, 200, "{body}");
+    }
+    let mut created = 0;
+    for t in orders {
+        let (status, body): (_, Value) = t.await.expect("task");
+        match status.as_u16() {
+            201 => created += 1,
+            409 => assert_eq!(body["error"], "contended", "{body}"),
+            _ => panic!("{status}: {body}"),
+        }
+    }
+    assert!(created > 0, "8 machines were free before the race");
+    let both: Vec<String> = sqlx::query_scalar(
+        "SELECT m.asset_tag FROM machines m
+           JOIN reservations r ON r.machine_id = m.id AND r.state = 'held'
+           JOIN service_links l ON l.machine_id = m.id AND l.ended_at IS NULL
+          WHERE m.org_id = $1",
+    )
+    .bind(org)
+    .fetch_all(&app.pool)
+    .await
+    .expect("held and in service");
+    assert_eq!(both, Vec::<String>::new());
+    let held_in_service: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM reservations r JOIN machines m ON m.id = r.machine_id
+          WHERE r.org_id = $1 AND r.state = 'held' AND m.in_service",
+    )
+    .bind(org)
+    .fetch_one(&app.pool)
+    .await
+    .expect("held on a machine in service");
+    assert_eq!(held_in_service, 0);
+    assert_eq!(disagreeing(&app, org).await, Vec::<String>::new());
+    assert_eq!(in_service(&app, org).await, 8, "the 8 converted");
+}
+
 #[tokio::test]
 async fn a_link_inserted_moved_or_deleted_by_hand_keeps_the_copy_and_attaching_mends_drift() {
     let app = spawn_app().await;
