@@ -1,8 +1,8 @@
-//! Item 3: reserve latency as the history of ended reservations grows.
-//! History is inserted in bulk (converted ones with their ended service
-//! links, every one with its `created` and ending events), then VACUUM
-//! ANALYZE, as autovacuum would do after a bulk insert; measuring then
-//! does not race autovacuum.
+//! Item 3: reserve latency as the history of ended reservations grows, and
+//! in a shop that has sold most of its pool. History is inserted in bulk
+//! (converted ones with their ended service links, every one with its
+//! `created` and ending events), then VACUUM ANALYZE, as autovacuum would
+//! do after a bulk insert; measuring then does not race autovacuum.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,9 @@ use crate::stats::Latency;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Step {
     pub history: i64,
+    /// Machines in service, the lowest ids of every pool (none but in the
+    /// sold step).
+    pub sold: i64,
     pub reserve: Latency,
     pub runs: Vec<Latency>,
     pub load_seconds: f64,
@@ -80,6 +83,41 @@ pub async fn add_history(db: &Db, org_id: i64, from: i64, to: i64) -> anyhow::Re
     Ok(())
 }
 
+/// The oldest `share` of every pool in service: the lowest ids, each with
+/// its converted reservation and a live link (the trigger of
+/// sql/services.sql marks the machine), so that in id order every sold
+/// machine comes before the first sellable one. Ends with VACUUM ANALYZE.
+async fn sell_oldest(db: &Db, org_id: i64, share: f64) -> anyhow::Result<i64> {
+    let sold: i64 = sqlx::query_scalar(
+        "WITH oldest AS (
+            SELECT id, asset_tag FROM (
+                SELECT m.id, m.asset_tag,
+                       percent_rank() OVER (PARTITION BY m.site, m.profile ORDER BY m.id) AS rank
+                  FROM machines m WHERE m.org_id = $1) r
+             WHERE rank < $2),
+         sold AS (
+            INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                      hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason)
+            SELECT $1, 'sold-' || o.id, o.id, 'converted', '{}', jsonb_build_object('asset_tag', o.asset_tag),
+                   'sold before the bench', 900, clock_timestamp() - interval '1 day',
+                   clock_timestamp() - interval '1 day' + interval '15 minutes',
+                   clock_timestamp() - interval '1 day' + interval '5 minutes', 'bench', 'converted into service'
+              FROM oldest o
+            RETURNING id, machine_id),
+         links AS (
+            INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+            SELECT $1, machine_id, id, 'SRV-' || id, clock_timestamp() - interval '1 day' FROM sold
+            RETURNING 1)
+         SELECT count(*) FROM links",
+    )
+    .bind(org_id)
+    .bind(share)
+    .fetch_one(&db.setup)
+    .await?;
+    db.exec("VACUUM ANALYZE").await?;
+    Ok(sold)
+}
+
 /// `n` reserve calls on one connection, one at a time, each cancelled
 /// after (the cancel is not timed); the latency of reserve only.
 async fn measure(db: &Db, org_id: i64, sites: i64, n: usize, tag: &str) -> anyhow::Result<Latency> {
@@ -123,46 +161,60 @@ async fn measure(db: &Db, org_id: i64, sites: i64, n: usize, tag: &str) -> anyho
 /// One database per step, loaded up front; then the runs alternate between
 /// the steps (run 1 of every step, then run 2 of every step, ...), so that
 /// a change in the machine's load during the bench hits every step alike.
+/// The last step has no history and 9 in 10 of every pool sold, the lowest
+/// ids: pass one's walk must go straight to the sellable ones.
 pub async fn run(
     cluster: &crate::setup::Cluster,
     cfg: &crate::setup::Config,
 ) -> anyhow::Result<Vec<Step>> {
     let mut dbs = Vec::new();
-    for &target in &cfg.history_steps {
-        let db = cluster.database(&format!("bench_growth_{target}")).await?;
+    let steps = cfg.history_steps.iter().map(|&h| (h, false));
+    for (target, sold) in steps.chain([(0, true)]) {
+        let name = if sold {
+            "bench_growth_sold".to_owned()
+        } else {
+            format!("bench_growth_{target}")
+        };
+        let db = cluster.database(&name).await?;
         let org = setup::org(&db, "growth").await?;
         setup::machines(&db, org.id, "m", cfg.machines, cfg.sites, PROFILE, "ready").await?;
         let t = Instant::now();
         add_history(&db, org.id, 0, target).await?;
+        let sold = if sold {
+            sell_oldest(&db, org.id, 0.9).await?
+        } else {
+            0
+        };
         let load_seconds = t.elapsed().as_secs_f64();
-        eprintln!("  history {target}: loaded in {load_seconds:.1} s");
+        eprintln!("  history {target}, {sold} sold: loaded in {load_seconds:.1} s");
         // Warm-up: plans cached, pages in memory.
         measure(&db, org.id, cfg.sites, 50, "warm").await?;
-        dbs.push((target, db, org.id, load_seconds, Vec::new()));
+        dbs.push((target, sold, db, org.id, load_seconds, Vec::new()));
     }
     for r in 0..cfg.runs {
-        for (target, db, org_id, _, runs) in dbs.iter_mut() {
+        for (target, sold, db, org_id, _, runs) in dbs.iter_mut() {
             runs.push(
                 measure(
                     db,
                     *org_id,
                     cfg.sites,
                     cfg.growth_reserves,
-                    &format!("g{target}-{r}"),
+                    &format!("g{target}-{sold}-{r}"),
                 )
                 .await?,
             );
         }
     }
     let mut steps = Vec::new();
-    for (target, db, _, load_seconds, runs) in dbs {
+    for (target, sold, db, _, load_seconds, runs) in dbs {
         let reserve = Latency::median_of(&runs);
         eprintln!(
-            "  history {target}: reserve p50 {:.2} ms p99 {:.2} ms",
+            "  history {target}, {sold} sold: reserve p50 {:.2} ms p99 {:.2} ms",
             reserve.p50_ms, reserve.p99_ms
         );
         steps.push(Step {
             history: target,
+            sold,
             reserve,
             runs,
             load_seconds,
