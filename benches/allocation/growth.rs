@@ -187,6 +187,7 @@ pub async fn run(
         };
         let load_seconds = t.elapsed().as_secs_f64();
         eprintln!("  history {target}, {sold} sold: loaded in {load_seconds:.1} s");
+        crate::apply_sql_files(&db).await?;
         // Warm-up: plans cached, pages in memory.
         measure(&db, org.id, cfg.sites, 50, "warm").await?;
         dbs.push((target, sold, db, org.id, load_seconds, Vec::new()));

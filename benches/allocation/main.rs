@@ -275,14 +275,7 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         // without a second build. The files' definitions replace the ones
         // the server applied at start; its connections read them on their
         // next call.
-        if let Ok(files) = std::env::var("BENCH_SQL_FILES") {
-            for path in files.split(';').filter(|p| !p.is_empty()) {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| anyhow::anyhow!("BENCH_SQL_FILES: {path}: {e}"))?;
-                db.exec(&text).await?;
-                eprintln!("bench: applied {path} over the server's definitions");
-            }
-        }
+        apply_sql_files(&db).await?;
         let backend: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&db.setup)
             .await?;
@@ -747,6 +740,21 @@ async fn api_items(
                 &load_runs.iter().map(|r| r.reserve).collect::<Vec<_>>(),
             ),
         });
+    }
+    Ok(())
+}
+
+/// Profiling: `BENCH_SQL_FILES` (`a.sql;b.sql`) applied over the
+/// definitions of `db`, for a change of sql/ measured against the code
+/// before it without a second build (the API's database and item 3's).
+pub(crate) async fn apply_sql_files(db: &setup::Db) -> anyhow::Result<()> {
+    if let Ok(files) = std::env::var("BENCH_SQL_FILES") {
+        for path in files.split(';').filter(|p| !p.is_empty()) {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("BENCH_SQL_FILES: {path}: {e}"))?;
+            db.exec(&text).await?;
+            eprintln!("bench: applied {path} over the definitions of {}", db.name);
+        }
     }
     Ok(())
 }
