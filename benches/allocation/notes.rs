@@ -564,7 +564,25 @@ p99 in the first run after that change, 4.9 ms alone at p99 against
 14.8). Counting a pool reads one index entry per machine;
 counts kept per pool would make it constant, but sold and held change on
 every convert, cancel and reserve, which would then write a counter row
-that every order of the pool shares.";
+that every order of the pool shares.
+
+Two builds of the server, each alternated with the shipped one in partial
+runs of this item (`BENCH_ONLY=pages`), say what the two `/machines` views
+wait for. Without the counts at all (the header's four numbers not read):
+`/machines?site&status` 41.8 ms at p99 against 69.1 ms, the spec view 50.3
+against 60.7 ms; alone, 2.5 against 4.7 ms and 3.1 against 4.3 ms at
+p50. With the session's check answered from memory (no statement before
+the page's reads): 64.0 against 57.0 ms and 60.4 against 59.3 ms, no
+gain. So it is the CPU of each view, not its round trips: under this load
+every page pays about 30 ms at p99 whatever it does (the overview, 1.1 ms
+alone, reads 37 ms) and about 9 ms more per millisecond of its own work.
+The counts are the view's largest part: about 1.2 ms to count the
+filter's machines (one index entry each) and 1.1 to 1.3 ms to probe the
+machine of each of the organization's 1,000 holds. Counts kept per pool
+for the machines alone (written when a machine changes, by a convert or
+the end of a service, never by a reserve or a cancel) would take the
+first part away; the holds' part changes with every reserve and cancel.
+Neither build is shipped.";
 
 /// For each target of item 1 this run missed: by how much, why, and what
 /// would close it (from the figures of the run and the notes above).
