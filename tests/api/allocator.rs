@@ -14,7 +14,8 @@ use tokio::sync::Barrier;
 use crate::helpers::{FakeHold, FakeMachine};
 use crate::helpers::{
     Generated, PROFILE, SITE, check_round, create_org, decoys, generated_machines,
-    limited_connection, literal, migrated_db, race, request, request_for, reserved, spec,
+    limited_connection, literal, migrated_db, race, ready_machines, request, request_for, reserved,
+    spec,
 };
 
 #[tokio::test]
@@ -948,6 +949,28 @@ fn buffers(plan: &serde_json::Value) -> i64 {
     p["Shared Hit Blocks"].as_i64().unwrap_or(0) + p["Shared Read Blocks"].as_i64().unwrap_or(0)
 }
 
+/// Machines `ids` of `org_id` sold, in bulk: each with a converted
+/// reservation and a live service link (whose trigger marks the machine in
+/// service).
+async fn sell(pool: &poolkeeper::db::Db, org_id: i64, ids: &[i64]) {
+    sqlx::query(
+        "WITH sold AS (
+             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                       hold_seconds, expires_at, ended_at, ended_by)
+             SELECT $1, 'SOLD-' || m.id, m.id, 'converted', '{}', '{}', 'sold', 900,
+                    clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test'
+               FROM machines m WHERE m.org_id = $1 AND m.id = ANY($2)
+             RETURNING id, machine_id)
+         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
+         SELECT $1, machine_id, id, 'SRV-' || id FROM sold",
+    )
+    .bind(org_id)
+    .bind(ids)
+    .execute(pool)
+    .await
+    .expect("machines in service");
+}
+
 /// The candidate query stays on its indexes as history grows: with 50,000
 /// ended reservations it touches a bounded number of buffers, and the same
 /// query without index scans exceeds that bound (so the bound can fail).
@@ -1014,21 +1037,14 @@ async fn the_candidate_query_stays_on_indexes_with_a_large_history() {
     .execute(&pool)
     .await
     .expect("held now");
-    sqlx::query(
-        "WITH sold AS (
-             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
-                                       hold_seconds, expires_at, ended_at, ended_by)
-             SELECT $1, 'SOLD-' || m.id, m.id, 'converted', '{}', '{}', 'sold', 900,
-                    clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test'
-               FROM machines m WHERE m.org_id = $1 AND m.site = 'ams1' ORDER BY m.id DESC LIMIT 300
-             RETURNING id, machine_id)
-         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
-         SELECT $1, machine_id, id, 'SRV-LIVE-' || id FROM sold",
+    let last: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM machines WHERE org_id = $1 AND site = 'ams1' ORDER BY id DESC LIMIT 300",
     )
     .bind(org.id)
-    .execute(&pool)
+    .fetch_all(&pool)
     .await
-    .expect("live services");
+    .expect("the last 300 of ams1");
+    sell(&pool, org.id, &last).await;
     sqlx::query("ANALYZE")
         .execute(&pool)
         .await
@@ -1097,35 +1113,8 @@ async fn pass_one_steps_over_the_machines_in_service() {
     let db = migrated_db().await;
     let pool = db.pool().await;
     let org = create_org(&pool, "sold", true).await;
-    let ids = generated_machines(
-        &pool,
-        org.id,
-        600,
-        Generated {
-            tag: "'S-' || lpad(g::text, 4, '0')",
-            site: &literal(SITE),
-            vendor: "'dell'",
-            profile: &literal(PROFILE),
-            status: "'ready'",
-        },
-    )
-    .await;
-    sqlx::query(
-        "WITH sold AS (
-             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
-                                       hold_seconds, expires_at, ended_at, ended_by)
-             SELECT $1, 'SOLD-' || m.id, m.id, 'converted', '{}', '{}', 'sold', 900,
-                    clock_timestamp() + interval '15 minutes', clock_timestamp(), 'test'
-               FROM machines m WHERE m.id = ANY($2)
-             RETURNING id, machine_id)
-         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref)
-         SELECT $1, machine_id, id, 'SRV-' || id FROM sold",
-    )
-    .bind(org.id)
-    .bind(&ids[..500])
-    .execute(&pool)
-    .await
-    .expect("the first 500 in service");
+    let ids = ready_machines(&pool, org.id, 600, "'S-' || lpad(g::text, 4, '0')").await;
+    sell(&pool, org.id, &ids[..500]).await;
     sqlx::query("ANALYZE")
         .execute(&pool)
         .await
@@ -1212,19 +1201,7 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
     let org = create_org(&pool, "fresh", true).await;
     let first = FakeMachine::new().tag("F-0001").create(&pool, org.id).await;
     // F-00002 to F-05000, after the first.
-    generated_machines(
-        &pool,
-        org.id,
-        4999,
-        Generated {
-            tag: "'F-' || lpad((g + 1)::text, 5, '0')",
-            site: &literal(SITE),
-            vendor: "'dell'",
-            profile: &literal(PROFILE),
-            status: "'ready'",
-        },
-    )
-    .await;
+    ready_machines(&pool, org.id, 4999, "'F-' || lpad((g + 1)::text, 5, '0')").await;
     sqlx::query("ANALYZE")
         .execute(&pool)
         .await

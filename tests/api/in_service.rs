@@ -47,20 +47,20 @@ async fn reserve(app: &TestApp, order_ref: &str) -> (i64, i64) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
-    let app = Arc::new(spawn_app().await);
-    let org = app.org.id;
-    for i in 0..16 {
+type Task = tokio::task::JoinHandle<(reqwest::StatusCode, Value)>;
+
+/// `machines` machines tagged `{tag}-NN`; the 8 lowest ids sold (converted
+/// through the API, their services returned), the next 8 held (id, fence).
+async fn sold_and_held(app: &TestApp, tag: &str, machines: usize) -> (Vec<i64>, Vec<(i64, i64)>) {
+    for i in 0..machines {
         FakeMachine::new()
-            .tag(&format!("IS-{i:02}"))
-            .create(&app.pool, org)
+            .tag(&format!("{tag}-{i:02}"))
+            .create(&app.pool, app.org.id)
             .await;
     }
-    // 8 machines sold before the race, 8 held.
     let mut services = Vec::new();
     for i in 0..8 {
-        let (id, fence) = reserve(&app, &format!("SOLD-{i}")).await;
+        let (id, fence) = reserve(app, &format!("SOLD-{i}")).await;
         let body = app
             .convert_ok(
                 &app.org.token,
@@ -72,14 +72,19 @@ async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
     }
     let mut holds = Vec::new();
     for i in 0..8 {
-        holds.push(reserve(&app, &format!("HELD-{i}")).await);
+        holds.push(reserve(app, &format!("HELD-{i}")).await);
     }
-    assert_eq!(in_service(&app, org).await, 8);
-    assert_eq!(disagreeing(&app, org).await, Vec::<String>::new());
+    (services, holds)
+}
 
-    // 16 writers released together, each through the API on its own
-    // connection: 8 converts of the holds, 8 ends of the services.
-    let barrier = Arc::new(Barrier::new(16));
+/// One task per hold converting it and one per service ending it, each
+/// through the API once `barrier` lets it go.
+fn converts_and_ends(
+    app: &Arc<TestApp>,
+    barrier: &Arc<Barrier>,
+    holds: &[(i64, i64)],
+    services: &[i64],
+) -> Vec<Task> {
     let mut tasks = Vec::new();
     for (i, (id, fence)) in holds.iter().copied().enumerate() {
         let (app, barrier) = (app.clone(), barrier.clone());
@@ -93,7 +98,7 @@ async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
             .await
         }));
     }
-    for service in services {
+    for &service in services {
         let (app, barrier) = (app.clone(), barrier.clone());
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -105,6 +110,22 @@ async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
             .await
         }));
     }
+    tasks
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
+    let app = Arc::new(spawn_app().await);
+    let org = app.org.id;
+    // 8 machines sold before the race, 8 held.
+    let (services, holds) = sold_and_held(&app, "IS", 16).await;
+    assert_eq!(in_service(&app, org).await, 8);
+    assert_eq!(disagreeing(&app, org).await, Vec::<String>::new());
+
+    // 16 writers released together, each through the API on its own
+    // connection: 8 converts of the holds, 8 ends of the services.
+    let barrier = Arc::new(Barrier::new(16));
+    let tasks = converts_and_ends(&app, &barrier, &holds, &services);
     for t in tasks {
         let (status, body): (_, Value) = t.await.expect("task");
         assert_eq!(status, 200, "{body}");
@@ -131,57 +152,12 @@ async fn converts_and_ends_at_once_leave_every_machines_copy_true() {
 async fn reserves_racing_converts_and_ends_never_hold_a_machine_in_service() {
     let app = Arc::new(spawn_app().await);
     let org = app.org.id;
-    for i in 0..24 {
-        FakeMachine::new()
-            .tag(&format!("RC-{i:02}"))
-            .create(&app.pool, org)
-            .await;
-    }
     // The 8 lowest ids sold, the next 8 held, 8 free.
-    let mut services = Vec::new();
-    for i in 0..8 {
-        let (id, fence) = reserve(&app, &format!("SOLD-{i}")).await;
-        let body = app
-            .convert_ok(
-                &app.org.token,
-                id,
-                json!({"fence": fence, "service_ref": format!("SRV-{i}")}),
-            )
-            .await;
-        services.push(body["service"]["id"].as_i64().expect("service id"));
-    }
-    let mut holds = Vec::new();
-    for i in 0..8 {
-        holds.push(reserve(&app, &format!("HELD-{i}")).await);
-    }
+    let (services, holds) = sold_and_held(&app, "RC", 24).await;
 
     // 24 clients released together: 8 converts, 8 ends, 8 new orders.
     let barrier = Arc::new(Barrier::new(24));
-    let mut writes = Vec::new();
-    for (i, (id, fence)) in holds.iter().copied().enumerate() {
-        let (app, barrier) = (app.clone(), barrier.clone());
-        writes.push(tokio::spawn(async move {
-            barrier.wait().await;
-            app.convert(
-                &app.org.token,
-                id,
-                json!({"fence": fence, "service_ref": format!("SRV-NEW-{i}")}),
-            )
-            .await
-        }));
-    }
-    for service in services {
-        let (app, barrier) = (app.clone(), barrier.clone());
-        writes.push(tokio::spawn(async move {
-            barrier.wait().await;
-            app.post_as(
-                &app.org.token,
-                &format!("/api/v1/services/{service}/end"),
-                &json!({}),
-            )
-            .await
-        }));
-    }
+    let writes = converts_and_ends(&app, &barrier, &holds, &services);
     let mut orders = Vec::new();
     for i in 0..8 {
         let (app, barrier) = (app.clone(), barrier.clone());

@@ -96,6 +96,24 @@ pub async fn generated_machines(pool: &Db, org_id: i64, n: i64, spec: Generated<
         .expect("insert generated machines")
 }
 
+/// `n` ready Dell machines of `SITE` and `PROFILE` (tags from the SQL
+/// expression `tag` of `g`); returns their ids in insertion order.
+pub async fn ready_machines(pool: &Db, org_id: i64, n: i64, tag: &str) -> Vec<i64> {
+    generated_machines(
+        pool,
+        org_id,
+        n,
+        Generated {
+            tag,
+            site: &literal(SITE),
+            vendor: "'dell'",
+            profile: &literal(PROFILE),
+            status: "'ready'",
+        },
+    )
+    .await
+}
+
 /// A string as an SQL literal, for `Generated`'s columns.
 pub fn literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
