@@ -566,9 +566,10 @@ counts kept per pool would make it constant, but sold and held change on
 every convert, cancel and reserve, which would then write a counter row
 that every order of the pool shares.
 
-Two builds of the server, each alternated with the shipped one in partial
-runs of this item (`BENCH_ONLY=pages`), say what the two `/machines` views
-wait for. Without the counts at all (the header's four numbers not read):
+Two builds of the server, each measured by a partial run of this item
+(`BENCH_ONLY=pages`, medians of 3 runs) right after one of the shipped
+server, say what the two `/machines` views wait for. Without the counts
+at all (the header's four numbers not read):
 `/machines?site&status` 41.8 ms at p99 against 69.1 ms, the spec view 50.3
 against 60.7 ms; alone, 2.5 against 4.7 ms and 3.1 against 4.3 ms at
 p50. With the session's check answered from memory (no statement before
