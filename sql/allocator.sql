@@ -35,8 +35,8 @@
 -- walk, so that it steps over no sold machine (`machines_sellable_idx`).
 -- The copy only narrows the walk; the live link probe still decides, so a
 -- machine with a live link is never a candidate whatever its copy says.
-CREATE OR REPLACE FUNCTION machine_verdicts(p_org bigint, p_site text, p_profile text, p_vendor text,
-                                            p_unsold_only boolean)
+CREATE OR REPLACE FUNCTION machine_verdicts_among(p_org bigint, p_site text, p_profile text, p_vendor text,
+                                                  p_unsold_only boolean)
 RETURNS SETOF machine_verdict
 LANGUAGE sql STABLE AS $$
     SELECT m.id, m.asset_tag, m.site, m.vendor, m.profile, m.status, m.created_at, m.updated_at,
@@ -60,12 +60,13 @@ LANGUAGE sql STABLE AS $$
      WHERE m.org_id = p_org AND (p_unsold_only IS NOT TRUE OR NOT m.in_service)
 $$;
 
--- Every machine, sold ones included (the explanation, the re-checks, the
--- counts): inlined in turn, so the callers' filters still reach the indexes.
+-- R7's verdicts of every machine, sold ones included (the explanation, the
+-- re-checks, the counts): inlined in turn, so the callers' filters still
+-- reach the indexes.
 CREATE OR REPLACE FUNCTION machine_verdicts(p_org bigint, p_site text, p_profile text, p_vendor text)
 RETURNS SETOF machine_verdict
 LANGUAGE sql STABLE AS $$
-    SELECT * FROM machine_verdicts(p_org, p_site, p_profile, p_vendor, false)
+    SELECT * FROM machine_verdicts_among(p_org, p_site, p_profile, p_vendor, false)
 $$;
 
 -- R7 pass one's candidates: at most p_limit machines with no exclusion, in
@@ -75,7 +76,7 @@ $$;
 CREATE OR REPLACE FUNCTION machine_candidates(p_org bigint, p_site text, p_profile text, p_vendor text, p_limit bigint)
 RETURNS SETOF machine_verdict
 LANGUAGE sql STABLE AS $$
-    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor, true) v
+    SELECT v.* FROM machine_verdicts_among(p_org, p_site, p_profile, p_vendor, true) v
      WHERE v.site = p_site AND v.profile = p_profile AND (p_vendor IS NULL OR v.vendor = p_vendor)
        AND v.status = 'ready' AND v.exclusion IS NULL
      ORDER BY v.id LIMIT p_limit
@@ -87,7 +88,7 @@ CREATE OR REPLACE FUNCTION machine_candidates_after(p_org bigint, p_site text, p
                                                     p_after bigint, p_limit bigint)
 RETURNS SETOF machine_verdict
 LANGUAGE sql STABLE AS $$
-    SELECT v.* FROM machine_verdicts(p_org, p_site, p_profile, p_vendor, true) v
+    SELECT v.* FROM machine_verdicts_among(p_org, p_site, p_profile, p_vendor, true) v
      WHERE v.site = p_site AND v.profile = p_profile AND (p_vendor IS NULL OR v.vendor = p_vendor)
        AND v.status = 'ready' AND v.exclusion IS NULL AND v.id > p_after
      ORDER BY v.id LIMIT p_limit
