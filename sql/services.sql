@@ -2,7 +2,10 @@
 -- migrations/20261207100001_machines_in_service.sql): true exactly when
 -- the machine has a live service link. service_links is the truth; the
 -- copy lets the counts per pool state read what is sold in the index-only
--- scan that counts the machines, instead of one probe per live service.
+-- scan that counts the machines, instead of one probe per live service,
+-- and lets pass one walk only the machines not in service
+-- (`machines_sellable_idx`, sql/allocator.sql), which still probes each
+-- candidate's link.
 --
 -- The trigger writes the copy in the transaction that changes a link, so
 -- every snapshot sees both agree. Every writer of a link (a convert, the

@@ -317,9 +317,9 @@ pub fn list_pooled_sql(filter: &MachineFilter, after: bool, limit: i64) -> Strin
 /// index-only scan of `machines_pool_counts_idx`, those in service (the
 /// machine's copy of its live link, `machines.in_service`,
 /// sql/services.sql); then the organization's holds on machines that are
-/// not in service, each machine probed by primary key on
-/// `machines_pool_probe_idx` (`OFFSET 0` keeps the probe a probe: joined,
-/// the planner hashed the whole pool).
+/// not in service, each machine probed by its key (`machines_pool_probe_idx`
+/// covers the probe; `OFFSET 0` keeps it a probe: joined, the planner
+/// hashed the whole pool).
 /// Sellable is ready minus held and sold among the ready, not ready the
 /// rest likewise. Joining every machine to both tables cost 13-20 ms at
 /// 50,000 machines; probing each live service's machine cost about 50 ms
