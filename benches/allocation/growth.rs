@@ -83,36 +83,21 @@ pub async fn add_history(db: &Db, org_id: i64, from: i64, to: i64) -> anyhow::Re
     Ok(())
 }
 
-/// The oldest `share` of every pool in service: the lowest ids, each with
-/// its converted reservation and a live link (the trigger of
-/// sql/services.sql marks the machine), so that in id order every sold
-/// machine comes before the first sellable one. Ends with VACUUM ANALYZE.
+/// The oldest `share` of every pool in service: the lowest ids, so that in
+/// id order every sold machine comes before the first sellable one. Ends
+/// with VACUUM ANALYZE.
 async fn sell_oldest(db: &Db, org_id: i64, share: f64) -> anyhow::Result<i64> {
-    let sold: i64 = sqlx::query_scalar(
-        "WITH oldest AS (
-            SELECT id, asset_tag FROM (
-                SELECT m.id, m.asset_tag,
-                       percent_rank() OVER (PARTITION BY m.site, m.profile ORDER BY m.id) AS rank
-                  FROM machines m WHERE m.org_id = $1) r
-             WHERE rank < $2),
-         sold AS (
-            INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
-                                      hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason)
-            SELECT $1, 'sold-' || o.id, o.id, 'converted', '{}', jsonb_build_object('asset_tag', o.asset_tag),
-                   'sold before the bench', 900, clock_timestamp() - interval '1 day',
-                   clock_timestamp() - interval '1 day' + interval '15 minutes',
-                   clock_timestamp() - interval '1 day' + interval '5 minutes', 'bench', 'converted into service'
-              FROM oldest o
-            RETURNING id, machine_id),
-         links AS (
-            INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
-            SELECT $1, machine_id, id, 'SRV-' || id, clock_timestamp() - interval '1 day' FROM sold
-            RETURNING 1)
-         SELECT count(*) FROM links",
+    let sold = setup::sold(
+        db,
+        org_id,
+        &format!(
+            "SELECT id, asset_tag FROM (
+                 SELECT m.id, m.asset_tag,
+                        percent_rank() OVER (PARTITION BY m.site, m.profile ORDER BY m.id) AS rank
+                   FROM machines m WHERE m.org_id = $1) r
+              WHERE rank < {share}"
+        ),
     )
-    .bind(org_id)
-    .bind(share)
-    .fetch_one(&db.setup)
     .await?;
     db.exec("VACUUM ANALYZE").await?;
     Ok(sold)

@@ -631,24 +631,15 @@ async fn api_items(
         .bind(cfg.page_held)
         .execute(&db.setup)
         .await?;
-        sqlx::query(
-            "WITH sold AS (
-                INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
-                                          hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason)
-                SELECT $1, 'sold-' || m.id, m.id, 'converted', '{\"site\": \"s01\"}',
-                       jsonb_build_object('asset_tag', m.asset_tag), 'sold before the bench', 900,
-                       clock_timestamp() - interval '1 day', clock_timestamp() - interval '1 day' + interval '15 minutes',
-                       clock_timestamp() - interval '1 day' + interval '5 minutes', 'bench', 'converted into service'
-                  FROM (SELECT * FROM machines WHERE org_id = $1 AND asset_tag LIKE 'x-%'
-                         ORDER BY id OFFSET $2 LIMIT $3) m
-                RETURNING id, machine_id)
-             INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
-             SELECT $1, machine_id, id, 'SRV-' || id, clock_timestamp() - interval '1 day' FROM sold",
+        setup::sold(
+            db,
+            org.id,
+            &format!(
+                "SELECT id, asset_tag FROM machines WHERE org_id = $1 AND asset_tag LIKE 'x-%'
+                  ORDER BY id OFFSET {} LIMIT {}",
+                cfg.page_held, cfg.page_sold
+            ),
         )
-        .bind(org.id)
-        .bind(cfg.page_held)
-        .bind(cfg.page_sold)
-        .execute(&db.setup)
         .await?;
         db.exec("VACUUM ANALYZE").await?;
         let machines_in_org = db

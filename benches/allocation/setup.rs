@@ -337,6 +337,34 @@ pub async fn machines(
     Ok(())
 }
 
+/// Machines of `org_id` chosen by `machines` (a subquery over `machines`
+/// naming `org_id` as $1, returning `id` and `asset_tag`) sold a day ago:
+/// each with its converted reservation and a live service link, whose
+/// trigger (sql/services.sql) marks the machine in service. Returns how
+/// many.
+pub async fn sold(db: &Db, org_id: i64, machines: &str) -> anyhow::Result<i64> {
+    let sql = format!(
+        "WITH sold AS (
+            INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot, reason,
+                                      hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason)
+            SELECT $1, 'sold-' || m.id, m.id, 'converted', '{{}}', jsonb_build_object('asset_tag', m.asset_tag),
+                   'sold before the bench', 900, clock_timestamp() - interval '1 day',
+                   clock_timestamp() - interval '1 day' + interval '15 minutes',
+                   clock_timestamp() - interval '1 day' + interval '5 minutes', 'bench', 'converted into service'
+              FROM ({machines}) m
+            RETURNING id, machine_id),
+         links AS (
+            INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+            SELECT $1, machine_id, id, 'SRV-' || id, clock_timestamp() - interval '1 day' FROM sold
+            RETURNING 1)
+         SELECT count(*) FROM links"
+    );
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(org_id)
+        .fetch_one(&db.setup)
+        .await?)
+}
+
 /// Held reservations written in one statement, one per machine of
 /// `machines` (a subquery over `machines` naming `org_id` as $1), each with
 /// its `created` event: order refs `<prefix>-<machine id>`, created and
