@@ -295,7 +295,8 @@ fn log_schema_report(report: crate::db::MigrationReport) {
         tracing::info!(applied = report.applied, "migrations applied");
     }
     // A newer set installed was already logged as a warning where seen.
-    if let Some(crate::definitions::Outcome::Applied { from, to, files }) = &report.definitions {
+    if let Some(crate::db::definitions::Outcome::Applied { from, to, files }) = &report.definitions
+    {
         tracing::info!(
             from,
             to,

@@ -9,7 +9,6 @@ pub mod capacity;
 pub mod cli;
 pub mod dashboard;
 pub mod db;
-pub mod definitions;
 pub mod demand;
 pub mod demo;
 pub mod domain;

@@ -1,6 +1,7 @@
 //! The module graph is a ladder: each module of `src/` sits on a
 //! rung, imports only from its own rung or the rungs below, and no two
-//! modules import each other, even through others. The graph is drawn from
+//! modules import each other, even through others; nor do two of the
+//! crate's top modules (a folder with its files counts as one). The graph is drawn from
 //! the source text: `use` trees and paths that start with `crate::`,
 //! `super::`, `self::` or a child module's name, each pointing at the
 //! deepest module (file) it names. Comments and string literals are skipped.
@@ -17,12 +18,12 @@ const RUNGS: &[(&str, &[&str])] = &[
         &[
             "db",
             "db::connect",
+            "db::definitions",
             "db::errors",
             "db::handle",
             "db::lock_order",
             "db::migrations",
             "db::read_only",
-            "definitions",
             "domain",
             "embedded_pg",
             "error",
@@ -128,6 +129,20 @@ fn module_graph_has_no_cycle() {
     }
 }
 
+/// A folder is one part: `db::migrations` importing `definitions` while
+/// `definitions` imports `db::errors` is no circle of files, but `db` and
+/// `definitions` import each other.
+#[test]
+fn top_modules_do_not_import_each_other() {
+    let graph = module_graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    if let Some(cycle) = find_cycle(&top_modules(&graph)) {
+        panic!(
+            "top modules (a folder with its files is one) import each other in a circle: {}",
+            cycle.join(" -> ")
+        );
+    }
+}
+
 #[test]
 fn module_graph_is_a_ladder() {
     let graph = module_graph(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
@@ -204,6 +219,41 @@ fn the_graph_reader_sees_imports() {
     assert_eq!(edges("dashboard::session"), ["dashboard::csrf"]);
     let cycle = find_cycle(&graph).expect("a circle");
     assert!(cycle.len() > 2, "{cycle:?}");
+
+    // A circle between a folder and a file that no file closes: found
+    // only by the graph of top modules.
+    let files = [
+        ("db", "pub use migrations::*;"),
+        ("db::migrations", "fn f() { crate::definitions::apply() }"),
+        ("db::errors", ""),
+        ("definitions", "fn f() { crate::db::errors::sqlstate() }"),
+    ];
+    let known: BTreeSet<String> = files.iter().map(|(m, _)| m.to_string()).collect();
+    let graph: BTreeMap<String, BTreeSet<String>> = files
+        .iter()
+        .map(|(m, text)| (m.to_string(), imports(m, text, &known)))
+        .collect();
+    assert_eq!(find_cycle(&graph), None);
+    assert_eq!(
+        find_cycle(&top_modules(&graph)),
+        Some(vec![
+            "db".to_owned(),
+            "definitions".to_owned(),
+            "db".to_owned()
+        ])
+    );
+}
+
+/// The graph of the crate's top modules: each module counted as the top
+/// module it is in, imports within one left out.
+fn top_modules(graph: &BTreeMap<String, BTreeSet<String>>) -> BTreeMap<String, BTreeSet<String>> {
+    let top = |m: &str| m.split("::").next().unwrap_or(m).to_owned();
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, tos) in graph {
+        let edges = out.entry(top(from)).or_default();
+        edges.extend(tos.iter().map(|t| top(t)).filter(|t| *t != top(from)));
+    }
+    out
 }
 
 /// Every module of `src/` (one per file; `lib.rs` and `main.rs` are the

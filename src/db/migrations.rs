@@ -47,13 +47,13 @@ pub const LEGACY_CHECKSUMS: [(i64, &str); 4] = [
 /// advisory lock, so that replicas starting together migrate exactly once
 /// and wait for each other.
 pub async fn migrate(opts: &PgConnectOptions) -> anyhow::Result<MigrationReport> {
-    migrate_with(opts, &crate::definitions::DefinitionSet::embedded()?).await
+    migrate_with(opts, &super::definitions::DefinitionSet::embedded()?).await
 }
 
 /// `migrate` with a given definition set (tests install newer and older ones).
 pub async fn migrate_with(
     opts: &PgConnectOptions,
-    definitions: &crate::definitions::DefinitionSet,
+    definitions: &super::definitions::DefinitionSet,
 ) -> anyhow::Result<MigrationReport> {
     let mut conn = PgConnection::connect_with(opts).await?;
     sqlx::query("SELECT pg_advisory_lock($1)")
@@ -78,13 +78,13 @@ pub struct MigrationReport {
     pub checksums_rewritten: u64,
     /// What happened to the SQL definitions; `None` when they were not
     /// looked at by the migrator (already current, seen by the app role).
-    pub definitions: Option<crate::definitions::Outcome>,
+    pub definitions: Option<super::definitions::Outcome>,
     pub leases_purged: u64,
 }
 
 async fn migrate_locked(
     conn: &mut PgConnection,
-    definitions: &crate::definitions::DefinitionSet,
+    definitions: &super::definitions::DefinitionSet,
 ) -> anyhow::Result<MigrationReport> {
     // The decision is made again here, under the lock: another replica
     // may have migrated since `prepare_schema` looked. A newer release's
@@ -102,7 +102,7 @@ async fn migrate_locked(
             "the database is ahead of this binary (a newer release migrated it): \
              applying no migration, serving with the schema as it is"
         );
-        let definitions = crate::definitions::apply(conn, definitions).await?;
+        let definitions = super::definitions::apply(conn, definitions).await?;
         let purged = purge_leases(&mut *conn).await?;
         return Ok(MigrationReport {
             applied: 0,
@@ -116,7 +116,7 @@ async fn migrate_locked(
     MIGRATOR.run(&mut *conn).await?;
     let after = applied_versions(conn).await?;
     // The definitions after the migrations: they use the tables and types.
-    let definitions = crate::definitions::apply(conn, definitions).await?;
+    let definitions = super::definitions::apply(conn, definitions).await?;
     // L5: purge keys whose lease expired more than 24 h ago. The fence comes
     // from a sequence, so a purged key that is claimed again still gets a
     // higher fence than any issued before.
@@ -208,7 +208,7 @@ pub async fn prepare_schema(
     prepare_schema_with(
         migration,
         app,
-        &crate::definitions::DefinitionSet::embedded()?,
+        &super::definitions::DefinitionSet::embedded()?,
     )
     .await
 }
@@ -217,9 +217,9 @@ pub async fn prepare_schema(
 pub async fn prepare_schema_with(
     migration: Option<&PgConnectOptions>,
     app: &Db,
-    definitions: &crate::definitions::DefinitionSet,
+    definitions: &super::definitions::DefinitionSet,
 ) -> anyhow::Result<MigrationReport> {
-    use crate::definitions::Status;
+    use super::definitions::Status;
     let current = match migrations_current(app).await {
         Ok(current) => current,
         // A database never migrated has no _sqlx_migrations (42P01).
@@ -227,10 +227,10 @@ pub async fn prepare_schema_with(
         Err(e) => return Err(e.into()),
     };
     let pending = if current {
-        match crate::definitions::status(app, definitions).await? {
+        match super::definitions::status(app, definitions).await? {
             Status::Current => None,
             Status::Newer { installed, ours } => {
-                crate::definitions::warn_newer(installed, ours);
+                super::definitions::warn_newer(installed, ours);
                 None
             }
             Status::Pending { files, .. } => Some(format!(

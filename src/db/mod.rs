@@ -2,17 +2,20 @@
 //! limits, the role checks), `lock_order` (a transition run again when a
 //! hold moved while it took its locks), `handle` (`Db`: statements as sqlx runs them,
 //! or pinned in transactions for a transaction-mode pooler), `read_only`
-//! (F2: never a connection to a server that cannot write), `migrations`
-//! (the migrations, the SQL definitions and the lease purge under one
-//! advisory lock, with the rewritten legacy checksums) and `errors` (the one
+//! (F2: never a connection to a server that cannot write), `definitions`
+//! (the SQL definitions of `sql/`: their set, version and checksums, and
+//! applying them), `migrations` (the migrations, the SQL definitions and the
+//! lease purge under one advisory lock, with the rewritten legacy checksums)
+//! and `errors` (the one
 //! place that reads what the database said: `classify` walks an error's
 //! cause chain once for its SQLSTATE, its constraint name and what it means,
 //! a 503, an unknown outcome, a bad value; the API's and the dashboard's
-//! error boundaries and the metrics use it). Callers use `crate::db::...`,
-//! except `definitions`, which `migrations` calls and so names
-//! `crate::db::errors` alone.
+//! error boundaries and the metrics use it). Callers use `crate::db::...`;
+//! inside the folder the arrows run one way: `migrations` applies
+//! `definitions`, which reads `errors`.
 
 mod connect;
+pub mod definitions;
 pub mod errors;
 mod handle;
 pub mod lock_order;

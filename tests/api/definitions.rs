@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::path::Path;
 
-use poolkeeper::definitions::{DefinitionSet, Outcome};
+use poolkeeper::db::definitions::{DefinitionSet, Outcome};
 use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::{Connection, SqlSafeStr};
 
@@ -118,7 +118,7 @@ const LAYOUT_MIGRATION: i64 = 20261203000008;
 fn v1_set() -> DefinitionSet {
     DefinitionSet {
         version: 1,
-        files: poolkeeper::definitions::FILES
+        files: poolkeeper::db::definitions::FILES
             .iter()
             .filter_map(|(name, _)| {
                 // Named `*.sql.v1`, so that nothing reads the frozen copy as running code.
@@ -161,7 +161,7 @@ async fn the_legacy_migrations_and_the_new_layout_define_the_same_and_upgrade_cl
     .expect("the migrations up to the layout");
     let v1 = v1_set();
     assert_eq!(v1.files.len(), 4, "the four files of version 1");
-    poolkeeper::definitions::apply(&mut conn, &v1)
+    poolkeeper::db::definitions::apply(&mut conn, &v1)
         .await
         .expect("the definitions at version 1");
     let _ = conn.close().await;
@@ -418,7 +418,7 @@ async fn legacy_entry_points_are_gone() {
     .run(&mut conn)
     .await
     .expect("the migrations up to the layout");
-    poolkeeper::definitions::apply(&mut conn, &v1_set())
+    poolkeeper::db::definitions::apply(&mut conn, &v1_set())
         .await
         .expect("the definitions at version 1");
     let before: Vec<String> = sqlx::query_scalar(LEGACY_NAMES)

@@ -402,7 +402,7 @@ async fn pending_definitions_are_applied_as_the_owner_not_the_app_role() {
         .fetch_one(&admin)
         .await
         .expect("sql_definitions");
-    assert_eq!(files as usize, poolkeeper::definitions::FILES.len());
+    assert_eq!(files as usize, poolkeeper::db::definitions::FILES.len());
     let owners: Vec<String> = sqlx::query_scalar(
         "SELECT DISTINCT pg_get_userbyid(proowner)::text FROM pg_proc
           WHERE pronamespace = 'public'::regnamespace",

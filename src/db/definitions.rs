@@ -29,22 +29,22 @@ use sqlx::{Connection, PgConnection};
 /// functions of the files before it (a SQL-language function's body is
 /// checked when it is created; PL/pgSQL bodies only when they run).
 pub const FILES: &[(&str, &str)] = &[
-    ("api_callers.sql", include_str!("../sql/api_callers.sql")),
-    ("locks.sql", include_str!("../sql/locks.sql")),
-    ("services.sql", include_str!("../sql/services.sql")),
-    ("capacity.sql", include_str!("../sql/capacity.sql")),
-    ("allocator.sql", include_str!("../sql/allocator.sql")),
-    ("transitions.sql", include_str!("../sql/transitions.sql")),
+    ("api_callers.sql", include_str!("../../sql/api_callers.sql")),
+    ("locks.sql", include_str!("../../sql/locks.sql")),
+    ("services.sql", include_str!("../../sql/services.sql")),
+    ("capacity.sql", include_str!("../../sql/capacity.sql")),
+    ("allocator.sql", include_str!("../../sql/allocator.sql")),
+    ("transitions.sql", include_str!("../../sql/transitions.sql")),
     (
         "webhook_outbox.sql",
-        include_str!("../sql/webhook_outbox.sql"),
+        include_str!("../../sql/webhook_outbox.sql"),
     ),
-    ("healing.sql", include_str!("../sql/healing.sql")),
+    ("healing.sql", include_str!("../../sql/healing.sql")),
 ];
 
 /// One line per version of the set: `<version> <sha256 of the set>`,
 /// appended whenever a file changes (checked by this module's tests).
-pub const VERSIONS: &str = include_str!("../sql/VERSIONS");
+pub const VERSIONS: &str = include_str!("../../sql/VERSIONS");
 
 /// A set of definition files and its version.
 #[derive(Debug, Clone)]
@@ -156,7 +156,7 @@ pub async fn status(db: impl sqlx::PgExecutor<'_>, set: &DefinitionSet) -> anyho
             Ok(rows) => rows,
             // Not migrated that far yet: nothing is installed. (`db` calls
             // this module, so only its `errors` file is named here.)
-            Err(e) if crate::db::errors::sqlstate(&e).as_deref() == Some("42P01") => Vec::new(),
+            Err(e) if super::errors::sqlstate(&e).as_deref() == Some("42P01") => Vec::new(),
             Err(e) => return Err(e.into()),
         };
     decide(&rows, set)
