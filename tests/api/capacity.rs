@@ -494,22 +494,25 @@ async fn headroom_is_set_listed_removed_and_audited_and_a_retry_answers_the_same
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
 }
 
-/// Waits until a session of the server waits for a lock.
+/// Waits until a session of the server waits for an advisory lock (a
+/// pool's turn); fails after `POLL_BOUND` when none does.
 async fn until_waiting(app: &TestApp) {
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND wait_event_type = 'Lock'
-                AND wait_event = 'advisory' AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .expect("pg_stat_activity");
-        if waiting > 0 {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
+    crate::helpers::until(
+        "a session of the server waiting for a pool's turn (an advisory lock)",
+        crate::helpers::POLL_BOUND,
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'
+                    AND wait_event = 'advisory' AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .expect("pg_stat_activity");
+            (waiting > 0).then_some(())
+        },
+    )
+    .await
 }
 
 /// R18: a change of headroom takes its pool's turn before it writes, so

@@ -34,22 +34,25 @@ fn status_change(
     tokio::spawn(async move { app.post_json("/api/v1/status-changes", body).await })
 }
 
-/// Waits until `n` sessions of the server wait for a lock.
+/// Waits until `n` sessions of the server wait for a lock; fails after
+/// `POLL_BOUND` when fewer do.
 async fn until_waiting(app: &TestApp, n: i64) {
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity
-              WHERE datname = current_database() AND wait_event_type = 'Lock'
-                AND application_name = 'poolkeeper' AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(&app.pool)
-        .await
-        .expect("pg_stat_activity");
-        if waiting >= n {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
+    crate::helpers::until(
+        &format!("{n} sessions of the server waiting for a lock"),
+        crate::helpers::POLL_BOUND,
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'
+                    AND application_name = 'poolkeeper' AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&app.pool)
+            .await
+            .expect("pg_stat_activity");
+            (waiting >= n).then_some(())
+        },
+    )
+    .await
 }
 
 /// The deadlocks PostgreSQL counted in the test's database, once the test
@@ -68,6 +71,7 @@ async fn deadlocks_at_the_end(app: &TestApp) -> i64 {
     .fetch_all(&mut conn)
     .await
     .expect("end the other sessions");
+    let deadline = tokio::time::Instant::now() + crate::helpers::POLL_BOUND;
     loop {
         let left: i64 =
             sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)")
@@ -78,6 +82,12 @@ async fn deadlocks_at_the_end(app: &TestApp) -> i64 {
         if left == 0 {
             break;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited {:?} for the {} terminated sessions to end, {left} left",
+            crate::helpers::POLL_BOUND,
+            ended.len()
+        );
         tokio::task::yield_now().await;
     }
     let count = sqlx::query_scalar(

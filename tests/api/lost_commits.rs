@@ -151,7 +151,13 @@ async fn terminate_the_waiting_commit<T>(
     app: &TestApp,
     request: &tokio::task::JoinHandle<T>,
 ) -> String {
+    let deadline = tokio::time::Instant::now() + crate::helpers::POLL_BOUND;
     while !request.is_finished() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited {:?} for a commit waiting on the standby (SyncRep), and the request still runs",
+            crate::helpers::POLL_BOUND
+        );
         let waiting: Option<(i32, String)> = sqlx::query_as(
             "SELECT pid, query FROM pg_stat_activity
               WHERE datname = current_database() AND wait_event = 'SyncRep'",

@@ -452,6 +452,33 @@ impl TestApp {
     }
 }
 
+/// How long a test polls for something that takes milliseconds when the
+/// code is right (a session seen waiting on a lock, a terminated session
+/// gone): long enough for a loaded shared machine, short enough that a
+/// wait that never ends fails the test instead of hanging the run.
+pub const POLL_BOUND: Duration = Duration::from_secs(30);
+
+/// Polls `check` until it gives a value, yielding between tries; fails the
+/// test naming `what` when it still has none after `within`. For what a
+/// test cannot await directly, such as another session's lock wait.
+pub async fn until<T, F, Fut>(what: &str, within: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "waited {within:?} for {what}, in vain"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Waits for the session of the test's database that `condition` (a
 /// `pg_stat_activity` predicate: waiting on a lock, say) names, and
 /// terminates it, as a demoted leader's shutdown or a failover does.
@@ -459,16 +486,14 @@ pub async fn terminate_session_where(pool: &Db, condition: &str) {
     let sql = format!(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND {condition}"
     );
-    let pid: i32 = loop {
-        let pid: Option<i32> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+    let what = format!("a session where {condition}");
+    let pid: i32 = until(&what, POLL_BOUND, || async {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
             .fetch_optional(pool)
             .await
-            .expect("pg_stat_activity");
-        if let Some(pid) = pid {
-            break pid;
-        }
-        tokio::task::yield_now().await;
-    };
+            .expect("pg_stat_activity")
+    })
+    .await;
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(pool)
