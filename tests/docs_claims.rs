@@ -19,7 +19,7 @@
 //! migrations as they were applied, and copies of older ones: history by
 //! nature, never edited once applied), and BENCHMARKS.md for the SQL
 //! names (a measurement record: it names the functions a run measured,
-//! and is written by benches/allocation/notes.rs, whose owner re-measures).
+//! in tables the bench writes and in its dated, hand-edited analysis).
 //!
 //! `DOCS_CLAIMS_ROOT` checks another tree instead of this crate (e.g. an
 //! older commit's `git archive`), to see the checks fail on older text.

@@ -14,7 +14,7 @@ use crate::setup::{self, Config, Org, PROFILE};
 use crate::stats::Latency;
 use crate::throughput::{self, Run};
 
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Result {
     pub machines: i64,
     pub readers: usize,

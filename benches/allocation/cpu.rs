@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Cpu {
     pub server_s: f64,
     pub client_s: f64,
@@ -32,7 +32,7 @@ impl Cpu {
 }
 
 /// CPU per completed cycle, in milliseconds.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct CpuPerCycle {
     pub server_ms: f64,
     pub client_ms: f64,

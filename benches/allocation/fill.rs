@@ -17,7 +17,7 @@ use crate::setup::{Cluster, Config, PROFILE, site};
 
 const CLIENTS: usize = 8;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Run {
     pub cycles: u64,
     /// Cycles per second over the first and the last tenth of the cycles.

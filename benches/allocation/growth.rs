@@ -12,7 +12,7 @@ use poolkeeper::domain::{OrderRef, Profile, Site};
 use crate::setup::{self, Db, PROFILE};
 use crate::stats::Latency;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Step {
     pub history: i64,
     /// Machines in service, the lowest ids of every pool (none but in the

@@ -21,7 +21,7 @@ use crate::stats::{Latency, median};
 
 pub const CLIENTS: usize = 8;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Result {
     pub clients: usize,
     pub cycles_per_s: f64,

@@ -11,7 +11,7 @@ use crate::throughput::{self, Run};
 
 pub const CLIENTS: usize = 8;
 
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct Result {
     pub without: Vec<Run>,
     pub with: Vec<Run>,

@@ -13,7 +13,7 @@ use poolkeeper::healing::{self, HoldOutcome, StatusChange};
 use crate::setup::{self, Db, PROFILE};
 use crate::stats::ms;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Run {
     pub holds: usize,
     pub dry_run: bool,

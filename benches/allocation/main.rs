@@ -2,16 +2,20 @@
 //! machine, beside its targets, in one run. Starts a private PostgreSQL
 //! (durable, as PostgreSQL ships: fsync, synchronous_commit and
 //! full_page_writes on), runs `poolkeeper serve` as a separate process
-//! against it, and writes BENCHMARKS.md and target/bench/results.json.
+//! against it, and writes its figures to target/bench/results.json, then
+//! the generated sections of BENCHMARKS.md from that JSON (`report`); the
+//! analysis in BENCHMARKS.md is hand-edited text that a run leaves alone.
 //! `BENCH_QUICK=1` runs small sizes and writes under target/bench/ only;
 //! `BENCH_ONLY=throughput BENCH_CLIENTS=8` runs one item at one client count
-//! (a partial run also writes under target/bench/ only). See
-//! `setup::Config` for the other knobs.
+//! (a partial run also writes under target/bench/ only);
+//! `BENCH_REPORT=target/bench/results.json` writes the sections again from a
+//! run's JSON without measuring. See `setup::Config` for the other knobs.
 //!
 //! Adding an item: a module with a `run` that takes the cluster (or a
 //! database of it) and returns its figures, a field of `Results`, a
 //! `cfg.runs_item("name")` block in `run_items`, and its rows in
-//! `report::markdown`. `measure_throughput` measures the API against the
+//! `report::results_section` (from the data only: what a figure means goes
+//! in BENCHMARKS.md's hand-edited analysis). `measure_throughput` measures the API against the
 //! ceiling at one client count on any database and server (e.g. a primary
 //! with a synchronous standby), with the per-cycle WAL counters.
 
@@ -24,7 +28,6 @@ mod ha;
 mod ha_cluster;
 mod headroom;
 mod healing;
-mod notes;
 mod pages;
 mod pooler;
 mod race;
@@ -37,6 +40,7 @@ mod stats;
 mod sweep;
 mod throughput;
 mod traced;
+mod verdicts;
 mod wal;
 
 use std::time::Instant;
@@ -66,7 +70,7 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Medians over runs, for one client count.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Throughput {
     pub clients: usize,
     pub http_cycles_per_s: f64,
@@ -146,7 +150,7 @@ fn median_cpu(runs: &[throughput::Run]) -> cpu::CpuPerCycle {
     cpu::CpuPerCycle::median_of(&runs.iter().map(|r| r.cpu).collect::<Vec<_>>())
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PagesResult {
     pub machines_in_org: i64,
     pub held: i64,
@@ -163,7 +167,7 @@ pub struct PagesResult {
     pub load_reserve: Latency,
 }
 
-#[derive(Debug, Default, serde::Serialize)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Results {
     pub throughput: Vec<Throughput>,
     pub race: Option<(race::Tally, race::Tally)>,
@@ -199,6 +203,18 @@ pub struct Results {
 }
 
 async fn run() -> anyhow::Result<()> {
+    // BENCHMARKS.md's generated sections again from a run's JSON, without
+    // measuring (after a change of the report's layout or of the
+    // hand-edited text).
+    if let Some(json) = std::env::var_os("BENCH_REPORT") {
+        let md = report::write_markdown(std::path::Path::new(&json))?;
+        eprintln!(
+            "bench: wrote {} from {}",
+            md.display(),
+            std::path::Path::new(&json).display()
+        );
+        return Ok(());
+    }
     let cfg = Config::from_env();
     let started = Instant::now();
     let load_before = report::loadavg();
@@ -222,7 +238,7 @@ async fn run() -> anyhow::Result<()> {
         cpu_before,
         report::cpu_check(),
     );
-    let paths = report::write(&cfg, &machine, &results, started.elapsed())?;
+    let paths = report::write(&cfg, &machine, results, started.elapsed())?;
     eprintln!(
         "bench: done in {:.0} s; wrote {}",
         started.elapsed().as_secs_f64(),

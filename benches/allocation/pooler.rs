@@ -38,7 +38,7 @@ pub const CLIENTS: usize = 8;
 const COUNTED_CYCLES: usize = 100;
 
 /// One path's medians over the runs.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Path {
     pub path: String,
     pub cycles_per_s: f64,
@@ -50,7 +50,7 @@ pub struct Path {
     pub runs: Vec<f64>,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Result {
     pub clients: usize,
     pub pgbouncer: String,

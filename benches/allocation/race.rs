@@ -16,7 +16,7 @@ use crate::setup::{self, Db};
 pub const ORDERS: usize = 8;
 pub const MACHINES: i64 = 3;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Tally {
     pub rounds: usize,
     /// Sales possible: min(orders, machines) per round.

@@ -2,14 +2,14 @@
 //! command that reproduces it.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::setup::Config;
 use crate::stats::median;
 use crate::{Results, Throughput};
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Machine {
     pub nproc: usize,
     pub memory: String,
@@ -164,53 +164,179 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
 }
 
-/// Writes the report; a quick or partial run writes under target/bench/
-/// only, so that BENCHMARKS.md always holds a full run.
+/// What a run measured, as data: the figures of target/bench/results.json,
+/// from which every table of BENCHMARKS.md is rendered (`render`), so that
+/// the tables can be written again from a run's JSON without measuring
+/// (`BENCH_REPORT`).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct Report {
+    /// The command that reproduces the run.
+    pub command: String,
+    /// A full run (BENCHMARKS.md) rather than a quick or partial one
+    /// (target/bench/BENCHMARKS-partial.md).
+    #[serde(default)]
+    pub full: bool,
+    /// The server's pool of connections (`POOLKEEPER_DB_MAX_CONNECTIONS`).
+    #[serde(default = "default_pool")]
+    pub server_pool: String,
+    /// How the server was built: the release build a run measures, or a
+    /// debug build (`cargo bench --profile dev`, to try the bench itself).
+    #[serde(default = "default_build")]
+    pub server_build: String,
+    pub machine: Machine,
+    pub config: Config,
+    pub seconds: f64,
+    pub results: Results,
+}
+
+fn default_pool() -> String {
+    "20".to_owned()
+}
+
+fn default_build() -> String {
+    "release build".to_owned()
+}
+
+/// Writes the run's JSON, then BENCHMARKS.md's generated sections rendered
+/// from that JSON as read back; a quick or partial run writes under
+/// target/bench/ only, so that BENCHMARKS.md always holds a full run.
 pub fn write(
     cfg: &Config,
     machine: &Machine,
-    results: &Results,
+    results: Results,
     took: Duration,
 ) -> anyhow::Result<Vec<String>> {
+    let report = Report {
+        command: command(cfg),
+        full: is_full(cfg),
+        server_pool: std::env::var("POOLKEEPER_DB_MAX_CONNECTIONS")
+            .unwrap_or_else(|_| default_pool()),
+        // The server binary is built with the bench's profile.
+        server_build: if cfg!(debug_assertions) {
+            "debug build: not a measurement of the product".to_owned()
+        } else {
+            default_build()
+        },
+        machine: machine.clone(),
+        config: cfg.clone(),
+        seconds: took.as_secs_f64(),
+        results,
+    };
     let dir = target_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
-    let full = is_full(cfg);
-    let (md_path, json_path) = if full {
-        (
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md"),
-            dir.join("results.json"),
-        )
+    let json_path = dir.join(if report.full {
+        "results.json"
     } else {
-        (
-            dir.join("BENCHMARKS-partial.md"),
-            dir.join("results-partial.json"),
-        )
-    };
-    let json = serde_json::json!({
-        "command": command(cfg),
-        "machine": machine,
-        "config": cfg,
-        "seconds": took.as_secs_f64(),
-        "results": results,
+        "results-partial.json"
     });
-    std::fs::write(&json_path, serde_json::to_string_pretty(&json)?)?;
-    std::fs::write(&md_path, markdown(cfg, machine, results, took))?;
+    std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)?;
+    let md_path = write_markdown(&json_path)?;
     Ok(vec![
-        md_path.display().to_string(),
         json_path.display().to_string(),
+        md_path.display().to_string(),
     ])
 }
 
-fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) -> String {
+/// Renders the generated sections of BENCHMARKS.md from a run's JSON and
+/// writes them into BENCHMARKS.md (a full run) or a copy of it under
+/// target/bench/ (a quick or partial run), the hand-edited text unchanged.
+pub fn write_markdown(json_path: &Path) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string(json_path)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", json_path.display()))?;
+    let report: Report = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: not a run's results: {e}", json_path.display()))?;
+    let benchmarks = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md");
+    let template = std::fs::read_to_string(&benchmarks)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", benchmarks.display()))?;
+    let md = splice(&template, &render(&report))?;
+    let md_path = if report.full {
+        benchmarks
+    } else {
+        target_dir().join("bench").join("BENCHMARKS-partial.md")
+    };
+    std::fs::write(&md_path, md)?;
+    Ok(md_path)
+}
+
+/// The generated sections, by name: the machine, the tables, and this
+/// run's figures beside its targets.
+pub fn render(report: &Report) -> Vec<(&'static str, String)> {
+    vec![
+        ("machine", machine_section(report)),
+        ("results", results_section(report)),
+        ("verdicts", crate::verdicts::verdicts(&report.results)),
+    ]
+}
+
+/// `template` with the text between `<!-- generated:begin NAME -->` and
+/// `<!-- generated:end NAME -->` replaced by the section NAME, everything
+/// else as it was. Every section must have its markers, once, and every
+/// marker a section: a missing or stray marker is an error, not a file
+/// written half.
+pub fn splice(template: &str, sections: &[(&str, String)]) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let mut rest = template;
+    let mut seen = Vec::new();
+    while let Some(at) = rest.find("<!-- generated:begin ") {
+        let head = &rest[at + "<!-- generated:begin ".len()..];
+        let name = head
+            .split_once(" -->")
+            .map(|(n, _)| n.trim())
+            .ok_or_else(|| anyhow::anyhow!("BENCHMARKS.md: an unclosed generated:begin marker"))?;
+        let body = sections
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, b)| b)
+            .ok_or_else(|| anyhow::anyhow!("BENCHMARKS.md: no section named {name}"))?;
+        if seen.contains(&name) {
+            anyhow::bail!("BENCHMARKS.md: the section {name} is marked twice");
+        }
+        let begin = format!("<!-- generated:begin {name} -->");
+        let end = format!("<!-- generated:end {name} -->");
+        let after = &rest[at + begin.len()..];
+        let stop = after
+            .find(&end)
+            .ok_or_else(|| anyhow::anyhow!("BENCHMARKS.md: no {end}"))?;
+        if after[..stop].contains("<!-- generated:") {
+            anyhow::bail!("BENCHMARKS.md: a marker inside the section {name}");
+        }
+        out.push_str(&rest[..at]);
+        out.push_str(&begin);
+        out.push('\n');
+        out.push_str(body.trim_end());
+        out.push_str("\n\n");
+        out.push_str(&end);
+        rest = &after[stop + end.len()..];
+        seen.push(name);
+    }
+    if rest.contains("<!-- generated:end ") {
+        anyhow::bail!("BENCHMARKS.md: a generated:end marker without its begin");
+    }
+    out.push_str(rest);
+    for (name, _) in sections {
+        if !seen.contains(name) {
+            anyhow::bail!("BENCHMARKS.md has no section {name} (<!-- generated:begin {name} -->)");
+        }
+    }
+    Ok(out)
+}
+
+/// The run's header and the machine it ran on.
+fn machine_section(report: &Report) -> String {
+    let (cfg, machine, results) = (&report.config, &report.machine, &report.results);
     let mut md = String::new();
     let w = &mut md;
-    let _ = writeln!(w, "# Benchmarks\n");
     let _ = writeln!(
         w,
-        "Written by `{}` on {} (took {:.0} s). Do not edit by hand: run the command again.\n",
-        command(cfg),
+        "Written by `{}` on {} (took {:.0} s), from its `target/bench/{}`.\n",
+        report.command,
         machine.date,
-        took.as_secs_f64()
+        report.seconds,
+        if report.full {
+            "results.json"
+        } else {
+            "results-partial.json"
+        }
     );
     let _ = writeln!(w, "| machine | |\n| --- | --- |");
     let _ = writeln!(w, "| CPUs (nproc) | {} |", machine.nproc);
@@ -252,11 +378,17 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
     );
     let _ = writeln!(
         w,
-        "| server | `poolkeeper serve` as a separate process (release build, pool of {} connections, RUST_LOG={}), on the same machine as the clients and PostgreSQL |\n",
-        std::env::var("POOLKEEPER_DB_MAX_CONNECTIONS").unwrap_or_else(|_| "20".to_owned()),
-        cfg.server_log
+        "| server | `poolkeeper serve` as a separate process ({}, pool of {} connections, RUST_LOG={}), on the same machine as the clients and PostgreSQL |\n",
+        report.server_build, report.server_pool, cfg.server_log
     );
+    md
+}
 
+/// The tables: item by item against the targets, and item 15's statements.
+fn results_section(report: &Report) -> String {
+    let (cfg, results) = (&report.config, &report.results);
+    let mut md = String::new();
+    let w = &mut md;
     let _ = writeln!(w, "## Results\n");
     let _ = writeln!(
         w,
@@ -661,7 +793,6 @@ fn markdown(cfg: &Config, machine: &Machine, results: &Results, took: Duration) 
         let _ = writeln!(w, "\nLeft out: {s}.");
     }
     statement_tables(w, &results.statements);
-    let _ = writeln!(w, "\n{}", crate::notes::notes(results));
     md
 }
 

@@ -13,7 +13,7 @@ use crate::setup::{Db, PROFILE, site};
 
 const CALLS: usize = 100;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Count {
     pub call: String,
     pub calls: usize,

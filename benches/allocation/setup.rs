@@ -13,7 +13,7 @@ use sqlx::{Connection, PgConnection};
 
 /// Sizes and durations, from the environment (BENCH_QUICK=1 for a run of
 /// under a minute while developing).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Config {
     pub quick: bool,
     /// Machines of the allocation pool, spread over `sites` sites.

@@ -21,7 +21,7 @@ pub const CLIENTS: usize = 8;
 /// sweep, the leases, the webhook worker) or one-off plans, not the cycle.
 const MIN_CALLS_PER_CYCLE: f64 = 0.005;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Row {
     /// The statement, whitespace collapsed, cut to its first 110 characters.
     pub statement: String,
@@ -35,7 +35,7 @@ pub struct Row {
     pub wal_bytes_per_cycle: f64,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Table {
     /// Which pools: "no headroom" or "headroom".
     pub pools: String,

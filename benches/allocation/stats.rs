@@ -34,7 +34,7 @@ pub fn ms(d: Duration) -> f64 {
 }
 
 /// Latency summary of one run.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Latency {
     pub p50_ms: f64,
     pub p99_ms: f64,

@@ -12,7 +12,7 @@ use poolkeeper::sweep::{self, BATCH_SIZE};
 use crate::setup::{self, Db, PROFILE};
 use crate::stats::{Latency, ms};
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Run {
     /// Batch statements running at once: 2 is the shipped sweep (pairs of
     /// statements, as `sweep::expire_two_batches`); 1 is for comparison.

@@ -15,7 +15,7 @@ use crate::setup::{Db, PROFILE, site};
 use crate::stats::Latency;
 
 /// One run of `clients` clients for a fixed time.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub struct Run {
     pub clients: usize,
     /// Completed reserve+cancel cycles.

@@ -18,7 +18,7 @@ use crate::throughput::{self, Run};
 
 pub const CLIENTS: usize = 8;
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Result {
     pub off: Vec<Run>,
     pub on: Vec<Run>,

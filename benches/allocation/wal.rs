@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::setup::Db;
 
 /// Cumulative counters of the cluster (WAL) and of the run's database (commits).
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub struct Counters {
     pub records: f64,
     pub fpi: f64,
@@ -20,7 +20,7 @@ pub struct Counters {
 }
 
 /// Per completed cycle over one run (lock waits: the run's total).
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct PerCycle {
     pub records: f64,
     pub fpi: f64,
