@@ -297,20 +297,12 @@ async fn record_attempt(
     .await
 }
 
-#[derive(Deserialize)]
-pub struct LogoutForm {
-    #[serde(default)]
-    csrf: String,
-}
-
 pub(crate) async fn logout(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<Db>,
     settings: web::Data<Settings>,
-    form: web::Form<LogoutForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
     // The revocation and its audit row commit together.
     let mut tx = pool.begin().await?;
     sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1")

@@ -15,7 +15,6 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::error::DashError;
-use super::gate;
 use super::machines::{
     KeptForOthers, MachineView, PAGE_SIZE, kept_for_others, parse_segment, parse_spec,
 };
@@ -25,7 +24,6 @@ use super::view::{Chrome, Select, non_blank, page, url_with};
 use crate::allocator::{self, OrderSpec, PassTwo, Quantity, Verdict};
 use crate::domain::MachineStatus;
 use crate::inventory::MachineFilter;
-use crate::settings::Settings;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct WhyNotQuery {
@@ -209,11 +207,9 @@ fn key_of(v: &Verdict) -> &'static str {
 pub(crate) async fn why_not(
     req: HttpRequest,
     staff: Staff,
-    settings: web::Data<Settings>,
     pool: web::Data<Db>,
     q: web::Query<WhyNotQuery>,
 ) -> Result<HttpResponse, DashError> {
-    gate::datacenter(&settings, &staff)?;
     let q = q.into_inner();
     let spec = parse_spec(&q.site, &q.profile, &q.vendor)?;
     let segment = parse_segment(&q.segment)?;
