@@ -139,3 +139,65 @@ async fn sent_csrf(req: &mut ServiceRequest) -> Result<String, DashError> {
         .map(|(_, value)| value.into_owned())
         .unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Role;
+
+    fn staff(role: Role, datacenter_enabled: bool) -> Staff {
+        Staff {
+            user_id: 1,
+            org_id: 1,
+            email: "someone@example.com".into(),
+            role,
+            org_name: "Acme".into(),
+            datacenter_enabled,
+            csrf_token: "token".into(),
+            token_hash: vec![],
+        }
+    }
+
+    #[test]
+    fn each_access_admits_the_roles_it_names() {
+        let roles = [Role::Viewer, Role::Support, Role::Admin];
+        for (access, admitted) in [
+            (Access::Public, [true, true, true]),
+            (Access::Staff, [true, true, true]),
+            (Access::Datacenter, [true, true, true]),
+            (Access::DatacenterActor, [false, true, true]),
+            (Access::Admin, [false, false, true]),
+            (Access::Settings, [false, false, true]),
+        ] {
+            for (role, want) in roles.iter().zip(admitted) {
+                let got = access.role(&staff(*role, true));
+                assert_eq!(got.is_ok(), want, "{access:?} as {role:?}");
+                if let Err(e) = got {
+                    assert!(matches!(e, DashError::Forbidden(_)), "{access:?}: {e:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_module_needs_both_switches() {
+        let mut settings = Settings::defaults();
+        for (deployment, organization, open) in [
+            (true, true, true),
+            (true, false, false),
+            (false, true, false),
+            (false, false, false),
+        ] {
+            settings.datacenter_module = deployment;
+            let got = datacenter(&settings, &staff(Role::Admin, organization));
+            assert_eq!(got.is_ok(), open, "{deployment} {organization}");
+            if let Err(e) = got {
+                assert!(matches!(e, DashError::ModuleOff(_)), "{e:?}");
+            }
+        }
+        assert!(Access::Datacenter.datacenter_module());
+        assert!(Access::DatacenterActor.datacenter_module());
+        assert!(!Access::Admin.datacenter_module() && !Access::Staff.datacenter_module());
+        assert!(!Access::Public.needs_session() && Access::Staff.needs_session());
+    }
+}
