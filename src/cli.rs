@@ -149,17 +149,71 @@ async fn run_command(
     // DATABASE_URL unless it goes through a transaction-mode pooler.
     let migration = database.migration_options(&settings)?;
     if let Command::Migrate = command {
-        let Some(opts) = migration else {
-            bail!(
-                "POOLKEEPER_DB_POOLER=transaction: set POOLKEEPER_MIGRATION_DATABASE_URL to a direct URL of the owner role to migrate"
-            );
-        };
-        let report = crate::db::migrate(&opts)
-            .await
-            .context("running migrations")?;
-        log_schema_report(report);
-        return Ok(());
+        return migrate_only(migration).await;
     }
+    let pool = connect(database, &settings).await?;
+    let report = crate::db::prepare_schema(migration.as_ref(), &pool)
+        .await
+        .context("running migrations")?;
+    log_schema_report(report);
+    match command {
+        Command::Migrate => {}
+        Command::Serve => crate::serve::serve(settings, pool.clone()).await?,
+        Command::Org {
+            command:
+                OrgCommand::Add {
+                    slug,
+                    name,
+                    enable_datacenter,
+                },
+        } => org_add(&pool, &slug, name, enable_datacenter).await?,
+        Command::Org {
+            command:
+                OrgCommand::Set {
+                    slug,
+                    customer_hold_limit,
+                    repairs_segment,
+                },
+        } => org_set(&pool, &slug, customer_hold_limit, repairs_segment).await?,
+        Command::User {
+            command:
+                UserCommand::Add {
+                    org,
+                    email,
+                    role,
+                    password_stdin: _,
+                },
+        } => user_add(&pool, &org, &email, &role).await?,
+        Command::Token {
+            command: TokenCommand::Add { org, scope, name },
+        } => {
+            let org = crate::orgs::by_slug(&pool, &org).await?;
+            let scopes = Scope::parse_list(&scope)?;
+            let (_, token) = crate::tokens::create(&pool, org.id, name.as_deref(), &scopes).await?;
+            println!("{token}");
+        }
+        Command::Demo => crate::demo::load(&pool).await?.print(),
+    }
+    pool.close().await;
+    Ok(())
+}
+
+/// `migrate`: on the migration session only (no application pool).
+async fn migrate_only(migration: Option<PgConnectOptions>) -> anyhow::Result<()> {
+    let Some(opts) = migration else {
+        bail!(
+            "POOLKEEPER_DB_POOLER=transaction: set POOLKEEPER_MIGRATION_DATABASE_URL to a direct URL of the owner role to migrate"
+        );
+    };
+    let report = crate::db::migrate(&opts)
+        .await
+        .context("running migrations")?;
+    log_schema_report(report);
+    Ok(())
+}
+
+/// The application's pool, with the pooler's checks when there is one.
+async fn connect(database: &Database, settings: &Settings) -> anyhow::Result<crate::db::Db> {
     let pool = crate::db::connect_app(
         database.options.clone(),
         settings.db_max_connections,
@@ -183,104 +237,82 @@ async fn run_command(
     if settings.db_pooler.pooled() {
         crate::db::check_role_limits(&pool).await?;
     }
-    let report = crate::db::prepare_schema(migration.as_ref(), &pool)
-        .await
-        .context("running migrations")?;
-    log_schema_report(report);
-    match command {
-        Command::Migrate => {}
-        Command::Serve => crate::serve::serve(settings, pool.clone()).await?,
-        Command::Org {
-            command:
-                OrgCommand::Add {
-                    slug,
-                    name,
-                    enable_datacenter,
-                },
-        } => {
-            let slug = Slug::parse(&slug)?;
-            let name = name.unwrap_or_else(|| slug.as_str().to_owned());
-            let org = crate::orgs::create(&pool, &slug, &name, enable_datacenter).await?;
-            eprintln!(
-                "created organization {} (datacenter module {})",
-                org.slug,
-                on_off(org.datacenter_enabled)
-            );
-        }
-        Command::Org {
-            command:
-                OrgCommand::Set {
-                    slug,
-                    customer_hold_limit,
-                    repairs_segment,
-                },
-        } => {
-            if customer_hold_limit.is_none() && repairs_segment.is_none() {
-                bail!("nothing to set: give --customer-hold-limit N or --repairs-segment NAME");
-            }
-            let org = crate::orgs::by_slug(&pool, &slug).await?;
-            let segment = match repairs_segment.as_deref() {
-                None => None,
-                Some("") => Some(None),
-                Some(s) => Some(Some(Segment::parse(s)?)),
-            };
-            let change = crate::orgs::CapacitySettings {
-                customer_hold_limit,
-                repairs_segment: segment.as_ref().map(Option::as_ref),
-            };
-            let changed =
-                crate::orgs::set_capacity_settings(&pool, org.id, &change, "command line").await?;
-            if changed.is_empty() {
-                eprintln!("{}: already so, nothing changed", org.slug);
-            }
-            let (limit, repairs) = crate::orgs::capacity_settings(&pool, org.id).await?;
-            eprintln!(
-                "{}: customer hold limit {}, repairs segment {}",
-                org.slug,
-                if limit == 0 {
-                    "none".to_owned()
-                } else {
-                    limit.to_string()
-                },
-                repairs.as_deref().unwrap_or("none")
-            );
-        }
-        Command::User {
-            command:
-                UserCommand::Add {
-                    org,
-                    email,
-                    role,
-                    password_stdin: _,
-                },
-        } => {
-            let org = crate::orgs::by_slug(&pool, &org).await?;
-            let email = Email::parse(&email)?;
-            let role = Role::parse(&role)?;
-            let mut password = String::new();
-            std::io::stdin()
-                .read_to_string(&mut password)
-                .context("reading the password from stdin")?;
-            let password = password.trim_end_matches(['\r', '\n']);
-            crate::staff::create(&pool, org.id, &email, role, password).await?;
-            eprintln!(
-                "created {} user {} in {}",
-                role.as_str(),
-                email.as_str(),
-                org.slug
-            );
-        }
-        Command::Token {
-            command: TokenCommand::Add { org, scope, name },
-        } => {
-            let org = crate::orgs::by_slug(&pool, &org).await?;
-            let scopes = Scope::parse_list(&scope)?;
-            let (_, token) = crate::tokens::create(&pool, org.id, name.as_deref(), &scopes).await?;
-            println!("{token}");
-        }
-        Command::Demo => crate::demo::load(&pool).await?.print(),
+    Ok(pool)
+}
+
+/// `org add`.
+async fn org_add(
+    pool: &crate::db::Db,
+    slug: &str,
+    name: Option<String>,
+    enable_datacenter: bool,
+) -> anyhow::Result<()> {
+    let slug = Slug::parse(slug)?;
+    let name = name.unwrap_or_else(|| slug.as_str().to_owned());
+    let org = crate::orgs::create(pool, &slug, &name, enable_datacenter).await?;
+    eprintln!(
+        "created organization {} (datacenter module {})",
+        org.slug,
+        on_off(org.datacenter_enabled)
+    );
+    Ok(())
+}
+
+/// `org set`: R19's cap and R18's repairs segment.
+async fn org_set(
+    pool: &crate::db::Db,
+    slug: &str,
+    customer_hold_limit: Option<i32>,
+    repairs_segment: Option<String>,
+) -> anyhow::Result<()> {
+    if customer_hold_limit.is_none() && repairs_segment.is_none() {
+        bail!("nothing to set: give --customer-hold-limit N or --repairs-segment NAME");
     }
-    pool.close().await;
+    let org = crate::orgs::by_slug(pool, slug).await?;
+    let segment = match repairs_segment.as_deref() {
+        None => None,
+        Some("") => Some(None),
+        Some(s) => Some(Some(Segment::parse(s)?)),
+    };
+    let change = crate::orgs::CapacitySettings {
+        customer_hold_limit,
+        repairs_segment: segment.as_ref().map(Option::as_ref),
+    };
+    let changed = crate::orgs::set_capacity_settings(pool, org.id, &change, "command line").await?;
+    if changed.is_empty() {
+        eprintln!("{}: already so, nothing changed", org.slug);
+    }
+    let (limit, repairs) = crate::orgs::capacity_settings(pool, org.id).await?;
+    eprintln!(
+        "{}: customer hold limit {}, repairs segment {}",
+        org.slug,
+        if limit == 0 {
+            "none".to_owned()
+        } else {
+            limit.to_string()
+        },
+        repairs.as_deref().unwrap_or("none")
+    );
+    Ok(())
+}
+
+/// `user add`: the password from standard input.
+async fn user_add(pool: &crate::db::Db, org: &str, email: &str, role: &str) -> anyhow::Result<()> {
+    let org = crate::orgs::by_slug(pool, org).await?;
+    let email = Email::parse(email)?;
+    let role = Role::parse(role)?;
+    let mut password = String::new();
+    std::io::stdin()
+        .read_to_string(&mut password)
+        .context("reading the password from stdin")?;
+    let password = password.trim_end_matches(['\r', '\n']);
+    crate::staff::create(pool, org.id, &email, role, password).await?;
+    eprintln!(
+        "created {} user {} in {}",
+        role.as_str(),
+        email.as_str(),
+        org.slug
+    );
     Ok(())
 }
 

@@ -580,17 +580,10 @@ async fn exists(pool: &Db, org_id: i64, order_ref: &str) -> anyhow::Result<bool>
     .await?)
 }
 
-/// The demo's story, made with the real functions: reservations that timed
-/// out (found by the sweep, and found by a new order at the point of use,
-/// R11), one cancelled by a named staff member with a reason, one converted
-/// with a live service, one whose service ended (its machine back to
-/// provisioning), and holds of the default 15 minutes at staggered times.
-/// Each ended chapter is written once (keyed by its order ref); the live
-/// holds are topped up to `HOLDS`. Returns how many demo reservations exist.
-async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
-    // Timed out, noticed by the sweep: overdue holds, then one sweep run
-    // under the sweep lease (the worker's own functions). When a running
-    // server holds the lease, its sweep expires them within a period.
+/// Timed out, noticed by the sweep: overdue holds, then one sweep run
+/// under the sweep lease (the worker's own functions). When a running
+/// server holds the lease, its sweep expires them within a period.
+async fn demo_swept(pool: &Db, org_id: i64) -> anyhow::Result<()> {
     if !exists(pool, org_id, "DEMO-SWEPT-1").await? {
         for (n, i) in [(1, 0), (2, 5)] {
             if let Some(r) =
@@ -620,9 +613,13 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
             }
         }
     }
-    // Timed out, noticed at the point of use: an overdue hold, then a new
-    // order for the same spec; the allocator walks candidates in id order,
-    // finds the overdue holder on the first one and expires it (R11).
+    Ok(())
+}
+
+/// Timed out, noticed at the point of use: an overdue hold, then a new
+/// order for the same spec; the allocator walks candidates in id order,
+/// finds the overdue holder on the first one and expires it (R11).
+async fn demo_late(pool: &Db, org_id: i64) -> anyhow::Result<()> {
     if !exists(pool, org_id, "DEMO-LATE-1").await? {
         let late_spec = || spec(6, Some("hpe"));
         if let Some(r) = reserve(pool, org_id, "DEMO-LATE-1", late_spec()?).await? {
@@ -630,6 +627,13 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
             reserve(pool, org_id, "DEMO-LATE-2", late_spec()?).await?;
         }
     }
+    Ok(())
+}
+
+/// The ended chapters: cancelled by a named staff member with a reason;
+/// converted, with a live service; converted, then the service ended; and
+/// R18's GPU order that became a service.
+async fn demo_ended(pool: &Db, org_id: i64) -> anyhow::Result<()> {
     // Cancelled by a named staff member, with a reason.
     if let Some(r) = new_chapter(pool, org_id, "DEMO-CANCEL-1", spec(1, None)?).await? {
         reservations::cancel(pool, org_id, r.id, r.fence, CANCELLED_BY, CANCEL_REASON).await?;
@@ -677,10 +681,13 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
         .await?;
         backdate(pool, r.id, 30 * 3_600).await?;
     }
-    demo_capacity_orders(pool, org_id).await?;
-    // An order of three machines held together (R13), whose hold support
-    // extended by 20 minutes while the customer's bank reviewed the payment
-    // (R14): a new one whenever the last has run out.
+    Ok(())
+}
+
+/// An order of three machines held together (R13), whose hold support
+/// extended by 20 minutes while the customer's bank reviewed the payment
+/// (R14): a new one whenever the last has run out.
+async fn demo_trio(pool: &Db, org_id: i64) -> anyhow::Result<()> {
     let live_trio: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-TRIO-%'
                           AND state = 'held' AND expires_at > clock_timestamp())",
@@ -724,8 +731,11 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
             reservations::settle(tx, extended).await?;
         }
     }
-    demo_healing(pool, org_id).await?;
-    // Live holds, topped up: the shortest ones first.
+    Ok(())
+}
+
+/// Live holds, topped up: the shortest ones first.
+async fn demo_live_holds(pool: &Db, org_id: i64) -> anyhow::Result<()> {
     let (live, last): (i64, i64) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE state = 'held' AND expires_at > clock_timestamp()),
                 coalesce(max(substring(order_ref FROM 11)::bigint), 0)
@@ -752,6 +762,24 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
             backdate(pool, r.id, HOLD_SECONDS - left).await?;
         }
     }
+    Ok(())
+}
+
+/// The demo's story, made with the real functions: reservations that timed
+/// out (found by the sweep, and found by a new order at the point of use,
+/// R11), one cancelled by a named staff member with a reason, one converted
+/// with a live service, one whose service ended (its machine back to
+/// provisioning), and holds of the default 15 minutes at staggered times.
+/// Each ended chapter is written once (keyed by its order ref); the live
+/// holds are topped up to `HOLDS`. Returns how many demo reservations exist.
+async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
+    demo_swept(pool, org_id).await?;
+    demo_late(pool, org_id).await?;
+    demo_ended(pool, org_id).await?;
+    demo_capacity_orders(pool, org_id).await?;
+    demo_trio(pool, org_id).await?;
+    demo_healing(pool, org_id).await?;
+    demo_live_holds(pool, org_id).await?;
     Ok(sqlx::query_scalar(
         "SELECT count(*) FROM reservations WHERE org_id = $1 AND order_ref LIKE 'DEMO-%'",
     )

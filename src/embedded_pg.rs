@@ -244,97 +244,11 @@ impl EmbeddedPostgres {
         }
 
         if !data_dir.join("PG_VERSION").exists() {
-            let mut initdb = who.command(bin.join("initdb"));
-            initdb
-                .arg("-D")
-                .arg(&data_dir)
-                .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C"])
-                .stdin(Stdio::null());
-            if opts.throwaway {
-                initdb.arg("--no-sync");
-            }
-            let out = initdb.output()?;
-            if !out.status.success() {
-                return Err(failed(
-                    "initdb",
-                    String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-                ));
-            }
+            initdb(&bin, &who, &data_dir, opts.throwaway)?;
         }
-
-        // The socket lives in the data directory when the path is short
-        // enough for sun_path (107 bytes), else in a private directory in /tmp.
-        let socket_dir = if data_dir.as_os_str().len() + 20 < 100 {
-            data_dir.clone()
-        } else {
-            let dir =
-                std::env::temp_dir().join(format!("poolkeeper-sock-{:016x}", path_hash(&data_dir)));
-            if !dir.exists() {
-                fs::create_dir(&dir)?;
-            }
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
-            who.chown(&dir)?;
-            dir
-        };
-
-        let log = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&opts.log_file)?;
+        let socket_dir = socket_dir(&who, &data_dir)?;
         let port = extras.tcp_port.unwrap_or(PORT);
-        let listen = if extras.tcp_port.is_some() {
-            "listen_addresses=127.0.0.1"
-        } else {
-            "listen_addresses="
-        };
-        let mut server = who.command(bin.join("postgres"));
-        server
-            .arg("-D")
-            .arg(&data_dir)
-            .arg("-k")
-            .arg(&socket_dir)
-            .args(["-p", &port.to_string()])
-            .args(["-c", listen])
-            .args(["-c", "unix_socket_permissions=0700"])
-            .args(["-c", "max_connections=300"])
-            .args(["-c", "shared_buffers=128MB"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        if let Some(tls) = &extras.tls {
-            let cert = data_dir.join("server.crt");
-            let key = data_dir.join("server.key");
-            fs::copy(&tls.cert_file, &cert)?;
-            fs::copy(&tls.key_file, &key)?;
-            fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
-            who.chown(&cert)?;
-            who.chown(&key)?;
-            server
-                .args(["-c", "ssl=on"])
-                .arg("-c")
-                .arg(format!("ssl_cert_file={}", cert.display()))
-                .arg("-c")
-                .arg(format!("ssl_key_file={}", key.display()));
-        }
-        if opts.throwaway {
-            server.args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-            ]);
-        }
-        // SAFETY: prctl is async-signal-safe; it runs between fork and exec.
-        unsafe {
-            server.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        let server = server_command(&bin, &who, opts, extras, &data_dir, &socket_dir, port)?;
         let pid = spawn_on_keeper_thread(server)?;
 
         let cluster = EmbeddedPostgres {
@@ -440,6 +354,113 @@ impl EmbeddedPostgres {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// A new cluster in `data_dir`, owned by `who`.
+fn initdb(bin: &Path, who: &RunAs, data_dir: &Path, throwaway: bool) -> Result<(), EmbeddedError> {
+    let mut initdb = who.command(bin.join("initdb"));
+    initdb
+        .arg("-D")
+        .arg(data_dir)
+        .args(["-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--locale=C"])
+        .stdin(Stdio::null());
+    if throwaway {
+        initdb.arg("--no-sync");
+    }
+    let out = initdb.output()?;
+    if !out.status.success() {
+        return Err(failed(
+            "initdb",
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// The socket lives in the data directory when the path is short enough
+/// for sun_path (107 bytes), else in a private directory in /tmp.
+fn socket_dir(who: &RunAs, data_dir: &Path) -> Result<PathBuf, EmbeddedError> {
+    if data_dir.as_os_str().len() + 20 < 100 {
+        return Ok(data_dir.to_path_buf());
+    }
+    let dir = std::env::temp_dir().join(format!("poolkeeper-sock-{:016x}", path_hash(data_dir)));
+    if !dir.exists() {
+        fs::create_dir(&dir)?;
+    }
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o700))?;
+    who.chown(&dir)?;
+    Ok(dir)
+}
+
+/// The postmaster's command: its directories, port and listener, TLS when
+/// asked, no durability for a throwaway cluster, and death with its parent.
+fn server_command(
+    bin: &Path,
+    who: &RunAs,
+    opts: &ClusterOptions,
+    extras: &ServerExtras,
+    data_dir: &Path,
+    socket_dir: &Path,
+    port: u16,
+) -> Result<Command, EmbeddedError> {
+    let log = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&opts.log_file)?;
+    let listen = if extras.tcp_port.is_some() {
+        "listen_addresses=127.0.0.1"
+    } else {
+        "listen_addresses="
+    };
+    let mut server = who.command(bin.join("postgres"));
+    server
+        .arg("-D")
+        .arg(data_dir)
+        .arg("-k")
+        .arg(socket_dir)
+        .args(["-p", &port.to_string()])
+        .args(["-c", listen])
+        .args(["-c", "unix_socket_permissions=0700"])
+        .args(["-c", "max_connections=300"])
+        .args(["-c", "shared_buffers=128MB"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    if let Some(tls) = &extras.tls {
+        let cert = data_dir.join("server.crt");
+        let key = data_dir.join("server.key");
+        fs::copy(&tls.cert_file, &cert)?;
+        fs::copy(&tls.key_file, &key)?;
+        fs::set_permissions(&key, fs::Permissions::from_mode(0o600))?;
+        who.chown(&cert)?;
+        who.chown(&key)?;
+        server
+            .args(["-c", "ssl=on"])
+            .arg("-c")
+            .arg(format!("ssl_cert_file={}", cert.display()))
+            .arg("-c")
+            .arg(format!("ssl_key_file={}", key.display()));
+    }
+    if opts.throwaway {
+        server.args([
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+        ]);
+    }
+    // SAFETY: prctl is async-signal-safe; it runs between fork and exec.
+    unsafe {
+        server.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(server)
 }
 
 /// Spawns `cmd` from a thread that stays alive while the child runs: the

@@ -148,6 +148,16 @@ pub async fn change_status(
     .bind(&ids)
     .fetch_all(&mut *conn)
     .await?;
+    let holds = hold_outcomes(conn, &members).await?;
+    Ok(Ok(Changed { machines, holds }))
+}
+
+/// What the change did to the holds of `members` (moved to another machine
+/// or cancelled), read from the events this transaction wrote.
+async fn hold_outcomes(
+    conn: &mut PgConnection,
+    members: &[i64],
+) -> Result<Vec<HoldOutcome>, sqlx::Error> {
     // The events this transaction wrote: its own xid on the row version.
     let events: Vec<EventRow> = sqlx::query_as(
         "SELECT e.reservation_id, e.kind, r.order_ref, old.asset_tag AS replaced,
@@ -161,10 +171,10 @@ pub async fn change_status(
             AND e.xmin = (pg_current_xact_id()::text::bigint % 4294967296)::text::xid
           ORDER BY r.order_ref, r.slot, e.id",
     )
-    .bind(&members)
+    .bind(members)
     .fetch_all(&mut *conn)
     .await?;
-    let holds = events
+    Ok(events
         .into_iter()
         .map(|e| match (e.kind.as_str(), e.replaced) {
             ("machine_replaced", Some(from)) => HoldOutcome::Moved {
@@ -180,8 +190,7 @@ pub async fn change_status(
                 reason: e.detail.unwrap_or_default(),
             },
         })
-        .collect();
-    Ok(Ok(Changed { machines, holds }))
+        .collect())
 }
 
 /// The same change, rolled back: what it would do now. A hold can still

@@ -8,7 +8,6 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
 
-use super::csrf;
 use super::error::{DashError, Written, commit};
 use super::session::{Staff, audit_on};
 use super::view::{Chrome, fmt_opt_time, fmt_time, html_response, page, see_other};
@@ -46,7 +45,6 @@ pub(crate) async fn audit_log(
     pool: web::Data<Db>,
     q: web::Query<AuditQuery>,
 ) -> Result<HttpResponse, DashError> {
-    staff.require_admin()?;
     let mut rows = crate::audit::page(&pool, staff.org_id, q.before, AUDIT_PAGE).await?;
     let next = if rows.len() as i64 > AUDIT_PAGE {
         rows.truncate(AUDIT_PAGE as usize);
@@ -125,14 +123,11 @@ pub(crate) async fn users(
     staff: Staff,
     pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
-    staff.require_admin()?;
     users_page(&req, &staff, &pool, StatusCode::OK, None, String::new()).await
 }
 
 #[derive(Deserialize)]
 pub struct AddUserForm {
-    #[serde(default)]
-    csrf: String,
     #[serde(default)]
     email: String,
     #[serde(default)]
@@ -147,8 +142,6 @@ pub(crate) async fn add_user(
     pool: web::Data<Db>,
     form: web::Form<AddUserForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
-    staff.require_admin()?;
     let email_text = form.email.trim().to_owned();
     let refuse = |msg: String| {
         users_page(
@@ -205,21 +198,12 @@ pub(crate) async fn add_user(
     Ok(see_other("/users?flash=user_added"))
 }
 
-#[derive(Deserialize)]
-pub struct CsrfForm {
-    #[serde(default)]
-    csrf: String,
-}
-
 pub(crate) async fn disable_user(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<Db>,
     id: web::Path<i64>,
-    form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
-    staff.require_admin()?;
     let id = id.into_inner();
     if id == staff.user_id {
         return Err(DashError::bad_request(
@@ -305,14 +289,11 @@ pub(crate) async fn tokens(
     staff: Staff,
     pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
-    staff.require_admin()?;
     tokens_page(&req, &staff, &pool, StatusCode::OK, None, None).await
 }
 
 #[derive(Deserialize)]
 pub struct AddTokenForm {
-    #[serde(default)]
-    csrf: String,
     #[serde(default)]
     name: String,
     #[serde(default)]
@@ -327,8 +308,6 @@ pub(crate) async fn add_token(
     pool: web::Data<Db>,
     form: web::Form<AddTokenForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
-    staff.require_admin()?;
     let name = form.name.trim();
     let mut scopes = Vec::new();
     if form.orders.is_some() {
@@ -406,10 +385,7 @@ pub(crate) async fn revoke_token(
     staff: Staff,
     pool: web::Data<Db>,
     id: web::Path<i64>,
-    form: web::Form<CsrfForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
-    staff.require_admin()?;
     let mut tx = pool.begin().await?;
     let name = crate::tokens::revoke_on(&mut tx, staff.org_id, id.into_inner())
         .await?

@@ -183,7 +183,7 @@ pub fn check_encoded(raw: &[u8]) -> Result<(), Refusal> {
     Ok(())
 }
 
-fn is_form(req: &ServiceRequest) -> bool {
+pub(super) fn is_form(req: &ServiceRequest) -> bool {
     req.headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

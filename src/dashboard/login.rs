@@ -102,19 +102,8 @@ pub(crate) async fn login(
     settings: web::Data<Settings>,
     form: web::Form<LoginForm>,
 ) -> Result<HttpResponse, DashError> {
-    let expected = req
-        .cookie(login_cookie_name(&settings))
-        .map(|c| c.value().to_owned());
-    if !expected
-        .as_deref()
-        .is_some_and(|e| csrf::same(e, &form.csrf))
-    {
-        return Err(DashError::forbidden(
-            "The login form expired or was not sent by this site; reload the login page and try again.",
-        ));
-    }
+    check_login_csrf(&req, &settings, &form.csrf)?;
     let addr = source_addr(&req);
-    let email_text = form.email.trim().to_ascii_lowercase();
     // What is recorded (throttling, audit): the account name when the field
     // holds an email, else a fixed word, so that a password typed into the
     // email field never reaches the audit log.
@@ -122,57 +111,13 @@ pub(crate) async fn login(
         Ok(e) => e.as_str().to_owned(),
         Err(_) => NOT_AN_EMAIL.to_owned(),
     };
-    let (by_account, by_address): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
-           FROM login_attempts
-          WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
-            AND (email = $1 OR source_addr = $2)",
-    )
-    .bind(&account)
-    .bind(&addr)
-    .fetch_one(pool.get_ref())
-    .await?;
-    if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
-        // Filed under the account's organization when it exists, so that
-        // its admins see the refusals on /audit.
-        let org_id: Option<i64> = sqlx::query_scalar("SELECT org_id FROM users WHERE email = $1")
-            .bind(&account)
-            .fetch_optional(pool.get_ref())
-            .await?;
-        record_attempt(
-            &pool,
-            org_id,
-            &account,
-            &addr,
-            false,
-            "login_throttled",
-            None,
-        )
-        .await?;
-        return Err(DashError::Throttled);
-    }
-    let user: Option<UserRow> = match Email::parse(&form.email) {
-        Ok(email) => {
-            sqlx::query_as(
-                "SELECT id, org_id, password_hash, disabled_at IS NOT NULL AS disabled FROM users WHERE email = $1",
-            )
-            .bind(email.as_str())
-            .fetch_optional(pool.get_ref())
-            .await?
+    refuse_if_throttled(&pool, &account, &addr).await?;
+    let user = find_user(&pool, &form.email).await?;
+    let ok = password_matches(user.as_ref(), form.password.clone()).await?;
+    match user {
+        Some(u) if ok && !u.disabled => {
+            logged_in(&req, &pool, &settings, &u, &account, &addr).await
         }
-        Err(_) => None,
-    };
-    let password = form.password.clone();
-    let stored = user
-        .as_ref()
-        .map(|u| u.password_hash.clone())
-        .unwrap_or_else(|| dummy_hash().to_owned());
-    // argon2 is deliberately slow: off the async workers.
-    let ok = web::block(move || crate::staff::verify_password(&stored, &password))
-        .await
-        .map_err(|e| DashError::Internal(e.into()))?;
-    let user = match user {
-        Some(u) if ok && !u.disabled => u,
         other => {
             record_attempt(
                 &pool,
@@ -184,31 +129,113 @@ pub(crate) async fn login(
                 None,
             )
             .await?;
-            let token = random_token();
-            let mut resp = super::view::html_response(
-                actix_web::http::StatusCode::UNAUTHORIZED,
-                LoginPage {
-                    chrome: Chrome::anonymous("Log in"),
-                    login_csrf: token.clone(),
-                    email: email_text,
-                    error: Some("That email and password do not match an active account."),
-                }
-                .render()?,
-            );
-            resp.add_cookie(&login_cookie(&settings, token))
-                .map_err(|e| DashError::Internal(e.into()))?;
-            return Ok(resp);
+            let email_text = form.email.trim().to_ascii_lowercase();
+            form_again(&settings, email_text)
         }
+    }
+}
+
+/// Login CSRF: the form's token must match its cookie (double submit).
+fn check_login_csrf(req: &HttpRequest, settings: &Settings, sent: &str) -> Result<(), DashError> {
+    let expected = req
+        .cookie(login_cookie_name(settings))
+        .map(|c| c.value().to_owned());
+    if expected.as_deref().is_some_and(|e| csrf::same(e, sent)) {
+        Ok(())
+    } else {
+        Err(DashError::forbidden(
+            "The login form expired or was not sent by this site; reload the login page and try again.",
+        ))
+    }
+}
+
+/// Too many failures of the account or from the address lately: refused
+/// (even with the right password), and the refusal recorded.
+async fn refuse_if_throttled(pool: &Db, account: &str, addr: &str) -> Result<(), DashError> {
+    let (by_account, by_address): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
+           FROM login_attempts
+          WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
+            AND (email = $1 OR source_addr = $2)",
+    )
+    .bind(account)
+    .bind(addr)
+    .fetch_one(pool)
+    .await?;
+    if by_account < MAX_FAILURES_PER_ACCOUNT && by_address < MAX_FAILURES_PER_ADDRESS {
+        return Ok(());
+    }
+    // Filed under the account's organization when it exists, so that
+    // its admins see the refusals on /audit.
+    let org_id: Option<i64> = sqlx::query_scalar("SELECT org_id FROM users WHERE email = $1")
+        .bind(account)
+        .fetch_optional(pool)
+        .await?;
+    record_attempt(pool, org_id, account, addr, false, "login_throttled", None).await?;
+    Err(DashError::Throttled)
+}
+
+/// The account the email field names, if it is an email and exists.
+async fn find_user(pool: &Db, email: &str) -> Result<Option<UserRow>, DashError> {
+    let Ok(email) = Email::parse(email) else {
+        return Ok(None);
     };
-    // Renew the session id at login: a cookie planted before login is
-    // revoked, never promoted.
-    let old = req.cookie(cookie_name(&settings));
+    Ok(sqlx::query_as(
+        "SELECT id, org_id, password_hash, disabled_at IS NOT NULL AS disabled FROM users WHERE email = $1",
+    )
+    .bind(email.as_str())
+    .fetch_optional(pool)
+    .await?)
+}
+
+/// The password against the account's hash, or against a dummy one when
+/// there is no account (the same time either way).
+async fn password_matches(user: Option<&UserRow>, password: String) -> Result<bool, DashError> {
+    let stored = user
+        .map(|u| u.password_hash.clone())
+        .unwrap_or_else(|| dummy_hash().to_owned());
+    // argon2 is deliberately slow: off the async workers.
+    web::block(move || crate::staff::verify_password(&stored, &password))
+        .await
+        .map_err(|e| DashError::Internal(e.into()))
+}
+
+/// The form again (401), with a fresh login token and what was typed as
+/// the email.
+fn form_again(settings: &Settings, email: String) -> Result<HttpResponse, DashError> {
+    let token = random_token();
+    let mut resp = super::view::html_response(
+        actix_web::http::StatusCode::UNAUTHORIZED,
+        LoginPage {
+            chrome: Chrome::anonymous("Log in"),
+            login_csrf: token.clone(),
+            email,
+            error: Some("That email and password do not match an active account."),
+        }
+        .render()?,
+    );
+    resp.add_cookie(&login_cookie(settings, token))
+        .map_err(|e| DashError::Internal(e.into()))?;
+    Ok(resp)
+}
+
+/// A new session, to the overview. The session id is renewed at login: a
+/// cookie planted before login is revoked, never promoted.
+async fn logged_in(
+    req: &HttpRequest,
+    pool: &Db,
+    settings: &Settings,
+    user: &UserRow,
+    account: &str,
+    addr: &str,
+) -> Result<HttpResponse, DashError> {
+    let old = req.cookie(cookie_name(settings));
     let token = random_token();
     record_attempt(
-        &pool,
+        pool,
         Some(user.org_id),
-        &account,
-        &addr,
+        account,
+        addr,
         true,
         "login",
         Some(NewSession {
@@ -218,7 +245,7 @@ pub(crate) async fn login(
         }),
     )
     .await?;
-    let session = Cookie::build(cookie_name(&settings), token)
+    let session = Cookie::build(cookie_name(settings), token)
         .path("/")
         .http_only(true)
         .same_site(SameSite::Strict)
@@ -227,7 +254,7 @@ pub(crate) async fn login(
             settings.session_max.as_secs() as i64
         ))
         .finish();
-    let mut clear_login = login_cookie(&settings, String::new());
+    let mut clear_login = login_cookie(settings, String::new());
     clear_login.make_removal();
     let mut resp = see_other("/");
     resp.add_cookie(&session)
@@ -297,20 +324,12 @@ async fn record_attempt(
     .await
 }
 
-#[derive(Deserialize)]
-pub struct LogoutForm {
-    #[serde(default)]
-    csrf: String,
-}
-
 pub(crate) async fn logout(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<Db>,
     settings: web::Data<Settings>,
-    form: web::Form<LogoutForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
     // The revocation and its audit row commit together.
     let mut tx = pool.begin().await?;
     sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1")

@@ -31,22 +31,37 @@ pub use error::DashError;
 pub use session::Staff;
 
 /// Every dashboard route, in one table: the table registers the routes AND
-/// exports `ROUTES` (path, methods), which the access matrix test compares
-/// with its own rows, so a route added here without a matrix row fails.
-/// Each path is one `web::resource`, so a method it does not serve is 405
-/// (with an Allow header), never a 404. Every resource is wrapped in
-/// `input::guard`: no handler sees a query, form or path segment that was
-/// not checked.
+/// exports `ROUTES` (path, methods) and `ACCESS` (path, who may open it),
+/// which the access matrix test compares with its own rows, so a route
+/// added here without a matrix row fails. Each path is one `web::resource`,
+/// so a method it does not serve is 405 (with an Allow header), never a
+/// 404. Every resource is wrapped in `input::guard`: no handler sees a
+/// query, form or path segment that was not checked. Every route then
+/// passes `gate::check` with the path's `gate::Access`: session, CSRF on a
+/// POST, role and R12's switches are declared here, not called by
+/// handlers.
 macro_rules! routes {
-    ($( $path:literal => [ $( $method:ident => $handler:path ),+ ] ),+ $(,)?) => {
+    ($( $path:literal => $access:ident [ $( $method:ident => $handler:path ),+ ] ),+ $(,)?) => {
         pub const ROUTES: &[(&str, &[&str])] = &[
             $( ($path, &[ $( stringify!($method) ),+ ]) ),+
+        ];
+        pub const ACCESS: &[(&str, gate::Access)] = &[
+            $( ($path, gate::Access::$access) ),+
         ];
         fn register(cfg: &mut web::ServiceConfig) {
             $(
                 cfg.service(
                     web::resource($path)
-                        $( .route(web::$method().to($handler)) )+
+                        $( .route(
+                            web::$method()
+                                .to($handler)
+                                .wrap(actix_web::middleware::from_fn(
+                                    |req: actix_web::dev::ServiceRequest,
+                                     next: actix_web::middleware::Next<actix_web::body::BoxBody>| {
+                                        gate::check(gate::Access::$access, req, next)
+                                    },
+                                )),
+                        ) )+
                         .default_service(web::to(method_not_allowed))
                         .wrap(actix_web::middleware::from_fn(input::guard)),
                 );
@@ -56,33 +71,33 @@ macro_rules! routes {
 }
 
 routes! {
-    "/" => [get => overview::overview],
-    "/login" => [get => login::login_form, post => login::login],
-    "/logout" => [post => login::logout],
-    "/machines" => [get => machines::list],
-    "/machines.csv" => [get => machines::export],
-    "/machines/{asset_tag}" => [get => machines::detail],
-    "/reservations" => [get => reservations::list],
-    "/reservations.csv" => [get => reservations::export],
-    "/reservations/{id}" => [get => reservations::detail],
-    "/reservations/{id}/cancel" => [get => reservations::confirm_cancel, post => reservations::cancel],
-    "/reservations/{id}/convert" => [get => reservations::confirm_convert, post => reservations::convert],
-    "/reservations/{id}/extend" => [get => reservations::confirm_extend, post => reservations::extend],
-    "/search" => [get => search::search],
-    "/status-changes" => [get => status_changes::show, post => status_changes::apply],
-    "/why-not" => [get => why_not::why_not],
-    "/jobs" => [get => jobs::jobs],
-    "/demand" => [get => demand::demand],
-    "/demand.csv" => [get => demand::export],
-    "/settings" => [get => org_settings::show, post => org_settings::save],
-    "/settings/webhook" => [post => org_settings::save_webhook],
-    "/settings/headroom" => [post => org_settings::save_headroom],
-    "/audit" => [get => admin::audit_log],
-    "/users" => [get => admin::users, post => admin::add_user],
-    "/users/{id}/disable" => [post => admin::disable_user],
-    "/tokens" => [get => admin::tokens, post => admin::add_token],
-    "/tokens/{id}/revoke" => [post => admin::revoke_token],
-    "/static/{path:.*}" => [get => assets::serve],
+    "/" => Staff [get => overview::overview],
+    "/login" => Public [get => login::login_form, post => login::login],
+    "/logout" => Staff [post => login::logout],
+    "/machines" => Datacenter [get => machines::list],
+    "/machines.csv" => Datacenter [get => machines::export],
+    "/machines/{asset_tag}" => Datacenter [get => machines::detail],
+    "/reservations" => Staff [get => reservations::list],
+    "/reservations.csv" => Staff [get => reservations::export],
+    "/reservations/{id}" => Staff [get => reservations::detail],
+    "/reservations/{id}/cancel" => DatacenterActor [get => reservations::confirm_cancel, post => reservations::cancel],
+    "/reservations/{id}/convert" => DatacenterActor [get => reservations::confirm_convert, post => reservations::convert],
+    "/reservations/{id}/extend" => DatacenterActor [get => reservations::confirm_extend, post => reservations::extend],
+    "/search" => Staff [get => search::search],
+    "/status-changes" => DatacenterActor [get => status_changes::show, post => status_changes::apply],
+    "/why-not" => Datacenter [get => why_not::why_not],
+    "/jobs" => Staff [get => jobs::jobs],
+    "/demand" => Staff [get => demand::demand],
+    "/demand.csv" => Staff [get => demand::export],
+    "/settings" => Settings [get => org_settings::show, post => org_settings::save],
+    "/settings/webhook" => Settings [post => org_settings::save_webhook],
+    "/settings/headroom" => Settings [post => org_settings::save_headroom],
+    "/audit" => Admin [get => admin::audit_log],
+    "/users" => Admin [get => admin::users, post => admin::add_user],
+    "/users/{id}/disable" => Admin [post => admin::disable_user],
+    "/tokens" => Admin [get => admin::tokens, post => admin::add_token],
+    "/tokens/{id}/revoke" => Admin [post => admin::revoke_token],
+    "/static/{path:.*}" => Public [get => assets::serve],
 }
 
 /// The dashboard's routes. Registered after the API and ops routes; every

@@ -10,23 +10,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
 
-use super::csrf;
 use super::error::{DashError, Written, commit};
 use super::session::{Staff, audit_on};
 use super::view::{Chrome, fmt_opt_time, fmt_time, html_response, see_other};
 use crate::domain::{Profile, Segment, Site};
 use crate::settings::Settings;
 use crate::webhooks;
-
-pub(crate) fn require_admin(staff: &Staff) -> Result<(), DashError> {
-    if staff.is_admin() {
-        Ok(())
-    } else {
-        Err(DashError::forbidden(
-            "Only an admin can change the organization's settings.",
-        ))
-    }
-}
 
 #[derive(Template)]
 #[template(path = "settings.html")]
@@ -96,7 +85,6 @@ pub(crate) async fn show(
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
 ) -> Result<HttpResponse, DashError> {
-    require_admin(&staff)?;
     settings_page(&req, &staff, &settings, &pool, StatusCode::OK, None, None).await
 }
 
@@ -172,8 +160,6 @@ pub(crate) fn failure_view(f: webhooks::Failure) -> FailureView {
 
 #[derive(Deserialize)]
 pub struct SettingsForm {
-    #[serde(default)]
-    csrf: String,
     /// A checkbox: present ("on") when ticked, absent otherwise.
     datacenter: Option<String>,
     /// R16, in seconds; absent or empty leaves it as it is.
@@ -187,112 +173,89 @@ pub struct SettingsForm {
     repairs_segment: Option<String>,
 }
 
+/// The settings form, read: each field absent (or empty) leaves its
+/// setting as it is, but the checkbox, which is off when absent.
+struct SettingsChange {
+    enabled: bool,
+    /// R16, in seconds.
+    warning: Option<i32>,
+    /// R19 (0: no cap).
+    hold_limit: Option<i32>,
+    /// R18: `Some(None)` clears the repairs segment.
+    repairs: Option<Option<Segment>>,
+}
+
+impl SettingsChange {
+    fn parse(form: &SettingsForm) -> Result<SettingsChange, DashError> {
+        let enabled = match form.datacenter.as_deref() {
+            None => false,
+            Some("on") => true,
+            Some(_) => {
+                return Err(DashError::bad_request(
+                    "The datacenter setting must be a checkbox.",
+                ));
+            }
+        };
+        let warning = match form.expiry_warning_seconds.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(text) => Some(
+                text.parse::<i32>()
+                    .ok()
+                    .filter(|s| (0..=3600).contains(s))
+                    .ok_or_else(|| {
+                        DashError::bad_request(
+                            "The warning before a deadline is a whole number of seconds from 0 to 3600; \
+                             nothing was changed.",
+                        )
+                    })?,
+            ),
+        };
+        let hold_limit = match form.customer_hold_limit.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(text) => Some(
+                text.parse::<i32>()
+                    .ok()
+                    .filter(|n| (0..=MAX_CUSTOMER_HOLD_LIMIT).contains(n))
+                    .ok_or_else(|| {
+                        DashError::bad_request(format!(
+                            "The cap on one customer's live holds is a whole number from 0 to \
+                             {MAX_CUSTOMER_HOLD_LIMIT} (0: no cap); nothing was changed."
+                        ))
+                    })?,
+            ),
+        };
+        let repairs = match form.repairs_segment.as_deref().map(str::trim) {
+            None => None,
+            Some("") => Some(None),
+            Some(text) => Some(Some(Segment::parse(text).map_err(|e| {
+                DashError::bad_request(format!("The repairs segment: {e}; nothing was changed."))
+            })?)),
+        };
+        Ok(SettingsChange {
+            enabled,
+            warning,
+            hold_limit,
+            repairs,
+        })
+    }
+}
+
 pub(crate) async fn save(
     req: HttpRequest,
     staff: Staff,
     pool: web::Data<Db>,
     form: web::Form<SettingsForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
-    require_admin(&staff)?;
-    let enabled = match form.datacenter.as_deref() {
-        None => false,
-        Some("on") => true,
-        Some(_) => {
-            return Err(DashError::bad_request(
-                "The datacenter setting must be a checkbox.",
-            ));
-        }
-    };
-    let warning = match form.expiry_warning_seconds.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(text) => Some(
-            text.parse::<i32>()
-                .ok()
-                .filter(|s| (0..=3600).contains(s))
-                .ok_or_else(|| {
-                    DashError::bad_request(
-                        "The warning before a deadline is a whole number of seconds from 0 to 3600; \
-                         nothing was changed.",
-                    )
-                })?,
-        ),
-    };
-    let hold_limit = match form.customer_hold_limit.as_deref().map(str::trim) {
-        None | Some("") => None,
-        Some(text) => Some(
-            text.parse::<i32>()
-                .ok()
-                .filter(|n| (0..=MAX_CUSTOMER_HOLD_LIMIT).contains(n))
-                .ok_or_else(|| {
-                    DashError::bad_request(format!(
-                        "The cap on one customer's live holds is a whole number from 0 to \
-                         {MAX_CUSTOMER_HOLD_LIMIT} (0: no cap); nothing was changed."
-                    ))
-                })?,
-        ),
-    };
-    let repairs: Option<Option<Segment>> = match form.repairs_segment.as_deref().map(str::trim) {
-        None => None,
-        Some("") => Some(None),
-        Some(text) => Some(Some(Segment::parse(text).map_err(|e| {
-            DashError::bad_request(format!("The repairs segment: {e}; nothing was changed."))
-        })?)),
-    };
+    let change = SettingsChange::parse(&form)?;
     // The audit rows commit with the changes, or none does.
     let mut tx = pool.begin().await?;
-    let object = format!("org:{}", staff.org_id);
-    if let Some(limit) = hold_limit {
-        let changed = sqlx::query(
-            "UPDATE organizations SET customer_hold_limit = $2
-              WHERE id = $1 AND customer_hold_limit IS DISTINCT FROM $2",
-        )
-        .bind(staff.org_id)
-        .bind(limit)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed > 0 {
-            let detail = if limit == 0 {
-                "no cap".to_owned()
-            } else {
-                format!("{limit} live holds per customer")
-            };
-            audit_on(
-                &mut tx,
-                &req,
-                &staff,
-                "org.customer_hold_limit",
-                &object,
-                Some(&detail),
-            )
-            .await?;
-        }
+    if let Some(limit) = change.hold_limit {
+        save_hold_limit(&mut tx, &req, &staff, limit).await?;
     }
-    if let Some(segment) = &repairs {
-        let segment = segment.as_ref().map(Segment::as_str);
-        let changed = sqlx::query(
-            "UPDATE organizations SET repairs_segment = $2
-              WHERE id = $1 AND repairs_segment IS DISTINCT FROM $2",
-        )
-        .bind(staff.org_id)
-        .bind(segment)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if changed > 0 {
-            audit_on(
-                &mut tx,
-                &req,
-                &staff,
-                "org.repairs_segment",
-                &object,
-                Some(segment.unwrap_or("none")),
-            )
-            .await?;
-        }
+    if let Some(segment) = &change.repairs {
+        save_repairs_segment(&mut tx, &req, &staff, segment.as_ref()).await?;
     }
-    if let Some(seconds) = warning
+    if let Some(seconds) = change.warning
         && crate::orgs::set_expiry_warning_on(&mut *tx, staff.org_id, seconds).await?
     {
         audit_on(
@@ -305,6 +268,7 @@ pub(crate) async fn save(
         )
         .await?;
     }
+    let enabled = change.enabled;
     crate::orgs::set_datacenter_enabled_on(&mut *tx, staff.org_id, enabled).await?;
     audit_on(
         &mut tx,
@@ -329,10 +293,76 @@ pub(crate) async fn save(
     Ok(see_other("/settings?flash=settings_saved"))
 }
 
+/// R19's cap, with its audit row when it changed.
+async fn save_hold_limit(
+    conn: &mut sqlx::PgConnection,
+    req: &HttpRequest,
+    staff: &Staff,
+    limit: i32,
+) -> Result<(), DashError> {
+    let changed = sqlx::query(
+        "UPDATE organizations SET customer_hold_limit = $2
+          WHERE id = $1 AND customer_hold_limit IS DISTINCT FROM $2",
+    )
+    .bind(staff.org_id)
+    .bind(limit)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if changed > 0 {
+        let detail = if limit == 0 {
+            "no cap".to_owned()
+        } else {
+            format!("{limit} live holds per customer")
+        };
+        let object = format!("org:{}", staff.org_id);
+        audit_on(
+            conn,
+            req,
+            staff,
+            "org.customer_hold_limit",
+            &object,
+            Some(&detail),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// R18's repairs segment (`None`: none), with its audit row when it changed.
+async fn save_repairs_segment(
+    conn: &mut sqlx::PgConnection,
+    req: &HttpRequest,
+    staff: &Staff,
+    segment: Option<&Segment>,
+) -> Result<(), DashError> {
+    let segment = segment.map(Segment::as_str);
+    let changed = sqlx::query(
+        "UPDATE organizations SET repairs_segment = $2
+          WHERE id = $1 AND repairs_segment IS DISTINCT FROM $2",
+    )
+    .bind(staff.org_id)
+    .bind(segment)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if changed > 0 {
+        let object = format!("org:{}", staff.org_id);
+        audit_on(
+            conn,
+            req,
+            staff,
+            "org.repairs_segment",
+            &object,
+            Some(segment.unwrap_or("none")),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 #[derive(Deserialize)]
 pub struct WebhookForm {
-    #[serde(default)]
-    csrf: String,
     #[serde(default)]
     action: String,
     #[serde(default)]
@@ -350,120 +380,142 @@ pub(crate) async fn save_webhook(
     pool: web::Data<Db>,
     form: web::Form<WebhookForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
-    require_admin(&staff)?;
-    let object = format!("org:{}", staff.org_id);
     match form.action.as_str() {
-        "save" => {
-            let checked = match webhooks::parse_url(&form.url) {
-                Ok(url) => webhooks::check_destination(&url, settings.webhook_allow_private)
-                    .await
-                    .map(|_| url),
-                Err(e) => Err(e),
-            };
-            let url = match checked {
-                Ok(url) => url,
-                Err(e) => {
-                    let msg = format!("{e}. Nothing was saved.");
-                    return settings_page(
-                        &req,
-                        &staff,
-                        &settings,
-                        &pool,
-                        StatusCode::BAD_REQUEST,
-                        Some(msg),
-                        Some(form.url.clone()),
-                    )
-                    .await;
-                }
-            };
-            let mut tx = pool.begin().await?;
-            webhooks::set_on(&mut tx, staff.org_id, url.as_str(), false, &staff.email).await?;
-            audit_on(
-                &mut tx,
-                &req,
-                &staff,
-                "org.webhook_set",
-                &object,
-                Some(url.as_str()),
-            )
-            .await?;
-            commit(
-                tx,
-                Written::new(
-                    "the webhook URL",
-                    "The settings page shows the webhook URL in force now; save it again if it \
-                     is not the one you entered.",
-                    ("/settings", "Open the settings"),
-                ),
-            )
-            .await?;
-            Ok(see_other("/settings?flash=webhook_saved"))
-        }
-        "rotate" => {
-            let mut tx = pool.begin().await?;
-            if !webhooks::rotate_secret_on(&mut tx, staff.org_id, &staff.email).await? {
-                return Ok(see_other("/settings?flash=webhook_absent"));
-            }
-            audit_on(
-                &mut tx,
-                &req,
-                &staff,
-                "org.webhook_secret_rotated",
-                &object,
-                None,
-            )
-            .await?;
-            commit(
-                tx,
-                Written::new(
-                    "the webhook's new signing secret",
-                    "The settings page shows the secret in force now and when it last changed \
-                     (the audit log records each rotation): if it was rotated, give the new \
-                     secret to your receivers, or their signature checks fail.",
-                    ("/settings", "Open the settings"),
-                ),
-            )
-            .await?;
-            Ok(see_other("/settings?flash=webhook_rotated"))
-        }
-        "remove" => {
-            let mut tx = pool.begin().await?;
-            let Some(dropped) = webhooks::remove_on(&mut tx, staff.org_id).await? else {
-                return Ok(see_other("/settings?flash=webhook_absent"));
-            };
-            let detail = format!("{dropped} pending deliveries dropped");
-            audit_on(
-                &mut tx,
-                &req,
-                &staff,
-                "org.webhook_removed",
-                &object,
-                Some(&detail),
-            )
-            .await?;
-            commit(
-                tx,
-                Written::new(
-                    "the removal of the webhook",
-                    "The settings page shows whether a webhook is still set; remove it again if \
-                     it is.",
-                    ("/settings", "Open the settings"),
-                ),
-            )
-            .await?;
-            Ok(see_other("/settings?flash=webhook_removed"))
-        }
+        "save" => set_webhook(&req, &staff, &settings, &pool, &form.url).await,
+        "rotate" => rotate_webhook_secret(&req, &staff, &pool).await,
+        "remove" => remove_webhook(&req, &staff, &pool).await,
         _ => Err(DashError::bad_request(
             "The webhook action must be save, rotate or remove.",
         )),
     }
 }
 
+/// `save`: the URL checked (the settings page again, 400, when it is
+/// refused), then set.
+async fn set_webhook(
+    req: &HttpRequest,
+    staff: &Staff,
+    settings: &Settings,
+    pool: &Db,
+    typed: &str,
+) -> Result<HttpResponse, DashError> {
+    let checked = match webhooks::parse_url(typed) {
+        Ok(url) => webhooks::check_destination(&url, settings.webhook_allow_private)
+            .await
+            .map(|_| url),
+        Err(e) => Err(e),
+    };
+    let url = match checked {
+        Ok(url) => url,
+        Err(e) => {
+            let msg = format!("{e}. Nothing was saved.");
+            return settings_page(
+                req,
+                staff,
+                settings,
+                pool,
+                StatusCode::BAD_REQUEST,
+                Some(msg),
+                Some(typed.to_owned()),
+            )
+            .await;
+        }
+    };
+    let mut tx = pool.begin().await?;
+    webhooks::set_on(&mut tx, staff.org_id, url.as_str(), false, &staff.email).await?;
+    let object = format!("org:{}", staff.org_id);
+    audit_on(
+        &mut tx,
+        req,
+        staff,
+        "org.webhook_set",
+        &object,
+        Some(url.as_str()),
+    )
+    .await?;
+    commit(
+        tx,
+        Written::new(
+            "the webhook URL",
+            "The settings page shows the webhook URL in force now; save it again if it \
+             is not the one you entered.",
+            ("/settings", "Open the settings"),
+        ),
+    )
+    .await?;
+    Ok(see_other("/settings?flash=webhook_saved"))
+}
+
+/// `rotate`: a new signing secret.
+async fn rotate_webhook_secret(
+    req: &HttpRequest,
+    staff: &Staff,
+    pool: &Db,
+) -> Result<HttpResponse, DashError> {
+    let mut tx = pool.begin().await?;
+    if !webhooks::rotate_secret_on(&mut tx, staff.org_id, &staff.email).await? {
+        return Ok(see_other("/settings?flash=webhook_absent"));
+    }
+    let object = format!("org:{}", staff.org_id);
+    audit_on(
+        &mut tx,
+        req,
+        staff,
+        "org.webhook_secret_rotated",
+        &object,
+        None,
+    )
+    .await?;
+    commit(
+        tx,
+        Written::new(
+            "the webhook's new signing secret",
+            "The settings page shows the secret in force now and when it last changed \
+             (the audit log records each rotation): if it was rotated, give the new \
+             secret to your receivers, or their signature checks fail.",
+            ("/settings", "Open the settings"),
+        ),
+    )
+    .await?;
+    Ok(see_other("/settings?flash=webhook_rotated"))
+}
+
+/// `remove`: the webhook and its pending deliveries.
+async fn remove_webhook(
+    req: &HttpRequest,
+    staff: &Staff,
+    pool: &Db,
+) -> Result<HttpResponse, DashError> {
+    let mut tx = pool.begin().await?;
+    let Some(dropped) = webhooks::remove_on(&mut tx, staff.org_id).await? else {
+        return Ok(see_other("/settings?flash=webhook_absent"));
+    };
+    let detail = format!("{dropped} pending deliveries dropped");
+    let object = format!("org:{}", staff.org_id);
+    audit_on(
+        &mut tx,
+        req,
+        staff,
+        "org.webhook_removed",
+        &object,
+        Some(&detail),
+    )
+    .await?;
+    commit(
+        tx,
+        Written::new(
+            "the removal of the webhook",
+            "The settings page shows whether a webhook is still set; remove it again if \
+             it is.",
+            ("/settings", "Open the settings"),
+        ),
+    )
+    .await?;
+    Ok(see_other("/settings?flash=webhook_removed"))
+}
+
 #[derive(Deserialize)]
 pub struct HeadroomForm {
-    #[serde(default)]
-    csrf: String,
     #[serde(default)]
     site: String,
     #[serde(default)]
@@ -485,8 +537,6 @@ pub(crate) async fn save_headroom(
     pool: web::Data<Db>,
     form: web::Form<HeadroomForm>,
 ) -> Result<HttpResponse, DashError> {
-    csrf::check(&staff, &form.csrf)?;
-    require_admin(&staff)?;
     let bad = |what: String| DashError::bad_request(format!("{what}; nothing was changed."));
     let site = Site::parse(form.site.trim()).map_err(|e| bad(e.to_string()))?;
     let profile = Profile::parse(form.profile.trim()).map_err(|e| bad(e.to_string()))?;

@@ -204,6 +204,89 @@ struct OverviewPage {
     demand: super::demand::OverviewDemand,
 }
 
+/// Each site's events per hour and series, from `first_hour` on.
+fn hours_per_site(
+    events: Vec<activity::HourCount>,
+    first_hour: DateTime<Utc>,
+) -> BTreeMap<String, [[i64; 4]; HOURS]> {
+    let mut hours: BTreeMap<String, [[i64; 4]; HOURS]> = BTreeMap::new();
+    for (site, kind, hour, count) in events {
+        let (Some(s), Ok(h)) = (
+            SERIES.iter().position(|(k, _)| *k == kind),
+            usize::try_from((hour - first_hour).num_hours()),
+        ) else {
+            continue;
+        };
+        if h < HOURS {
+            hours.entry(site).or_insert([[0; 4]; HOURS])[h][s] += count;
+        }
+    }
+    hours
+}
+
+/// The pools' counts and headroom, per site then profile.
+fn profiles_by_site(pools: Vec<capacity::Pool>) -> BTreeMap<String, Vec<ProfileView>> {
+    let mut by_site: BTreeMap<String, Vec<ProfileView>> = BTreeMap::new();
+    for r in pools {
+        let counts = Counts {
+            sellable: r.sellable,
+            held: r.held,
+            sold: r.sold,
+            not_ready: r.not_ready,
+        };
+        let headroom = Headroom {
+            kept: r.reserved.into_iter().collect(),
+            available: r.available,
+        };
+        by_site.entry(r.site).or_default().push(ProfileView {
+            profile: r.profile,
+            counts,
+            headroom,
+        });
+    }
+    by_site
+}
+
+/// One site's table and chart, with their summaries in words.
+fn site_view(
+    site: String,
+    profiles: Vec<ProfileView>,
+    per_hour: &[[i64; 4]; HOURS],
+    first_hour: DateTime<Utc>,
+) -> SiteView {
+    let mut total = Counts::default();
+    for p in &profiles {
+        total.add(&p.counts);
+    }
+    let mut day = [0i64; 4];
+    for h in per_hour {
+        for (s, n) in h.iter().enumerate() {
+            day[s] += n;
+        }
+    }
+    SiteView {
+        summary: format!(
+            "{site}: {} machines, {} sellable now, {} held, {} sold, {} not ready",
+            total.total(),
+            total.sellable,
+            total.held,
+            total.sold,
+            total.not_ready
+        ),
+        day_summary: format!(
+            "{site}, last 24 hours, per hour: {} created, {} converted, {} expired, {} cancelled in all",
+            day[0], day[1], day[2], day[3]
+        ),
+        segments: segments(&total),
+        bars: hour_bars(per_hour, first_hour),
+        ticks: ticks(first_hour),
+        day,
+        site,
+        profiles,
+        total,
+    }
+}
+
 pub(crate) async fn overview(
     req: HttpRequest,
     staff: Staff,
@@ -235,71 +318,12 @@ pub(crate) async fn overview(
         super::demand::overview_part(pool.get_ref(), staff.org_id, stock),
     )?;
     let first_hour = first.with_minute(0).unwrap_or(first);
-    let mut hours: BTreeMap<String, [[i64; 4]; HOURS]> = BTreeMap::new();
-    for (site, kind, hour, count) in events {
-        let (Some(s), Ok(h)) = (
-            SERIES.iter().position(|(k, _)| *k == kind),
-            usize::try_from((hour - first_hour).num_hours()),
-        ) else {
-            continue;
-        };
-        if h < HOURS {
-            hours.entry(site).or_insert([[0; 4]; HOURS])[h][s] += count;
-        }
-    }
-    let mut by_site: BTreeMap<String, Vec<ProfileView>> = BTreeMap::new();
-    for r in pools {
-        let counts = Counts {
-            sellable: r.sellable,
-            held: r.held,
-            sold: r.sold,
-            not_ready: r.not_ready,
-        };
-        let headroom = Headroom {
-            kept: r.reserved.into_iter().collect(),
-            available: r.available,
-        };
-        by_site.entry(r.site).or_default().push(ProfileView {
-            profile: r.profile,
-            counts,
-            headroom,
-        });
-    }
-    let sites = by_site
+    let mut hours = hours_per_site(events, first_hour);
+    let sites = profiles_by_site(pools)
         .into_iter()
         .map(|(site, profiles)| {
-            let mut total = Counts::default();
-            for p in &profiles {
-                total.add(&p.counts);
-            }
             let per_hour = hours.remove(&site).unwrap_or([[0; 4]; HOURS]);
-            let mut day = [0i64; 4];
-            for h in &per_hour {
-                for (s, n) in h.iter().enumerate() {
-                    day[s] += n;
-                }
-            }
-            SiteView {
-                summary: format!(
-                    "{site}: {} machines, {} sellable now, {} held, {} sold, {} not ready",
-                    total.total(),
-                    total.sellable,
-                    total.held,
-                    total.sold,
-                    total.not_ready
-                ),
-                day_summary: format!(
-                    "{site}, last 24 hours, per hour: {} created, {} converted, {} expired, {} cancelled in all",
-                    day[0], day[1], day[2], day[3]
-                ),
-                segments: segments(&total),
-                bars: hour_bars(&per_hour, first_hour),
-                ticks: ticks(first_hour),
-                day,
-                site,
-                profiles,
-                total,
-            }
+            site_view(site, profiles, &per_hour, first_hour)
         })
         .collect();
     page(&OverviewPage {

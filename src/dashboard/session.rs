@@ -4,7 +4,7 @@
 
 use crate::db::Db;
 use actix_web::dev::Payload;
-use actix_web::{FromRequest, HttpRequest, web};
+use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use futures_util::future::LocalBoxFuture;
@@ -37,26 +37,6 @@ impl Staff {
     }
     pub fn is_admin(&self) -> bool {
         self.role == Role::Admin
-    }
-    /// Settings, users, tokens and the audit log are the admin's.
-    pub fn require_admin(&self) -> Result<(), DashError> {
-        if self.is_admin() {
-            Ok(())
-        } else {
-            Err(DashError::forbidden(format!(
-                "Your role ({}) cannot see or change this; only an admin can.",
-                self.role.as_str()
-            )))
-        }
-    }
-    pub fn require_actor(&self) -> Result<(), DashError> {
-        if self.can_act() {
-            Ok(())
-        } else {
-            Err(DashError::forbidden(
-                "Your role (viewer) can look but not act; ask a support or admin user.",
-            ))
-        }
     }
 }
 
@@ -121,6 +101,10 @@ impl FromRequest for Staff {
     type Future = LocalBoxFuture<'static, Result<Staff, DashError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        // Found already by the route's check (`gate::check`).
+        if let Some(staff) = req.extensions().get::<Staff>().cloned() {
+            return Box::pin(std::future::ready(Ok(staff)));
+        }
         let req = req.clone();
         Box::pin(async move {
             let (pool, settings) = app_data(&req)?;

@@ -15,7 +15,6 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::error::DashError;
-use super::gate;
 use super::machines::{
     KeptForOthers, MachineView, PAGE_SIZE, kept_for_others, parse_segment, parse_spec,
 };
@@ -23,9 +22,8 @@ use super::reasons;
 use super::session::Staff;
 use super::view::{Chrome, Select, non_blank, page, url_with};
 use crate::allocator::{self, OrderSpec, PassTwo, Quantity, Verdict};
-use crate::domain::MachineStatus;
+use crate::domain::{MachineStatus, Segment};
 use crate::inventory::MachineFilter;
-use crate::settings::Settings;
 
 #[derive(Debug, Default, Deserialize)]
 pub struct WhyNotQuery {
@@ -206,19 +204,10 @@ fn key_of(v: &Verdict) -> &'static str {
     v.exclusion.as_ref().map_or(reasons::CANDIDATE, |e| e.key())
 }
 
-pub(crate) async fn why_not(
-    req: HttpRequest,
-    staff: Staff,
-    settings: web::Data<Settings>,
-    pool: web::Data<Db>,
-    q: web::Query<WhyNotQuery>,
-) -> Result<HttpResponse, DashError> {
-    gate::datacenter(&settings, &staff)?;
-    let q = q.into_inner();
-    let spec = parse_spec(&q.site, &q.profile, &q.vendor)?;
-    let segment = parse_segment(&q.segment)?;
-    let quantity = match non_blank(&q.quantity) {
-        None => Quantity::ONE,
+/// R13: "Machines", 1 to 16; empty is one.
+fn parse_quantity(text: &Option<String>) -> Result<Quantity, DashError> {
+    match non_blank(text) {
+        None => Ok(Quantity::ONE),
         Some(text) => text
             .parse::<i64>()
             .ok()
@@ -228,27 +217,32 @@ pub(crate) async fn why_not(
                     "“Machines” is a whole number from 1 to {}.",
                     Quantity::MAX
                 ))
-            })?,
+            }),
+    }
+}
+
+/// The summary's group asked for (`reason=`), if any: one of its keys.
+fn parse_group(reason: &Option<String>) -> Result<Option<&'static str>, DashError> {
+    let Some(r) = non_blank(reason) else {
+        return Ok(None);
     };
-    let group: Option<&'static str> = match non_blank(&q.reason) {
-        None => None,
-        Some(r) => Some(
-            reasons::keys_with_candidate()
-                .find(|k| *k == r)
-                .ok_or_else(|| {
-                    DashError::bad_request(format!(
-                        "Unknown reason “{r}”: use one of {}.",
-                        reasons::keys_with_candidate()
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })?,
-        ),
-    };
-    let chrome = Chrome::new(&req, &staff, "Why not?", "why-not");
-    // The order's fields are selects of the organization's own values.
-    let facets = crate::inventory::facets(&pool, staff.org_id).await?;
-    let filters = vec![
+    reasons::keys_with_candidate()
+        .find(|k| *k == r)
+        .map(Some)
+        .ok_or_else(|| {
+            DashError::bad_request(format!(
+                "Unknown reason “{r}”: use one of {}.",
+                reasons::keys_with_candidate()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })
+}
+
+/// The order's fields: selects of the organization's own values.
+async fn order_filters(pool: &Db, org_id: i64, q: &WhyNotQuery) -> Result<Vec<Select>, DashError> {
+    let facets = crate::inventory::facets(pool, org_id).await?;
+    Ok(vec![
         Select::of("w-site", "site", "Site", &facets.sites, q.site.as_deref()).required(),
         Select::of(
             "w-profile",
@@ -265,9 +259,13 @@ pub(crate) async fn why_not(
             &facets.vendors,
             q.vendor.as_deref(),
         ),
-    ];
-    let Some(spec) = spec else {
-        return page(&WhyNotPage {
+    ])
+}
+
+impl WhyNotPage {
+    /// The form alone, before an order is named.
+    fn form_only(chrome: Chrome, q: WhyNotQuery, filters: Vec<Select>) -> WhyNotPage {
+        WhyNotPage {
             chrome,
             q,
             filters,
@@ -286,34 +284,59 @@ pub(crate) async fn why_not(
             first: None,
             summary_link: String::new(),
             kept_note: None,
-        });
-    };
-    let vendor = spec.vendor.as_ref().map_or("", |v| v.as_str());
-    let segment_text = segment.as_ref().map_or("", |s| s.as_str());
-    let quantity_text = if quantity == Quantity::ONE {
-        String::new()
-    } else {
-        quantity.get().to_string()
-    };
-    let link = |reason: &str, after: &str| {
+        }
+    }
+}
+
+/// The page's own links: the same order, another group or page.
+struct Links<'a> {
+    spec: &'a OrderSpec,
+    segment: Option<&'a Segment>,
+    quantity: Quantity,
+}
+
+impl Links<'_> {
+    fn to(&self, reason: &str, after: &str) -> String {
+        let quantity = if self.quantity == Quantity::ONE {
+            String::new()
+        } else {
+            self.quantity.get().to_string()
+        };
         url_with(
             "/why-not",
             &[
-                ("site", spec.site.as_str()),
-                ("profile", spec.profile.as_str()),
-                ("vendor", vendor),
-                ("quantity", &quantity_text),
-                ("segment", segment_text),
+                ("site", self.spec.site.as_str()),
+                ("profile", self.spec.profile.as_str()),
+                (
+                    "vendor",
+                    self.spec.vendor.as_ref().map_or("", |v| v.as_str()),
+                ),
+                ("quantity", &quantity),
+                ("segment", self.segment.map_or("", |s| s.as_str())),
                 ("reason", reason),
                 ("after", after),
             ],
         )
-    };
-    // The summary counts every machine of the organization, as the API's
-    // `excluded` does (the same function), one row per reason in words.
+    }
+
+    /// The same, to the machines' table.
+    fn to_machines(&self, reason: &str, after: &str) -> String {
+        format!("{}#machines", self.to(reason, after))
+    }
+}
+
+/// The summary counts every machine of the organization, as the API's
+/// `excluded` does (the same function), one row per reason in words; and
+/// their total.
+async fn summary(
+    pool: &Db,
+    org_id: i64,
+    spec: &OrderSpec,
+    links: &Links<'_>,
+) -> Result<(Vec<SummaryRow>, i64), DashError> {
     let counts = {
         let mut conn = pool.acquire().await?;
-        allocator::excluded_counts(&mut conn, staff.org_id, &spec).await?
+        allocator::excluded_counts(&mut conn, org_id, spec).await?
     };
     let count_of = |key: &str| match key {
         "wrong_site" => counts.wrong_site,
@@ -324,25 +347,23 @@ pub(crate) async fn why_not(
         "held" => counts.held,
         _ => counts.candidates,
     };
-    let summary: Vec<SummaryRow> = std::iter::once(reasons::CANDIDATE)
+    let rows: Vec<SummaryRow> = std::iter::once(reasons::CANDIDATE)
         .chain(allocator::Exclusion::KEYS)
         .map(|key| SummaryRow {
             key,
             label: reasons::label(key),
             count: count_of(key),
-            link: format!("{}#machines", link(key, "")),
+            link: links.to_machines(key, ""),
         })
         .collect();
-    let total = summary.iter().map(|r| r.count).sum();
+    let total = rows.iter().map(|r| r.count).sum();
+    Ok((rows, total))
+}
 
-    let pass_two = allocator::lockable_now(&pool, staff.org_id, &spec, quantity).await?;
-    let kept = kept_for_others(&pool, staff.org_id, &spec, segment.as_ref()).await?;
-    let n = quantity.get();
-    let (answer_kind, answer_text) = match with_headroom(
-        answer(&pass_two, quantity),
-        kept.as_ref(),
-        n,
-    ) {
+/// The answer's kind (its CSS class) and its sentence, for an order of
+/// `n` machines.
+fn answer_words(answer: Answer, n: u8) -> (&'static str, String) {
+    match answer {
         Answer::Reserved { kept_for } => (
             "reserved",
             format!(
@@ -370,69 +391,134 @@ pub(crate) async fn why_not(
             "unavailable",
             format!("Unavailable: buy hardware. Only {matching} of {n} match."),
         ),
-    };
+    }
+}
 
-    let after = non_blank(&q.after);
+/// The machines' table of one page: with a group, its machines; without,
+/// the candidates (first page only, with a link when there are more) and
+/// then the machines of the ordered site that are not (other sites are
+/// only counted). And where the next page starts.
+struct Listed {
+    candidates: Vec<Verdict>,
+    more_candidates: Option<String>,
+    rows: Vec<Verdict>,
+    next: Option<String>,
+}
+
+async fn listed(
+    pool: &Db,
+    org_id: i64,
+    spec: &OrderSpec,
+    group: Option<&'static str>,
+    after: Option<&str>,
+    links: &Links<'_>,
+) -> Result<Listed, DashError> {
     let page_size = PAGE_SIZE as usize;
-    let (candidates, more_candidates, rows, next) = match group {
-        Some(key) => {
-            let (rows, next) = scan(
-                &pool,
-                staff.org_id,
-                &spec,
-                &group_filter(&spec, key),
-                after,
-                page_size,
-                |v| key_of(v) == key,
-            )
-            .await?;
-            (vec![], None, rows, next)
-        }
-        None => {
-            // First the candidates (first page only), then the machines of
-            // the ordered site that are not; other sites are only counted.
-            let (candidates, more) = if after.is_none() {
-                scan(
-                    &pool,
-                    staff.org_id,
-                    &spec,
-                    &group_filter(&spec, reasons::CANDIDATE),
-                    None,
-                    page_size,
-                    |v| v.exclusion.is_none(),
-                )
-                .await?
-            } else {
-                (vec![], None)
-            };
-            let here = MachineFilter {
-                site: Some(spec.site.clone()),
-                ..Default::default()
-            };
-            let (rows, next) = scan(&pool, staff.org_id, &spec, &here, after, page_size, |v| {
-                v.exclusion.is_some()
-            })
-            .await?;
-            (
-                candidates,
-                more.map(|_| format!("{}#machines", link(reasons::CANDIDATE, ""))),
-                rows,
-                next,
-            )
-        }
+    if let Some(key) = group {
+        let filter = group_filter(spec, key);
+        let (rows, next) = scan(pool, org_id, spec, &filter, after, page_size, |v| {
+            key_of(v) == key
+        })
+        .await?;
+        return Ok(Listed {
+            candidates: vec![],
+            more_candidates: None,
+            rows,
+            next,
+        });
+    }
+    let (candidates, more) = if after.is_none() {
+        let filter = group_filter(spec, reasons::CANDIDATE);
+        scan(pool, org_id, spec, &filter, None, page_size, |v| {
+            v.exclusion.is_none()
+        })
+        .await?
+    } else {
+        (vec![], None)
     };
-    let mut candidates: Vec<MachineView> = candidates
+    let here = MachineFilter {
+        site: Some(spec.site.clone()),
+        ..Default::default()
+    };
+    let (rows, next) = scan(pool, org_id, spec, &here, after, page_size, |v| {
+        v.exclusion.is_some()
+    })
+    .await?;
+    Ok(Listed {
+        candidates,
+        more_candidates: more.map(|_| links.to_machines(reasons::CANDIDATE, "")),
+        rows,
+        next,
+    })
+}
+
+/// R18: what the pool keeps for other segments, in words.
+fn kept_note(k: &KeptForOthers, segment: Option<&Segment>) -> String {
+    let each: Vec<String> = k
+        .segments
+        .iter()
+        .map(|(s, n)| format!("{n} for {s}"))
+        .collect();
+    format!(
+        "This pool keeps headroom for other segments than this order's: {}. \
+         An order {} may take {} of the {} sellable machines it matches.",
+        each.join(", "),
+        if segment.is_some() {
+            "of this segment"
+        } else {
+            "naming no segment"
+        },
+        k.available,
+        k.sellable
+    )
+}
+
+pub(crate) async fn why_not(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<Db>,
+    q: web::Query<WhyNotQuery>,
+) -> Result<HttpResponse, DashError> {
+    let q = q.into_inner();
+    let spec = parse_spec(&q.site, &q.profile, &q.vendor)?;
+    let segment = parse_segment(&q.segment)?;
+    let quantity = parse_quantity(&q.quantity)?;
+    let group = parse_group(&q.reason)?;
+    let chrome = Chrome::new(&req, &staff, "Why not?", "why-not");
+    let filters = order_filters(&pool, staff.org_id, &q).await?;
+    let Some(spec) = spec else {
+        return page(&WhyNotPage::form_only(chrome, q, filters));
+    };
+    let links = Links {
+        spec: &spec,
+        segment: segment.as_ref(),
+        quantity,
+    };
+    let (summary, total) = summary(&pool, staff.org_id, &spec, &links).await?;
+    let pass_two = allocator::lockable_now(&pool, staff.org_id, &spec, quantity).await?;
+    let kept = kept_for_others(&pool, staff.org_id, &spec, segment.as_ref()).await?;
+    let n = quantity.get();
+    let (answer_kind, answer_text) = answer_words(
+        with_headroom(answer(&pass_two, quantity), kept.as_ref(), n),
+        n,
+    );
+    let after = non_blank(&q.after);
+    let listed = listed(&pool, staff.org_id, &spec, group, after, &links).await?;
+    let mut candidates: Vec<MachineView> = listed
+        .candidates
         .into_iter()
         .map(MachineView::of_verdict)
         .collect();
-    let mut machines: Vec<MachineView> = rows.into_iter().map(MachineView::of_verdict).collect();
+    let mut machines: Vec<MachineView> = listed
+        .rows
+        .into_iter()
+        .map(MachineView::of_verdict)
+        .collect();
     if let Some(k) = &kept {
         k.apply(&spec, &mut candidates);
         k.apply(&spec, &mut machines);
     }
     let reason = group.unwrap_or("");
-    let next = next.map(|after| format!("{}#machines", link(reason, &after)));
-    let first = after.map(|_| format!("{}#machines", link(reason, "")));
     page(&WhyNotPage {
         chrome,
         filters,
@@ -449,30 +535,12 @@ pub(crate) async fn why_not(
         total,
         group: group.map(reasons::label),
         candidates,
-        more_candidates,
+        more_candidates: listed.more_candidates,
         machines,
-        next,
-        first,
-        summary_link: link("", ""),
-        kept_note: kept.as_ref().map(|k| {
-            let each: Vec<String> = k
-                .segments
-                .iter()
-                .map(|(s, n)| format!("{n} for {s}"))
-                .collect();
-            format!(
-                "This pool keeps headroom for other segments than this order's: {}. \
-                 An order {} may take {} of the {} sellable machines it matches.",
-                each.join(", "),
-                if segment.is_some() {
-                    "of this segment"
-                } else {
-                    "naming no segment"
-                },
-                k.available,
-                k.sellable
-            )
-        }),
+        next: listed.next.map(|after| links.to_machines(reason, &after)),
+        first: after.map(|_| links.to_machines(reason, "")),
+        summary_link: links.to("", ""),
+        kept_note: kept.as_ref().map(|k| kept_note(k, segment.as_ref())),
         q,
     })
 }

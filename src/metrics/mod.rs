@@ -109,6 +109,12 @@ impl Metrics {
             .expect("static metric definition"),
             registry,
         };
+        m.register_all();
+        m
+    }
+
+    /// Every series in the registry, once; the global ones at zero.
+    fn register_all(&self) {
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "poolkeeper_build_info",
@@ -121,42 +127,41 @@ impl Metrics {
             .with_label_values(&[env!("CARGO_PKG_VERSION"), GIT_COMMIT])
             .set(1);
         let mut collectors: Vec<Box<dyn prometheus::core::Collector>> =
-            vec![Box::new(build_info), Box::new(m.sweep_period.clone())];
-        collectors.extend(m.http.collectors());
-        collectors.extend(m.db_state.collectors());
-        collectors.extend(m.process.collectors());
+            vec![Box::new(build_info), Box::new(self.sweep_period.clone())];
+        collectors.extend(self.http.collectors());
+        collectors.extend(self.db_state.collectors());
+        collectors.extend(self.process.collectors());
         collectors.extend(GLOBAL.collectors());
         // The database handle's own series.
         collectors.push(Box::new(crate::db::READ_ONLY_SEEN_TOTAL.clone()));
         collectors.push(Box::new(crate::db::ACQUIRE_WAIT.clone()));
         for c in collectors {
-            m.registry.register(c).expect("metric registered once");
+            self.registry.register(c).expect("metric registered once");
         }
         GLOBAL.at_zero();
         for c in [
-            &m.sweeps_run,
-            &m.lease_acquired,
-            &m.lease_lost,
-            &m.lease_errors,
-            &m.sweep_errors,
+            &self.sweeps_run,
+            &self.lease_acquired,
+            &self.lease_lost,
+            &self.lease_errors,
+            &self.sweep_errors,
         ] {
-            m.registry
+            self.registry
                 .register(Box::new(c.clone()))
                 .expect("metric registered once");
         }
-        m.registry
-            .register(Box::new(m.reservations.clone()))
+        self.registry
+            .register(Box::new(self.reservations.clone()))
             .expect("metric registered once");
-        m.registry
-            .register(Box::new(m.reservations_expired.clone()))
+        self.registry
+            .register(Box::new(self.reservations_expired.clone()))
             .expect("metric registered once");
-        m.registry
-            .register(Box::new(m.last_sweep_unixtime.clone()))
+        self.registry
+            .register(Box::new(self.last_sweep_unixtime.clone()))
             .expect("metric registered once");
-        m.registry
-            .register(Box::new(m.reservations_refused.clone()))
+        self.registry
+            .register(Box::new(self.reservations_refused.clone()))
             .expect("metric registered once");
-        m
     }
 
     /// Refreshes what is read at scrape time (the database's numbers, at

@@ -880,39 +880,83 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
     let support = app.staff("sam@acme.example", "support").await;
     let before = row_counts(&app.pool).await;
 
+    // Every route the table declares in the module (`dashboard::ACCESS`),
+    // with every method it serves: a new page or form of the module is
+    // refused here without being listed.
+    let module_routes: Vec<(&str, &str)> = poolkeeper::dashboard::ACCESS
+        .iter()
+        .filter(|(_, access)| access.datacenter_module())
+        .flat_map(|(path, _)| {
+            poolkeeper::dashboard::ROUTES
+                .iter()
+                .filter(move |(p, _)| p == path)
+                .flat_map(move |(_, methods)| methods.iter().map(move |m| (*path, *m)))
+        })
+        .collect();
+    // The pages and forms of the module, as a person knows them: each is
+    // declared in the module, so that none loses its switch by a change of
+    // the table.
+    for (path, m) in [
+        ("/machines", "get"),
+        ("/machines.csv", "get"),
+        ("/machines/{asset_tag}", "get"),
+        ("/why-not", "get"),
+        ("/status-changes", "get"),
+        ("/status-changes", "post"),
+        ("/reservations/{id}/cancel", "get"),
+        ("/reservations/{id}/cancel", "post"),
+        ("/reservations/{id}/convert", "get"),
+        ("/reservations/{id}/convert", "post"),
+        ("/reservations/{id}/extend", "get"),
+        ("/reservations/{id}/extend", "post"),
+    ] {
+        assert!(
+            module_routes.contains(&(path, m)),
+            "{m} {path} is not declared in the datacenter module"
+        );
+    }
     for c in [&admin, &support] {
         let csrf = c.csrf().await;
-        for (action, extra) in [
-            ("cancel", ("reason", "raw")),
-            ("convert", ("service_ref", "SRV-9")),
-        ] {
-            let r = c
-                .post_form(
-                    &format!("/reservations/{held}/{action}"),
-                    &[("csrf", &csrf), ("fence", &fence.to_string()), extra],
-                )
-                .await;
-            assert_eq!(r.status().as_u16(), 403, "{what}: raw POST {action}");
-            let body = r.text().await.expect("body");
+        let fence = fence.to_string();
+        for (path, m) in &module_routes {
+            let concrete = path
+                .replace("{id}", &held.to_string())
+                .replace("{asset_tag}", "PK-1");
+            let (status, body) = match *m {
+                "get" => {
+                    let query = match *path {
+                        "/why-not" => "site=par1&profile=epyc".to_owned(),
+                        "/status-changes" => "tags=PK-1&status=broken".to_owned(),
+                        _ => format!("fence={fence}"),
+                    };
+                    c.page(&format!("{concrete}?{query}")).await
+                }
+                "post" => {
+                    // A form as the page would send it: only the switch
+                    // refuses it.
+                    let r = c
+                        .post_form(
+                            &concrete,
+                            &[
+                                ("csrf", &csrf),
+                                ("fence", &fence),
+                                ("reason", "raw"),
+                                ("service_ref", "SRV-9"),
+                                ("minutes", "10"),
+                                ("tags", "PK-1"),
+                                ("status", "broken"),
+                            ],
+                        )
+                        .await;
+                    let status = r.status().as_u16();
+                    (status, r.text().await.expect("body"))
+                }
+                other => panic!("{what}: no request of method {other} for {path}: add one"),
+            };
+            assert_eq!(status, 403, "{what}: {m} {path}");
             assert!(
                 body.contains("The datacenter module is off"),
-                "{what}: {body}"
-            );
-        }
-        for page in [
-            format!("/reservations/{held}/cancel?fence={fence}"),
-            format!("/reservations/{held}/convert?fence={fence}"),
-            format!("/reservations/{held}/extend?fence={fence}"),
-            "/machines".into(),
-            "/machines/PK-1".into(),
-            "/why-not?site=par1&profile=epyc".into(),
-            "/status-changes?tags=PK-1&status=broken".into(),
-        ] {
-            let (status, body) = c.page(&page).await;
-            assert_eq!(status, 403, "{what}: {page}");
-            assert!(
-                body.contains("The datacenter module is off"),
-                "{what}: {page}"
+                "{what}: {m} {path}: {body}"
             );
         }
     }

@@ -1,6 +1,7 @@
 //! Cancel, convert and extend (R14) from the dashboard: a GET confirmation
 //! page, then a POST form checked in the order session, CSRF, role, module
-//! switch (R12), input; the action and its audit row commit together. On a
+//! switch (R12) (the route's `gate::Access`), then its input; the action
+//! and its audit row commit together. On a
 //! reservation of an order of several (R13) they act on the whole order.
 
 use crate::db::Db;
@@ -8,9 +9,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
 
-use super::super::csrf;
 use super::super::error::{DashError, Written, commit};
-use super::super::gate;
 use super::super::session::{Staff, audit_on};
 use super::super::view::{Chrome, fmt_remaining, fmt_time, page, see_other};
 use super::detail::load;
@@ -56,8 +55,6 @@ async fn confirm(
     fence: Option<i64>,
     action: &'static str,
 ) -> Result<HttpResponse, DashError> {
-    staff.require_actor()?;
-    gate::datacenter(&settings, &staff)?;
     let (r, m) = load(&pool, &staff, id).await?;
     if r.state != "held" {
         return Err(not_held(id, &r.state));
@@ -114,12 +111,11 @@ confirm_page! {
     confirm_extend => "extend",
 }
 
-/// Fields are strings with defaults so that a missing CSRF token is a 403,
-/// checked first, not a 400 from the form parser.
+/// Fields are strings with defaults: a missing or malformed one gets the
+/// handler's own message, not the form parser's. The CSRF token is checked
+/// before the handler (`gate::check`).
 #[derive(Debug, Deserialize)]
 pub struct ActionForm {
-    #[serde(default)]
-    pub csrf: String,
     #[serde(default)]
     pub fence: String,
     #[serde(default)]
@@ -229,12 +225,10 @@ fn fmt_duration(seconds: u32) -> String {
     }
 }
 
-/// The order of checks: session (extractor), CSRF, role, module switch
-/// (R12), then the input. Nothing is written before all of them pass.
-fn precheck(staff: &Staff, settings: &Settings, form: &ActionForm) -> Result<i64, DashError> {
-    csrf::check(staff, &form.csrf)?;
-    staff.require_actor()?;
-    gate::datacenter(settings, staff)?;
+/// The form's fence. Session, CSRF, role and module switch (R12) were
+/// checked before the handler (`gate::check`); nothing is written before
+/// this passes too.
+fn fence_of(form: &ActionForm) -> Result<i64, DashError> {
     form.fence.trim().parse::<i64>().map_err(|_| {
         DashError::bad_request("The form's fence is missing or not a number; reload the page.")
     })
@@ -354,13 +348,12 @@ async fn act_on_order(
 pub(crate) async fn cancel(
     req: HttpRequest,
     staff: Staff,
-    settings: web::Data<Settings>,
     pool: web::Data<Db>,
     id: web::Path<i64>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
-    let fence = precheck(&staff, &settings, &form)?;
+    let fence = fence_of(&form)?;
     // A browser sends a textarea's line breaks as CRLF; the rule (shared
     // with the API) knows LF.
     let typed = form.reason.replace("\r\n", "\n");
@@ -409,13 +402,12 @@ pub(crate) async fn cancel(
 pub(crate) async fn convert(
     req: HttpRequest,
     staff: Staff,
-    settings: web::Data<Settings>,
     pool: web::Data<Db>,
     id: web::Path<i64>,
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
-    let fence = precheck(&staff, &settings, &form)?;
+    let fence = fence_of(&form)?;
     let bad_ref = |e: crate::domain::ParseError| {
         DashError::bad_request(format!(
             "The service reference is not valid: {e}. Nothing was changed."
@@ -488,7 +480,7 @@ pub(crate) async fn extend(
     form: web::Form<ActionForm>,
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
-    let fence = precheck(&staff, &settings, &form)?;
+    let fence = fence_of(&form)?;
     let seconds = form
         .minutes
         .trim()
