@@ -309,8 +309,14 @@ async fn dashboard_cell(
         "/settings" => fields.push(("datacenter".into(), "on".into())),
         "/settings/webhook" => fields.push(("action".into(), "remove".into())),
         "/settings/headroom" => {
+            // A pool of the poster's own organization (one with machines).
+            let profile = if who == Who::OtherOrg {
+                "other-profile"
+            } else {
+                "epyc"
+            };
             fields.push(("site".into(), "par1".into()));
-            fields.push(("profile".into(), "epyc".into()));
+            fields.push(("profile".into(), profile.into()));
             fields.push(("segment".into(), "enterprise".into()));
             fields.push(("machines".into(), "1".into()));
         }
@@ -893,6 +899,27 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
                 )
                 .await;
             assert_eq!(r.status().as_u16(), 403, "{what}: raw POST {action}");
+            let body = r.text().await.expect("body");
+            assert!(
+                body.contains("The datacenter module is off"),
+                "{what}: {body}"
+            );
+        }
+        if std::ptr::eq(c, &admin) {
+            // The module's write on the settings page, as its API call.
+            let r = c
+                .post_form(
+                    "/settings/headroom",
+                    &[
+                        ("csrf", csrf.as_str()),
+                        ("site", "par1"),
+                        ("profile", "epyc"),
+                        ("segment", "enterprise"),
+                        ("machines", "999"),
+                    ],
+                )
+                .await;
+            assert_eq!(r.status().as_u16(), 403, "{what}: POST /settings/headroom");
             let body = r.text().await.expect("body");
             assert!(
                 body.contains("The datacenter module is off"),
