@@ -219,9 +219,7 @@ pub(crate) async fn why_not(
     let segment = parse_segment(&q.segment)?;
     let quantity = match non_blank(&q.quantity) {
         None => Quantity::ONE,
-        Some(text) => text
-            .parse::<i64>()
-            .ok()
+        Some(text) => super::input::whole_number::<i64>(text)
             .and_then(|n| Quantity::new(n).ok())
             .ok_or_else(|| {
                 DashError::bad_request(format!(
@@ -359,7 +357,8 @@ pub(crate) async fn why_not(
         Answer::Contended => (
             "contended",
             format!(
-                "Contended: retry. {n} machines match, but fewer are free of other orders' locks right now."
+                "Contended: retry. {}, but fewer are free of other orders' locks right now.",
+                crate::domain::count_of(n, "machine matches", "machines match")
             ),
         ),
         Answer::Unavailable { .. } if n == 1 => (

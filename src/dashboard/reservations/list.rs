@@ -86,8 +86,7 @@ fn live_filter(q: &LiveQuery) -> Result<LiveFilter, DashError> {
         .map_err(|e| DashError::bad_request(e.to_string()))?;
     let within = non_blank(&q.within)
         .map(|w| {
-            w.parse::<i32>()
-                .ok()
+            crate::dashboard::input::whole_number::<i32>(w)
                 .filter(|m| (1..=1440).contains(m))
                 .ok_or_else(|| {
                     DashError::bad_request(
