@@ -108,6 +108,32 @@ LANGUAGE sql IMMUTABLE AS $$
                         THEN format('profile %s to %s', p_old.profile, p_new.profile) END), '') AS changes) c
 $$;
 
+-- R15 with R18: why live hold p_hold found no machine to move to, in words
+-- that follow "; ": the machines of its pool left are kept for other
+-- segments (there is one, but not for this order), or there is none.
+CREATE OR REPLACE FUNCTION healing_refusal_words(p_hold reservations) RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_site     text := p_hold.spec->>'site';
+    v_profile  text := p_hold.spec->>'profile';
+    v_own      text[] := array_remove(ARRAY[p_hold.segment,
+                                            (SELECT o.repairs_segment FROM organizations o
+                                              WHERE o.id = p_hold.org_id)], NULL);
+    v_segments text[];
+BEGIN
+    IF EXISTS (SELECT 1 FROM machine_candidates(p_hold.org_id, v_site, v_profile, p_hold.spec->>'vendor', 1))
+       AND NOT healing_may_take(p_hold) THEN
+        SELECT array_agg(h.segment ORDER BY h.segment) INTO v_segments FROM headroom h
+         WHERE h.org_id = p_hold.org_id AND h.site = v_site AND h.profile = v_profile
+           AND h.machines > 0 AND NOT (h.segment = ANY (v_own));
+        RETURN format('the equivalent machines left in %s are kept for %s %s', v_site,
+                      CASE WHEN cardinality(v_segments) = 1 THEN 'segment' ELSE 'segments' END,
+                      array_to_string(v_segments, ', '));
+    END IF;
+    RETURN format('no equivalent machine in %s', v_site);
+END
+$$;
+
 -- AFTER UPDATE OF status, site, vendor, profile ON machines, for a machine
 -- that left `ready` or whose hardware changed.
 CREATE OR REPLACE FUNCTION machines_heal_holds() RETURNS trigger
@@ -139,7 +165,7 @@ BEGIN
         RETURN NULL;
     END IF;
     -- R13: no equivalent machine; the order stays whole by ending whole.
-    v_words := format('machine %s %s; no equivalent machine in %s', NEW.asset_tag, v_went, v_hold.spec->>'site');
+    v_words := format('machine %s %s; %s', NEW.asset_tag, v_went, healing_refusal_words(v_hold));
     FOR v_member IN SELECT * FROM reservations r
                      WHERE r.org_id = v_hold.org_id AND r.order_ref = v_hold.order_ref AND r.state = 'held'
                      ORDER BY r.slot

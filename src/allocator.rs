@@ -479,7 +479,7 @@ pub enum ReserveOutcome {
         alternatives: Vec<Alternative>,
     },
     /// R19: the customer already holds `holds` machines of a cap of `limit`.
-    CustomerLimit { limit: i64, holds: i64 },
+    CustomerLimit { limit: i64, holds: i64, org_id: i64 },
 }
 
 /// R17: another site whose pool could fill the same order now.
@@ -499,6 +499,17 @@ impl ReserveOutcome {
             ReserveOutcome::Unavailable { .. } => "unavailable",
             ReserveOutcome::Reserved { .. } => "reserved",
             ReserveOutcome::CustomerLimit { .. } => "customer_limit",
+        }
+    }
+
+    /// The organization of a refusal (the caller's, read with its token).
+    pub fn refused_org(&self) -> Option<i64> {
+        match self {
+            ReserveOutcome::Contended { org_id, .. }
+            | ReserveOutcome::Unavailable { org_id, .. }
+            | ReserveOutcome::Reserved { org_id, .. }
+            | ReserveOutcome::CustomerLimit { org_id, .. } => Some(*org_id),
+            ReserveOutcome::Created { .. } | ReserveOutcome::Existing { .. } => None,
         }
     }
 
@@ -744,6 +755,7 @@ impl ReserveRow {
             "customer_limit" => ReserveOutcome::CustomerLimit {
                 limit: number("limit"),
                 holds: number("holds"),
+                org_id,
             },
             _ => match Self::walked(rows)? {
                 Walked::Created(order) => {

@@ -111,10 +111,14 @@ impl Snapshot {
 /// page. Only a question not asked for a whole `ttl` is read in the request.
 pub struct Cache {
     ttl: Duration,
-    entries: Arc<Mutex<HashMap<Key, Entry>>>,
+    entries: Arc<Mutex<Entries>>,
 }
 
 type Key = (i64, Filter);
+
+/// Per organization, its questions: one tenant's many questions never
+/// push out another's.
+type Entries = HashMap<i64, HashMap<Filter, Entry>>;
 
 struct Entry {
     /// When the read of `snap` began: its age is counted from there.
@@ -124,9 +128,11 @@ struct Entry {
     refreshing: bool,
 }
 
-/// Past this many questions the cache forgets the stale ones, then all: a
-/// bound, whatever the filters clients make up.
-const CACHE_ENTRIES: usize = 4096;
+/// Past this many questions of one organization, the cache forgets that
+/// organization's oldest: a bound, whatever the filters clients make up,
+/// that one tenant reaches only at its own expense. Organizations are made
+/// by the operator, so the whole is bounded too.
+pub const CACHE_ENTRIES_PER_ORG: usize = 1024;
 
 impl Cache {
     pub fn new(ttl: Duration) -> Cache {
@@ -154,7 +160,10 @@ impl Cache {
             return read(db, org_id, f).await;
         }
         let key = (org_id, f.clone());
-        if let Some(entry) = lock(&self.entries).get_mut(&key) {
+        if let Some(entry) = lock(&self.entries)
+            .get_mut(&org_id)
+            .and_then(|org| org.get_mut(f))
+        {
             let age = now.saturating_duration_since(entry.at);
             if age < self.ttl {
                 if age >= self.ttl / 2 && !entry.refreshing {
@@ -165,7 +174,7 @@ impl Cache {
             }
         }
         let snap = read(db, org_id, f).await?;
-        keep(&self.entries, self.ttl, key, now, snap.clone());
+        keep(&self.entries, key, now, snap.clone());
         Ok(snap)
     }
 
@@ -173,13 +182,15 @@ impl Cache {
     /// snapshot to age out (then a request reads it, and says why not).
     fn refresh_behind(&self, db: Db, key: Key, now: Instant) {
         let entries = self.entries.clone();
-        let ttl = self.ttl;
         tokio::spawn(async move {
             match read(&db, key.0, &key.1).await {
-                Ok(snap) => keep(&entries, ttl, key, now, snap),
+                Ok(snap) => keep(&entries, key, now, snap),
                 Err(e) => {
                     tracing::warn!(error = %e, "capacity: reading a snapshot ahead failed");
-                    if let Some(entry) = lock(&entries).get_mut(&key) {
+                    if let Some(entry) = lock(&entries)
+                        .get_mut(&key.0)
+                        .and_then(|org| org.get_mut(&key.1))
+                    {
                         entry.refreshing = false;
                     }
                 }
@@ -188,26 +199,23 @@ impl Cache {
     }
 }
 
-/// Stores `snap`, read from `at`, unless a newer read is already there.
-fn keep(
-    entries: &Mutex<HashMap<Key, Entry>>,
-    ttl: Duration,
-    key: Key,
-    at: Instant,
-    snap: Snapshot,
-) {
+/// Stores `snap`, read from `at`, unless a newer read is already there;
+/// an organization at its bound forgets its oldest question first.
+fn keep(entries: &Mutex<Entries>, key: Key, at: Instant, snap: Snapshot) {
     let mut entries = lock(entries);
-    if entries.get(&key).is_some_and(|e| e.at > at) {
+    let (org_id, filter) = key;
+    let org = entries.entry(org_id).or_default();
+    if org.get(&filter).is_some_and(|e| e.at > at) {
         return;
     }
-    if entries.len() >= CACHE_ENTRIES {
-        entries.retain(|_, e| at.saturating_duration_since(e.at) < ttl);
-        if entries.len() >= CACHE_ENTRIES {
-            entries.clear();
+    if !org.contains_key(&filter) && org.len() >= CACHE_ENTRIES_PER_ORG {
+        let oldest = org.iter().min_by_key(|(_, e)| e.at).map(|(f, _)| f.clone());
+        if let Some(oldest) = oldest {
+            org.remove(&oldest);
         }
     }
-    entries.insert(
-        key,
+    org.insert(
+        filter,
         Entry {
             at,
             snap,
@@ -216,9 +224,16 @@ fn keep(
     );
 }
 
+impl Cache {
+    /// How many questions of `org_id` the cache keeps (the tests' view).
+    pub fn entries_of(&self, org_id: i64) -> usize {
+        lock(&self.entries).get(&org_id).map_or(0, HashMap::len)
+    }
+}
+
 /// A poisoned lock only means another request panicked while holding it;
 /// the map is still a valid cache.
-fn lock(entries: &Mutex<HashMap<Key, Entry>>) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+fn lock(entries: &Mutex<Entries>) -> std::sync::MutexGuard<'_, Entries> {
     entries
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -258,10 +273,34 @@ pub enum Change {
     Removed,
     /// The pool already kept exactly that: nothing written (a retry).
     Unchanged,
+    /// No machine of the organization is of that site and profile: nothing
+    /// written. Headroom for a pool that does not exist would keep nothing
+    /// and only add a metric series per invented segment.
+    NoSuchPool,
+}
+
+fn machine_s(n: i32) -> &'static str {
+    if n == 1 { "machine" } else { "machines" }
+}
+
+impl Change {
+    /// The audit log's name of a change that wrote something, the same
+    /// for the API and the dashboard.
+    /// With its detail: what the pool keeps now.
+    pub fn audit(self, machines: i32, segment: &Segment) -> Option<(&'static str, String)> {
+        match self {
+            Change::Set => Some((
+                "headroom.set",
+                format!("{machines} {} kept for {segment}", machine_s(machines)),
+            )),
+            Change::Removed => Some(("headroom.removed", format!("nothing kept for {segment}"))),
+            Change::Unchanged | Change::NoSuchPool => None,
+        }
+    }
 }
 
 /// R18: keeps `machines` of pool (site, profile) for `segment` (0 removes
-/// the row). Takes the pool's turn first (sql/capacity.sql), so that a
+/// the row; a pool with no machine keeps nothing: `Change::NoSuchPool`). Takes the pool's turn first (sql/capacity.sql), so that a
 /// change of headroom and the reserves into the pool decide one after the
 /// other, never on a count read before the other committed. Runs on the
 /// caller's transaction (its audit row commits with it).
@@ -306,6 +345,25 @@ pub async fn set(
             Change::Unchanged
         };
         return Ok((row, change));
+    }
+    let exists: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM machines WHERE org_id = $1 AND site = $2 AND profile = $3)",
+    )
+    .bind(org_id)
+    .bind(site.as_str())
+    .bind(profile.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    if !exists {
+        let row = Headroom {
+            site: site.to_string(),
+            profile: profile.to_string(),
+            segment: segment.to_string(),
+            machines: 0,
+            updated_at: None,
+            updated_by: None,
+        };
+        return Ok((row, Change::NoSuchPool));
     }
     // Under the pool's turn nobody else writes this row, so the read and
     // the write below see the same one.

@@ -69,13 +69,16 @@ pub async fn count_refusal(
         ReserveOutcome::CustomerLimit { .. } => RefusalReason::CustomerLimit,
         ReserveOutcome::Created { .. } | ReserveOutcome::Existing { .. } => return,
     };
-    let (site, profile) = metrics
+    let Some(org_id) = outcome.refused_org() else {
+        return;
+    };
+    let (org, site, profile) = metrics
         .refusal_labels
-        .labels(pool, spec.site.as_str(), spec.profile.as_str())
+        .labels(pool, org_id, spec.site.as_str(), spec.profile.as_str())
         .await;
     metrics
         .reservations_refused
-        .with_label_values(&[reason.as_str(), site.as_str(), profile.as_str()])
+        .with_label_values(&[reason.as_str(), &org, &site, &profile])
         .inc();
 }
 

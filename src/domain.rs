@@ -12,6 +12,12 @@ pub struct ParseError {
     pub problem: String,
 }
 
+/// "1 machine", "2 machines": a count with its noun, for words people read.
+pub fn count_of(n: impl Into<i64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn parse_error(what: &'static str, problem: impl Into<String>) -> ParseError {
     ParseError {
         what,
@@ -56,7 +62,11 @@ macro_rules! label {
 
         impl $name {
             pub fn parse(s: &str) -> Result<Self, ParseError> {
-                parse_label($what, s, $max).and_then($check).map($name)
+                // The type's own check first: its message says what the type
+                // allows, narrower than the generic label's.
+                $check(s.to_owned())
+                    .and_then(|s| parse_label($what, &s, $max))
+                    .map($name)
             }
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -129,6 +139,9 @@ label!(
 );
 
 fn segment_format(s: String) -> Result<String, ParseError> {
+    if s.is_empty() {
+        return Err(parse_error("segment", "must not be empty"));
+    }
     let mut chars = s.chars();
     let first_ok = chars
         .next()
@@ -316,6 +329,30 @@ impl Email {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_count_of_one_is_singular() {
+        assert_eq!(count_of(1, "machine", "machines"), "1 machine");
+        assert_eq!(count_of(0, "machine", "machines"), "0 machines");
+        assert_eq!(
+            count_of(2_i32, "machine matches", "machines match"),
+            "2 machines match"
+        );
+    }
+
+    #[test]
+    fn a_segment_refused_says_what_segments_allow() {
+        for bad in ["a b", "A.b", "x.y", "Enterprise"] {
+            let e = Segment::parse(bad).expect_err(bad);
+            assert!(e.problem.contains("lower-case"), "{bad}: {e}");
+            assert!(!e.problem.contains("'.'"), "{bad}: {e}");
+        }
+        assert_eq!(
+            Segment::parse("").expect_err("empty").problem,
+            "must not be empty"
+        );
+        assert!(Segment::parse("enterprise-eu_2").is_ok());
+    }
     use super::*;
 
     #[test]

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::db::Db;
-use crate::domain::Site;
+use crate::domain::{CustomerRef, Site};
 use crate::reservations::Reservation;
 
 /// A position in the deadline order: (expires_at, id), unique; encoded in
@@ -37,6 +37,8 @@ impl Cursor {
 pub struct LiveFilter {
     pub site: Option<Site>,
     pub within: Option<i32>,
+    /// R19: one end customer's holds.
+    pub customer: Option<CustomerRef>,
 }
 
 /// One held reservation of the live list.
@@ -107,12 +109,13 @@ pub async fn held_page(
         .bind(cursor.map(|c| c.expires_at))
         .bind(cursor.map_or(0, |c| c.id))
         .bind(limit)
+        .bind(f.customer.as_ref().map(CustomerRef::as_str))
         .fetch_all(pool)
         .await
 }
 
 /// `held_page`'s statement: `$1` org, `$2` site, `$3` within minutes,
-/// `$4`, `$5` the cursor (deadline, id), `$6` the limit.
+/// `$4`, `$5` the cursor (deadline, id), `$6` the limit, `$7` the customer.
 pub fn held_page_sql(backwards: bool) -> String {
     format!(
         "SELECT p.id, p.order_ref, m.asset_tag, m.site, p.fence, p.expires_at,
@@ -125,6 +128,7 @@ pub fn held_page_sql(backwards: bool) -> String {
                     AND ($2::text IS NULL
                          OR (SELECT m.site FROM machines m WHERE m.id = r.machine_id) = $2::text)
                     AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))
+                    AND ($7::text IS NULL OR r.customer_ref = $7::text)
                     AND ($4::timestamptz IS NULL OR (r.expires_at {cmp}= $4 AND (r.expires_at, r.id) {cmp} ($4, $5)))
                   ORDER BY r.expires_at {dir}, r.id {dir}
                   LIMIT $6) p
@@ -155,11 +159,13 @@ pub async fn count_held(
            FROM reservations r
           WHERE r.org_id = $1 AND r.state = 'held' AND r.expires_at IS NOT NULL
             AND ($2::text IS NULL OR (SELECT m.site FROM machines m WHERE m.id = r.machine_id) = $2::text)
-            AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))",
+            AND ($3::int IS NULL OR r.expires_at <= clock_timestamp() + make_interval(mins => $3::int))
+            AND ($4::text IS NULL OR r.customer_ref = $4::text)",
     )
     .bind(org_id)
     .bind(f.site.as_ref().map(Site::as_str))
     .bind(f.within)
+    .bind(f.customer.as_ref().map(CustomerRef::as_str))
     .fetch_one(pool)
     .await
 }
@@ -243,4 +249,24 @@ mod tests {
         assert_eq!(Cursor::parse("12_x"), None);
         assert_eq!(Cursor::parse("nonsense"), None);
     }
+}
+
+/// R19 as support reads it: the live holds of one end customer (a hold
+/// past its deadline no longer counts, as for the cap) and the
+/// organization's cap on them (0: none), on the customer's index.
+pub async fn customer_against_cap(
+    pool: &Db,
+    org_id: i64,
+    customer: &CustomerRef,
+) -> Result<(i64, i32), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM reservations r
+                  WHERE r.org_id = $1 AND r.state = 'held' AND r.customer_ref = $2
+                    AND r.expires_at > clock_timestamp()),
+                (SELECT o.customer_hold_limit FROM organizations o WHERE o.id = $1)",
+    )
+    .bind(org_id)
+    .bind(customer.as_str())
+    .fetch_one(pool)
+    .await
 }

@@ -114,28 +114,10 @@ async fn metrics(
 #[derive(Clone, Copy)]
 pub struct MetricsListener;
 
-/// The statement counting machines by site, profile and pool state for
-/// `/metrics` (the inventory's one classification, as the overview).
-pub fn machines_sql() -> crate::metrics::MachinesSql {
-    crate::metrics::MachinesSql {
-        sql: format!(
-            "SELECT m.site, m.profile, {state} AS state, count(*)
-               FROM machines m {joins}
-              GROUP BY 1, 2, 3",
-            state = crate::inventory::pool_state_sql(),
-            joins = crate::inventory::POOL_STATE_JOINS,
-        ),
-        states: crate::inventory::PoolState::ALL
-            .iter()
-            .map(|s| s.as_str())
-            .collect(),
-    }
-}
-
 pub async fn metrics_text(metrics: &Metrics, pool: &Db) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
-        .body(metrics.scrape(pool, &machines_sql()).await)
+        .body(metrics.scrape(pool).await)
 }
 
 /// The OpenAPI document of the JSON API, kept beside the handlers it

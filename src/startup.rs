@@ -77,6 +77,8 @@ impl Application {
                         .app_data(web::Data::new(crate::ops::MetricsListener))
                         .app_data(metrics.clone())
                         .app_data(pool.clone())
+                        // HEAD as on the main listener: a probe's HEAD is a GET.
+                        .wrap(actix_web::middleware::from_fn(crate::head::head_as_get))
                         .route(
                             "/metrics",
                             web::get().to(|m: web::Data<Metrics>, p: web::Data<Db>| async move {

@@ -120,7 +120,7 @@ pub async fn expire_batch<'c>(
              UPDATE reservations r
                 SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'sweep',
                     end_reason = 'hold deadline ' || to_char(r.expires_at AT TIME ZONE 'UTC',
-                                 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') || ' passed'
+                                 'YYYY-MM-DD HH24:MI:SS') || ' UTC passed'
                FROM slots
               WHERE r.id = slots.id AND r.state = 'held'
              RETURNING r.id, r.end_reason
@@ -283,7 +283,7 @@ pub async fn warn_batch<'c>(
                     (reservation_id, kind, from_state, to_state, actor, detail, replica, lease_fence)
              SELECT w.id, 'expiring', 'held', 'held', 'sweep',
                     'hold deadline ' || to_char(w.expires_at AT TIME ZONE 'UTC',
-                                 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
+                                 'YYYY-MM-DD HH24:MI:SS') || ' UTC'
                     || ' in ' || ceil(extract(epoch FROM w.expires_at - clock_timestamp()))::bigint || ' s',
                     $2, l.fence
                FROM warned w CROSS JOIN lease l

@@ -161,7 +161,7 @@ async fn put_headroom(
         .ok_or_else(|| invalid(format!("machines: must be between 0 and {MAX_HEADROOM}")))?;
     let actor = format!("token:{}", client.token_name);
     let source = crate::dashboard::session::source_addr(&req);
-    let row = write(&pool, Shape::Transaction, async |tx| {
+    let (row, change) = write(&pool, Shape::Transaction, async |tx| {
         let (row, change) = capacity::set(
             tx,
             client.org_id,
@@ -172,10 +172,8 @@ async fn put_headroom(
             &client.token_name,
         )
         .await?;
-        let action = match change {
-            Change::Set => "headroom.set",
-            Change::Removed => "headroom.removed",
-            Change::Unchanged => return Ok(row),
+        let Some((action, detail)) = change.audit(machines, &body.segment) else {
+            return Ok((row, change));
         };
         crate::audit::record(
             tx,
@@ -185,13 +183,24 @@ async fn put_headroom(
                 action,
                 object: &format!("pool:{}/{}", body.site, body.profile),
                 source_addr: &source,
-                detail: Some(&format!("{} machines for {}", machines, body.segment)),
+                detail: Some(&detail),
             },
         )
         .await?;
-        Ok(row)
+        Ok((row, change))
     })
     .await?;
+    if change == Change::NoSuchPool {
+        // 422, not 400: the request is well formed (the contract's 400 is a
+        // malformed request); the pool it names has no machine.
+        return Err(ApiError::Unprocessable {
+            code: "unknown_pool",
+            message: format!(
+                "no machine of this organization is at site {} with profile {}: headroom is kept only for a pool that has machines",
+                body.site, body.profile
+            ),
+        });
+    }
     Ok(HttpResponse::Ok().json(row))
 }
 

@@ -13,7 +13,9 @@ use tracing::Instrument;
 use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
 use crate::api::caller::{ApiClient, BearerToken};
 use crate::api::json;
-use crate::domain::{CustomerRef, OrderRef, Profile, Scope, Segment, ServiceRef, Site, Vendor};
+use crate::domain::{
+    CustomerRef, OrderRef, Profile, Scope, Segment, ServiceRef, Site, Vendor, count_of,
+};
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
 use crate::reservations::{
@@ -73,7 +75,18 @@ pub struct ReserveBody {
 /// Bodies and path ids are parsed in the handler, after the module check,
 /// so that with the module off every request is refused the same way (R12);
 /// anything malformed is `400 invalid` and writes nothing.
+/// Every body is a JSON object: serde would also fill a struct from an
+/// array of its fields by position, which the published contract (objects,
+/// no additional properties) does not allow.
 pub(crate) fn json_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    match bytes
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+    {
+        Some(b'{') => {}
+        Some(_) => return Err(invalid("invalid JSON body: the body must be a JSON object")),
+        None => return Err(invalid("invalid JSON body: the body is empty")),
+    }
     serde_json::from_slice(bytes).map_err(|e| invalid(format!("invalid JSON body: {e}")))
 }
 
@@ -297,7 +310,8 @@ async fn reserve(
                     .to_owned()
             } else {
                 format!(
-                    "{candidates} machines match this order of {quantity} but faster orders are taking them; retry in a moment"
+                    "{} this order of {quantity} but faster orders are taking them; retry in a moment",
+                    count_of(candidates, "machine matches", "machines match")
                 )
             },
         )
@@ -333,8 +347,9 @@ async fn reserve(
         } => Err(conflict(
             "reserved",
             format!(
-                "{candidates} machines match this order of {quantity}, but the sellable machines left \
+                "{} this order of {quantity}, but the sellable machines left \
                  are kept for {}; nothing more can be sold to orders outside those segments",
+                count_of(candidates, "machine matches", "machines match"),
                 kept.keys().cloned().collect::<Vec<_>>().join(", ")
             ),
         )
@@ -342,11 +357,12 @@ async fn reserve(
         .with("candidates", json!(candidates))
         .with("quantity", json!(quantity))
         .with("alternatives", json!(alternatives))),
-        ReserveOutcome::CustomerLimit { limit, holds } => Err(conflict(
+        ReserveOutcome::CustomerLimit { limit, holds, .. } => Err(conflict(
             "customer_limit",
             format!(
-                "this customer holds {holds} machines and the organization caps one customer's live \
-                 holds at {limit}; an order of {quantity} more is refused"
+                "this customer holds {} and the organization caps one customer's live \
+                 holds at {limit}; an order of {quantity} more is refused",
+                count_of(holds, "machine", "machines")
             ),
         )
         .with("limit", json!(limit))

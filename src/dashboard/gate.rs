@@ -33,13 +33,19 @@ pub enum Access {
     Admin,
     /// The organization's settings: admin only.
     Settings,
+    /// R12: a setting of the datacenter module (headroom, as
+    /// `PUT /api/v1/headroom`): admin only, and refused while a switch is off.
+    DatacenterSettings,
 }
 
 impl Access {
     /// The route belongs to the datacenter module (R12): refused while
     /// either switch is off.
     pub const fn datacenter_module(self) -> bool {
-        matches!(self, Access::Datacenter | Access::DatacenterActor)
+        matches!(
+            self,
+            Access::Datacenter | Access::DatacenterActor | Access::DatacenterSettings
+        )
     }
 
     /// The route needs a session.
@@ -55,12 +61,14 @@ impl Access {
             Access::DatacenterActor => Err(DashError::forbidden(
                 "Your role (viewer) can look but not act; ask a support or admin user.",
             )),
-            Access::Admin | Access::Settings if staff.is_admin() => Ok(()),
+            Access::Admin | Access::Settings | Access::DatacenterSettings if staff.is_admin() => {
+                Ok(())
+            }
             Access::Admin => Err(DashError::forbidden(format!(
                 "Your role ({}) cannot see or change this; only an admin can.",
                 staff.role.as_str()
             ))),
-            Access::Settings => Err(DashError::forbidden(
+            Access::Settings | Access::DatacenterSettings => Err(DashError::forbidden(
                 "Only an admin can change the organization's settings.",
             )),
         }

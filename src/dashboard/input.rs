@@ -97,6 +97,16 @@ fn describe(ch: char) -> String {
 }
 
 /// The longest value `field` may carry.
+/// A whole number as a person types it in a number field: digits only.
+/// `str::parse` also takes a sign (`+5`), which no number field offers, so
+/// that one value has one spelling in forms, links and the audit log.
+pub fn whole_number<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 pub fn max_chars(field: &str) -> usize {
     FIELD_MAX
         .iter()

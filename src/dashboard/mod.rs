@@ -91,7 +91,7 @@ routes! {
     "/demand.csv" => Staff [get => demand::export],
     "/settings" => Settings [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => Settings [post => org_settings::save_webhook],
-    "/settings/headroom" => Settings [post => org_settings::save_headroom],
+    "/settings/headroom" => DatacenterSettings [post => org_settings::save_headroom],
     "/audit" => Admin [get => admin::audit_log],
     "/users" => Admin [get => admin::users, post => admin::add_user],
     "/users/{id}/disable" => Admin [post => admin::disable_user],

@@ -12,7 +12,8 @@ use serde::Deserialize;
 
 use super::error::{DashError, Written, commit};
 use super::session::{Staff, audit_on};
-use super::view::{Chrome, fmt_opt_time, fmt_time, html_response, see_other};
+use super::view::{Chrome, Select, fmt_opt_time, fmt_time, html_response, see_other};
+use crate::capacity::Change;
 use crate::domain::{Profile, Segment, Site};
 use crate::settings::Settings;
 use crate::webhooks;
@@ -30,6 +31,8 @@ struct SettingsPage {
     repairs_segment: String,
     /// R18: the headroom kept, per pool and segment.
     headroom: Vec<HeadroomRow>,
+    /// The headroom form's site and profile: the organization's own values.
+    headroom_pool: Vec<Select>,
     deployment_on: bool,
     webhook: Option<WebhookView>,
     /// What the URL field shows (the refused URL after an error).
@@ -115,7 +118,19 @@ async fn settings_page(
     .bind(staff.org_id)
     .fetch_all(pool)
     .await?;
+    let facets = crate::inventory::facets(pool, staff.org_id).await?;
     let body = SettingsPage {
+        headroom_pool: vec![
+            Select::of("headroom-site", "site", "Site", &facets.sites, None).required(),
+            Select::of(
+                "headroom-profile",
+                "profile",
+                "Profile",
+                &facets.profiles,
+                None,
+            )
+            .required(),
+        ],
         chrome: Chrome::new(req, staff, "Settings", "settings"),
         org_enabled: staff.datacenter_enabled,
         expiry_warning_seconds,
@@ -199,8 +214,7 @@ impl SettingsChange {
         let warning = match form.expiry_warning_seconds.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(text) => Some(
-                text.parse::<i32>()
-                    .ok()
+                super::input::whole_number::<i32>(text)
                     .filter(|s| (0..=3600).contains(s))
                     .ok_or_else(|| {
                         DashError::bad_request(
@@ -213,8 +227,7 @@ impl SettingsChange {
         let hold_limit = match form.customer_hold_limit.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(text) => Some(
-                text.parse::<i32>()
-                    .ok()
+                super::input::whole_number::<i32>(text)
                     .filter(|n| (0..=MAX_CUSTOMER_HOLD_LIMIT).contains(n))
                     .ok_or_else(|| {
                         DashError::bad_request(format!(
@@ -541,11 +554,7 @@ pub(crate) async fn save_headroom(
     let site = Site::parse(form.site.trim()).map_err(|e| bad(e.to_string()))?;
     let profile = Profile::parse(form.profile.trim()).map_err(|e| bad(e.to_string()))?;
     let segment = Segment::parse(form.segment.trim()).map_err(|e| bad(e.to_string()))?;
-    let machines = form
-        .machines
-        .trim()
-        .parse::<i32>()
-        .ok()
+    let machines = super::input::whole_number::<i32>(form.machines.trim())
         .filter(|n| (0..=MAX_HEADROOM).contains(n))
         .ok_or_else(|| {
             bad(format!(
@@ -553,50 +562,32 @@ pub(crate) async fn save_headroom(
             ))
         })?;
     let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pool_turn($1, $2, $3)")
-        .bind(staff.org_id)
-        .bind(site.as_str())
-        .bind(profile.as_str())
-        .execute(&mut *tx)
-        .await?;
-    let changed = if machines == 0 {
-        sqlx::query(
-            "DELETE FROM headroom WHERE org_id = $1 AND site = $2 AND profile = $3 AND segment = $4",
-        )
-        .bind(staff.org_id)
-        .bind(site.as_str())
-        .bind(profile.as_str())
-        .bind(segment.as_str())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-    } else {
-        sqlx::query(
-            "INSERT INTO headroom (org_id, site, profile, segment, machines, updated_by)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (org_id, site, profile, segment) DO UPDATE
-                SET machines = EXCLUDED.machines, updated_by = EXCLUDED.updated_by,
-                    updated_at = clock_timestamp()
-              WHERE headroom.machines IS DISTINCT FROM EXCLUDED.machines",
-        )
-        .bind(staff.org_id)
-        .bind(site.as_str())
-        .bind(profile.as_str())
-        .bind(segment.as_str())
-        .bind(machines)
-        .bind(&staff.email)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected()
-    };
-    if changed > 0 {
+    // The API's path (the pool's turn first, then the row): one rule for
+    // both, and one audit name for each change.
+    let (_, change) = crate::capacity::set(
+        &mut tx,
+        staff.org_id,
+        &site,
+        &profile,
+        &segment,
+        machines,
+        &staff.email,
+    )
+    .await?;
+    if change == Change::NoSuchPool {
+        return Err(bad(format!(
+            "No machine of {} is at site {site} with profile {profile}: headroom is kept only for a pool that has machines",
+            staff.org_name
+        )));
+    }
+    if let Some((action, detail)) = change.audit(machines, &segment) {
         audit_on(
             &mut tx,
             &req,
             &staff,
-            "headroom.set",
+            action,
             &format!("pool:{site}/{profile}"),
-            Some(&format!("{machines} machines kept for {segment}")),
+            Some(&detail),
         )
         .await?;
     }

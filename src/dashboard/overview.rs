@@ -266,8 +266,8 @@ fn site_view(
     }
     SiteView {
         summary: format!(
-            "{site}: {} machines, {} sellable now, {} held, {} sold, {} not ready",
-            total.total(),
+            "{site}: {}, {} sellable now, {} held, {} sold, {} not ready",
+            crate::domain::count_of(total.total(), "machine", "machines"),
             total.sellable,
             total.held,
             total.sold,

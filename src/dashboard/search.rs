@@ -1,5 +1,6 @@
 //! `/search?q=`: by order ref, asset tag or reservation id, over every state
-//! and all time. One exact hit redirects to its page.
+//! and all time, and an end customer with live holds (a link to them). One
+//! exact hit (and no customer) redirects to its page.
 
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -47,6 +48,8 @@ pub struct ResHitView {
 struct SearchPage {
     chrome: Chrome,
     q: String,
+    /// R19: the text is an end customer with live holds: how many.
+    customer: Option<i64>,
     reservations: Vec<ResHitView>,
     machines: Vec<(String, String, String)>,
 }
@@ -63,7 +66,14 @@ pub(crate) async fn search(
     let q = q.q.trim().to_owned();
     let mut reservations = Vec::new();
     let mut machines = Vec::new();
+    let mut customer = None;
     if !q.is_empty() {
+        // An end customer by its exact reference, on the index of live
+        // holds by customer: support finds a customer's holds from here.
+        if let Ok(c) = crate::domain::CustomerRef::parse(&q) {
+            let (live, _) = crate::holds::customer_against_cap(&pool, staff.org_id, &c).await?;
+            customer = (live > 0).then_some(live);
+        }
         let id: Option<i64> = q.trim_start_matches('#').parse().ok();
         // Exact matches first (id, order ref), then order refs that start
         // with the text; every state, all time, this organization only.
@@ -100,13 +110,18 @@ pub(crate) async fn search(
         let exact_res: Vec<&ResHit> = reservations.iter().filter(|r| r.exact).collect();
         let exact_machines: Vec<&MachineHit> = machines.iter().filter(|m| m.exact).collect();
         match (exact_res.as_slice(), exact_machines.as_slice()) {
-            ([r], []) => return Ok(see_other(&format!("/reservations/{}", r.id))),
-            ([], [m]) => return Ok(see_other(&format!("/machines/{}", m.asset_tag))),
+            ([r], []) if customer.is_none() => {
+                return Ok(see_other(&format!("/reservations/{}", r.id)));
+            }
+            ([], [m]) if customer.is_none() => {
+                return Ok(see_other(&format!("/machines/{}", m.asset_tag)));
+            }
             _ => {}
         }
     }
     page(&SearchPage {
         chrome: Chrome::new(&req, &staff, "Search", "search"),
+        customer,
         q,
         reservations: reservations
             .into_iter()

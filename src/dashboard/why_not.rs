@@ -208,9 +208,7 @@ fn key_of(v: &Verdict) -> &'static str {
 fn parse_quantity(text: &Option<String>) -> Result<Quantity, DashError> {
     match non_blank(text) {
         None => Ok(Quantity::ONE),
-        Some(text) => text
-            .parse::<i64>()
-            .ok()
+        Some(text) => super::input::whole_number::<i64>(text)
             .and_then(|n| Quantity::new(n).ok())
             .ok_or_else(|| {
                 DashError::bad_request(format!(
@@ -380,7 +378,8 @@ fn answer_words(answer: Answer, n: u8) -> (&'static str, String) {
         Answer::Contended => (
             "contended",
             format!(
-                "Contended: retry. {n} machines match, but fewer are free of other orders' locks right now."
+                "Contended: retry. {}, but fewer are free of other orders' locks right now.",
+                crate::domain::count_of(n, "machine matches", "machines match")
             ),
         ),
         Answer::Unavailable { .. } if n == 1 => (

@@ -71,9 +71,9 @@ impl Metrics {
         let reservations_refused = IntCounterVec::new(
             Opts::new(
                 "poolkeeper_reservations_refused_total",
-                "Reserves refused as unavailable (buy hardware) or contended (retry), by site and profile of the inventory (other: not in it)",
+                "Reserves refused (unavailable: buy hardware; contended: retry; reserved: kept for a segment; customer_limit), by organization and by site and profile of its inventory (other: not in it)",
             ),
-            &["reason", "site", "profile"],
+            &["reason", "org", "site", "profile"],
         )
         .expect("static metric definition");
         let counter =
@@ -166,8 +166,8 @@ impl Metrics {
 
     /// Refreshes what is read at scrape time (the database's numbers, at
     /// most once per `DB_STATE_MAX_AGE`; the process's), then renders.
-    pub async fn scrape(&self, pool: &Db, machines: &MachinesSql) -> String {
-        self.db_state.refresh(pool, machines).await;
+    pub async fn scrape(&self, pool: &Db) -> String {
+        self.db_state.refresh(pool).await;
         self.process.refresh();
         self.render()
     }

@@ -2,7 +2,7 @@
 //! the leases), read at scrape time by one replica for all of them and
 //! shared through `metrics_snapshot`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use prometheus::{Gauge, IntCounter, IntGauge, IntGaugeVec, Opts};
@@ -24,6 +24,10 @@ pub const SNAPSHOT_LOCK_KEY: i64 = 0x706b_6d65_7472;
 /// same ages from them whenever it reads the row.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Snapshot {
+    /// What a replica of an older release reads for its per-site gauges:
+    /// written empty, so that such a replica still parses the row during a
+    /// rolling upgrade (and reports no pool gauges until it is replaced).
+    #[serde(default)]
     machines: Vec<(String, String, String, i64)>,
     holds_soon: i64,
     holds_overdue: i64,
@@ -31,29 +35,44 @@ struct Snapshot {
     oldest_pending_at: Option<f64>,
     sweep_finished_at: Option<f64>,
     leases: Vec<(String, i64)>,
-    /// R18: machines kept per (site, profile, segment), every organization's.
-    /// Defaults: a snapshot written by a replica without them reads empty.
+    /// R17: each organization's pools as `capacity_pools` counts them, in
+    /// one statement. Defaults: an older replica's snapshot reads empty.
     #[serde(default)]
-    headroom: Vec<(String, String, String, i64)>,
-    /// R17: per (site, profile), what an order without a segment could take.
+    pools: Vec<PoolRow>,
+    /// R18: machines kept per (organization, site, profile, segment).
     #[serde(default)]
-    available: Vec<(String, String, i64)>,
+    kept: Vec<(String, String, String, String, i64)>,
 }
 
-/// At most this many (site, profile) pairs get their own labels; the rest
-/// are summed under `other`, as refusal labels are bounded.
+/// One pool of one organization (by its slug), as R17 counts it.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, sqlx::FromRow)]
+struct PoolRow {
+    org: String,
+    site: String,
+    profile: String,
+    sellable: i64,
+    held: i64,
+    sold: i64,
+    not_ready: i64,
+    available: i64,
+}
+
+/// At most this many pools (organization, site, profile) get their own
+/// labels; the rest of each organization's are summed under site and
+/// profile `other`, as refusal labels are bounded. Organizations are made
+/// by the operator only, so the `org` label is bounded by them.
 pub const MAX_POOL_PAIRS: usize = 200;
+
+/// At most this many (pool, segment) headroom series; the rest are summed
+/// under segment `other` of their pool.
+pub const MAX_HEADROOM_SERIES: usize = 200;
+
+/// The pool states of `poolkeeper_machines`, each shown for every pool (0
+/// included), so that a pool that sold out still has its `sellable` series.
+pub const POOL_STATES: [&str; 4] = ["sellable", "held", "sold", "not_ready"];
 
 /// Holds expiring within this are "expiring soon".
 pub const EXPIRING_SOON: Duration = Duration::from_secs(120);
-
-/// The statement counting machines by (site, profile, pool state), and
-/// every pool state (each pair shows all of them, 0 included). Given by
-/// the caller: the pool states are the inventory's rule, above this module.
-pub struct MachinesSql {
-    pub sql: String,
-    pub states: Vec<&'static str>,
-}
 
 /// Series read from the database (any replica reports the same numbers).
 #[derive(Clone)]
@@ -84,25 +103,25 @@ impl DbState {
             machines: IntGaugeVec::new(
                 Opts::new(
                     "poolkeeper_machines",
-                    "Machines by site, profile and pool state (sellable, held, sold, not_ready), as the overview counts them; every organization's",
+                    "Machines by organization, site, profile and pool state (sellable, held, sold, not_ready), as the overview and GET /api/v1/capacity count them (R17)",
                 ),
-                &["site", "profile", "state"],
+                &["org", "site", "profile", "state"],
             )
             .expect("static metric definition"),
             headroom: IntGaugeVec::new(
                 Opts::new(
                     "poolkeeper_pool_headroom",
-                    "Machines of a pool kept for a segment (R18, headroom), by site, profile and segment; every organization's",
+                    "Machines of a pool kept for a segment (R18, headroom), by organization, site, profile and segment",
                 ),
-                &["site", "profile", "segment"],
+                &["org", "site", "profile", "segment"],
             )
             .expect("static metric definition"),
             available: IntGaugeVec::new(
                 Opts::new(
                     "poolkeeper_pool_available",
-                    "Machines of a pool an order without a segment could take now: sellable less the headroom kept for segments (R17); every organization's",
+                    "Machines of a pool an order without a segment could take now: sellable less the headroom kept for segments (R17), by organization, site and profile",
                 ),
-                &["site", "profile"],
+                &["org", "site", "profile"],
             )
             .expect("static metric definition"),
             holds_expiring_soon: g(
@@ -179,7 +198,7 @@ impl DbState {
     /// `DB_STATE_MAX_AGE`, or else read by this replica under
     /// `SNAPSHOT_LOCK_KEY` and shared; a replica that finds the lock taken
     /// serves the snapshot there is. One refresh at a time per process.
-    pub async fn refresh(&self, pool: &Db, machines: &MachinesSql) {
+    pub async fn refresh(&self, pool: &Db) {
         let (size, idle, max) = pool.pool_sizes();
         self.pool_connections
             .with_label_values(&["in_use"])
@@ -193,7 +212,7 @@ impl DbState {
         let Ok(_refreshing) = self.refreshing.try_lock() else {
             return;
         };
-        match tokio::time::timeout(Duration::from_secs(5), self.shared(pool, machines)).await {
+        match tokio::time::timeout(Duration::from_secs(5), self.shared(pool)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 self.scrape_errors.inc();
@@ -206,7 +225,7 @@ impl DbState {
         }
     }
 
-    async fn shared(&self, pool: &Db, machines: &MachinesSql) -> Result<(), sqlx::Error> {
+    async fn shared(&self, pool: &Db) -> Result<(), sqlx::Error> {
         const SNAPSHOT: &str = "SELECT body, extract(epoch FROM now() - read_at)::float8,
                                        extract(epoch FROM now())::float8
                                   FROM metrics_snapshot";
@@ -216,7 +235,7 @@ impl DbState {
         if let Some((body, age, now)) = &seen
             && *age < max_age
         {
-            self.apply(&body.0, *now, machines);
+            self.apply(&body.0, *now);
             return Ok(());
         }
         let mut tx = pool.begin().await?;
@@ -228,7 +247,7 @@ impl DbState {
             // Another replica is reading: serve the last snapshot.
             drop(tx);
             if let Some((body, _, now)) = &seen {
-                self.apply(&body.0, *now, machines);
+                self.apply(&body.0, *now);
             }
             return Ok(());
         }
@@ -239,10 +258,10 @@ impl DbState {
             && *age < max_age
         {
             tx.commit().await?;
-            self.apply(&body.0, *now, machines);
+            self.apply(&body.0, *now);
             return Ok(());
         }
-        let snapshot = Self::read(&mut tx, machines).await?;
+        let snapshot = Self::read(&mut tx).await?;
         let now: f64 = sqlx::query_scalar(
             "INSERT INTO metrics_snapshot (id, read_at, body) VALUES (true, now(), $1)
              ON CONFLICT (id) DO UPDATE SET read_at = EXCLUDED.read_at, body = EXCLUDED.body
@@ -253,18 +272,23 @@ impl DbState {
         .await?;
         tx.commit().await?;
         self.reads.inc();
-        self.apply(&snapshot, now, machines);
+        self.apply(&snapshot, now);
         Ok(())
     }
 
-    async fn read(
-        conn: &mut sqlx::PgConnection,
-        machines: &MachinesSql,
-    ) -> Result<Snapshot, sqlx::Error> {
-        let rows: Vec<(String, String, String, i64)> =
-            sqlx::query_as(sqlx::AssertSqlSafe(machines.sql.clone()))
-                .fetch_all(&mut *conn)
-                .await?;
+    async fn read(conn: &mut sqlx::PgConnection) -> Result<Snapshot, sqlx::Error> {
+        // R17: the one count, sql/capacity.sql's, so that the gauges say
+        // what the overview, the API and a reserve decide (an overdue hold
+        // is sellable there, as the allocator expires it at the point of
+        // use). One statement: one snapshot for every organization.
+        let pools: Vec<PoolRow> = sqlx::query_as(
+            "SELECT o.slug AS org, c.site, c.profile, c.sellable, c.held, c.sold,
+                    c.not_ready, c.available
+               FROM organizations o
+              CROSS JOIN LATERAL capacity_pools(o.id, NULL, NULL, NULL, NULL) c",
+        )
+        .fetch_all(&mut *conn)
+        .await?;
         let (holds_soon, holds_overdue, pending, oldest_pending_at, sweep_finished_at): (
             i64,
             i64,
@@ -291,26 +315,16 @@ impl DbState {
         )
         .fetch_all(&mut *conn)
         .await?;
-        // sql/capacity.sql's counts, so that the gauges say what the API
-        // and a reserve decide.
-        let headroom: Vec<(String, String, String, i64)> = sqlx::query_as(
-            "SELECT site, profile, segment, sum(machines)::bigint
-               FROM headroom GROUP BY site, profile, segment",
-        )
-        .fetch_all(&mut *conn)
-        .await?;
-        let available: Vec<(String, String, i64)> = sqlx::query_as(
-            "SELECT c.site, c.profile, sum(c.available)::bigint
-               FROM organizations o
-              CROSS JOIN LATERAL capacity_pools(o.id, NULL, NULL, NULL, NULL) c
-              GROUP BY c.site, c.profile",
+        let kept: Vec<(String, String, String, String, i64)> = sqlx::query_as(
+            "SELECT o.slug, h.site, h.profile, h.segment, h.machines::bigint
+               FROM headroom h JOIN organizations o ON o.id = h.org_id",
         )
         .fetch_all(&mut *conn)
         .await?;
         Ok(Snapshot {
-            headroom,
-            available,
-            machines: rows,
+            machines: Vec::new(),
+            pools,
+            kept,
             holds_soon,
             holds_overdue,
             pending,
@@ -322,79 +336,62 @@ impl DbState {
 
     /// Sets the series from a snapshot; `now` is the database clock when
     /// the snapshot was read from or written to the table.
-    fn apply(&self, snapshot: &Snapshot, now: f64, machines: &MachinesSql) {
-        let rows = snapshot.machines.clone();
-        // Bounded: the largest pairs by machines keep their labels.
-        let mut totals: std::collections::HashMap<(String, String), i64> = Default::default();
-        for (site, profile, _, n) in &rows {
-            *totals.entry((site.clone(), profile.clone())).or_default() += n;
-        }
-        let mut pairs: Vec<_> = totals.into_iter().collect();
-        pairs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let kept: HashSet<(String, String)> = pairs
-            .into_iter()
-            .take(MAX_POOL_PAIRS)
-            .map(|(k, _)| k)
-            .collect();
-        let mut counts: std::collections::HashMap<(String, String, String), i64> =
-            Default::default();
-        for (site, profile, _, _) in &rows {
-            let key = if kept.contains(&(site.clone(), profile.clone())) {
-                (site.clone(), profile.clone())
-            } else {
-                (OTHER.to_owned(), OTHER.to_owned())
-            };
-            for st in &machines.states {
-                counts
-                    .entry((key.0.clone(), key.1.clone(), (*st).to_owned()))
-                    .or_default();
+    fn apply(&self, snapshot: &Snapshot, now: f64) {
+        let labels = PoolLabels::bounded(&snapshot.pools);
+        let mut machines: HashMap<[String; 4], i64> = HashMap::new();
+        let mut available: HashMap<[String; 3], i64> = HashMap::new();
+        for p in &snapshot.pools {
+            let [org, site, profile] = labels.of(&p.org, &p.site, &p.profile);
+            let counts = [p.sellable, p.held, p.sold, p.not_ready];
+            for (state, n) in POOL_STATES.iter().zip(counts) {
+                *machines
+                    .entry([
+                        org.clone(),
+                        site.clone(),
+                        profile.clone(),
+                        (*state).to_owned(),
+                    ])
+                    .or_default() += n;
             }
+            *available.entry([org, site, profile]).or_default() += p.available;
         }
-        for (site, profile, state, n) in rows {
-            let key = if kept.contains(&(site.clone(), profile.clone())) {
-                (site, profile)
-            } else {
-                (OTHER.to_owned(), OTHER.to_owned())
-            };
-            *counts.entry((key.0, key.1, state)).or_default() += n;
-        }
-        // Pairs gone from the inventory disappear rather than stay stale.
+        // Pools gone from the inventory disappear rather than stay stale.
         self.machines.reset();
-        for ((site, profile, state), n) in counts {
+        for (k, n) in machines {
             self.machines
-                .with_label_values(&[&site, &profile, &state])
+                .with_label_values(&[&k[0], &k[1], &k[2], &k[3]])
                 .set(n);
-        }
-        // The same bound: a pool without its own labels is summed under
-        // `other`.
-        let pair = |site: &str, profile: &str| {
-            if kept.contains(&(site.to_owned(), profile.to_owned())) {
-                (site.to_owned(), profile.to_owned())
-            } else {
-                (OTHER.to_owned(), OTHER.to_owned())
-            }
-        };
-        let mut headroom: std::collections::HashMap<(String, String, String), i64> =
-            Default::default();
-        for (site, profile, segment, n) in &snapshot.headroom {
-            let (site, profile) = pair(site, profile);
-            *headroom
-                .entry((site, profile, segment.clone()))
-                .or_default() += n;
-        }
-        self.headroom.reset();
-        for ((site, profile, segment), n) in headroom {
-            self.headroom
-                .with_label_values(&[&site, &profile, &segment])
-                .set(n);
-        }
-        let mut available: std::collections::HashMap<(String, String), i64> = Default::default();
-        for (site, profile, n) in &snapshot.available {
-            *available.entry(pair(site, profile)).or_default() += n;
         }
         self.available.reset();
-        for ((site, profile), n) in available {
-            self.available.with_label_values(&[&site, &profile]).set(n);
+        for (k, n) in available {
+            self.available
+                .with_label_values(&[&k[0], &k[1], &k[2]])
+                .set(n);
+        }
+        // Headroom of a pool without labels of its own goes to its
+        // organization's `other`; past the bound, a segment goes to its
+        // pool's `other`, largest first.
+        let mut kept: HashMap<[String; 4], i64> = HashMap::new();
+        for (org, site, profile, segment, n) in &snapshot.kept {
+            let [org, site, profile] = labels.of(org, site, profile);
+            *kept
+                .entry([org, site, profile, segment.clone()])
+                .or_default() += n;
+        }
+        let mut kept: Vec<_> = kept.into_iter().collect();
+        kept.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut bounded: HashMap<[String; 4], i64> = HashMap::new();
+        for (i, (mut k, n)) in kept.into_iter().enumerate() {
+            if i >= MAX_HEADROOM_SERIES {
+                k[3] = OTHER.to_owned();
+            }
+            *bounded.entry(k).or_default() += n;
+        }
+        self.headroom.reset();
+        for (k, n) in bounded {
+            self.headroom
+                .with_label_values(&[&k[0], &k[1], &k[2], &k[3]])
+                .set(n);
         }
         self.holds_expiring_soon.set(snapshot.holds_soon);
         self.holds_overdue.set(snapshot.holds_overdue);
@@ -412,5 +409,85 @@ impl DbState {
         for (key, n) in &snapshot.leases {
             self.lease_holders.with_label_values(&[key]).set(*n);
         }
+    }
+}
+
+/// Which pools keep labels of their own: the `MAX_POOL_PAIRS` largest by
+/// machines; the others are their organization's `other`.
+struct PoolLabels {
+    kept: HashSet<(String, String, String)>,
+}
+
+impl PoolLabels {
+    fn bounded(pools: &[PoolRow]) -> PoolLabels {
+        let mut by_size: Vec<&PoolRow> = pools.iter().collect();
+        by_size.sort_by(|a, b| {
+            let size = |p: &PoolRow| p.sellable + p.held + p.sold + p.not_ready;
+            size(b)
+                .cmp(&size(a))
+                .then_with(|| (&a.org, &a.site, &a.profile).cmp(&(&b.org, &b.site, &b.profile)))
+        });
+        PoolLabels {
+            kept: by_size
+                .into_iter()
+                .take(MAX_POOL_PAIRS)
+                .map(|p| (p.org.clone(), p.site.clone(), p.profile.clone()))
+                .collect(),
+        }
+    }
+
+    fn of(&self, org: &str, site: &str, profile: &str) -> [String; 3] {
+        if self
+            .kept
+            .contains(&(org.to_owned(), site.to_owned(), profile.to_owned()))
+        {
+            [org.to_owned(), site.to_owned(), profile.to_owned()]
+        } else {
+            [org.to_owned(), OTHER.to_owned(), OTHER.to_owned()]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(org: &str, site: &str, sellable: i64) -> PoolRow {
+        PoolRow {
+            org: org.to_owned(),
+            site: site.to_owned(),
+            profile: "p".to_owned(),
+            sellable,
+            ..PoolRow::default()
+        }
+    }
+
+    #[test]
+    fn pools_past_the_bound_are_summed_under_their_organizations_other() {
+        let mut pools: Vec<PoolRow> = (0..MAX_POOL_PAIRS)
+            .map(|i| pool("big", &format!("s{i}"), 10))
+            .collect();
+        pools.push(pool("small", "par1", 1));
+        pools.push(pool("small", "ams1", 2));
+        let state = DbState::new();
+        state.apply(
+            &Snapshot {
+                pools,
+                ..Snapshot::default()
+            },
+            0.0,
+        );
+        let other = state
+            .machines
+            .with_label_values(&["small", OTHER, OTHER, "sellable"])
+            .get();
+        assert_eq!(other, 3);
+        assert_eq!(
+            state
+                .machines
+                .with_label_values(&["big", "s0", "p", "sellable"])
+                .get(),
+            10
+        );
     }
 }

@@ -861,3 +861,66 @@ async fn a_login_with_a_huge_or_nul_email_is_refused_not_a_500() {
         "refused before any password was checked"
     );
 }
+
+/// A body is a JSON object: an array of the fields by position (which
+/// serde would otherwise read into the request's struct) is `400 invalid`
+/// on every write, and holds nothing.
+#[tokio::test]
+async fn a_json_array_in_place_of_the_object_is_invalid_and_writes_nothing() {
+    let app = spawn_app().await;
+    FakeMachine::new()
+        .tag("ARR-M")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
+        .await;
+    let (held, fence) = FakeHold::on("ARR-M")
+        .order("ARR-H")
+        .create_with_fence(&app.pool, app.org.id)
+        .await;
+    let writes: Vec<(reqwest::Method, String, Value)> = vec![
+        (
+            reqwest::Method::POST,
+            "/api/v1/reservations".into(),
+            json!(["ARR-1", "par1", "epyc", null, null, null, null, null]),
+        ),
+        (
+            reqwest::Method::POST,
+            format!("/api/v1/reservations/{held}/cancel"),
+            json!([fence, "by position"]),
+        ),
+        (
+            reqwest::Method::PUT,
+            "/api/v1/machines/ARR-2".into(),
+            json!(["par1", "dell", "epyc", "ready"]),
+        ),
+        (
+            reqwest::Method::PUT,
+            "/api/v1/headroom".into(),
+            json!(["par1", "epyc", "enterprise", 1]),
+        ),
+    ];
+    let rows = async || {
+        app.count(
+            "SELECT (SELECT count(*) FROM reservations) + (SELECT count(*) FROM machines)
+                  + (SELECT count(*) FROM headroom) + (SELECT count(*) FROM reservation_events)",
+        )
+        .await
+    };
+    let before = rows().await;
+    for (method, path, body) in writes {
+        let r = app
+            .http
+            .request(method.clone(), app.url(&path))
+            .bearer_auth(&app.org.token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = r.status();
+        let answer: Value = r.json().await.expect("json");
+        assert_eq!(status.as_u16(), 400, "{method} {path}: {answer}");
+        assert_eq!(answer["error"], "invalid", "{method} {path}: {answer}");
+    }
+    assert_eq!(rows().await, before);
+    assert_eq!(app.state_of(held).await, "held");
+}

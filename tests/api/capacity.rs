@@ -358,6 +358,14 @@ async fn bad_capacity_filters_are_invalid() {
 #[tokio::test]
 async fn headroom_is_set_listed_removed_and_audited_and_a_retry_answers_the_same_row() {
     let app = spawn_app().await;
+    for (tag, site) in [("HP-1", "par1"), ("HA-1", "ams1")] {
+        FakeMachine::new()
+            .tag(tag)
+            .site(site)
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
+    }
     let audited = async || -> Vec<(String, String, String)> {
         sqlx::query_as(
             "SELECT action, actor, detail FROM audit_log
@@ -381,7 +389,7 @@ async fn headroom_is_set_listed_removed_and_audited_and_a_retry_answers_the_same
         vec![(
             "headroom.set".to_owned(),
             "token:inventory-only".to_owned(),
-            "3 machines for enterprise".to_owned()
+            "3 machines kept for enterprise".to_owned()
         )]
     );
     keep(&app, "par1", "epyc", "repairs", 1).await;
@@ -476,10 +484,27 @@ async fn headroom_is_set_listed_removed_and_audited_and_a_retry_answers_the_same
         json!({"site": "par 1", "profile": "epyc", "segment": "enterprise", "machines": 2}),
         json!({"site": "par1", "profile": "epyc", "machines": 2}),
         json!({"site": "par1", "profile": "epyc", "segment": "enterprise", "machines": 2, "vendor": "dell"}),
+        // An array of the fields, by position, is not the object.
+        json!(["par1", "epyc", "enterprise", 2]),
     ] {
         let (status, answer) = put_headroom(&app, bad.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {answer}");
         assert_eq!(answer["error"], "invalid", "{bad}: {answer}");
+    }
+    assert_eq!((rows().await, audited().await.len()), before);
+    // A pool with no machine: headroom there would keep nothing (and
+    // would only add metric series per invented segment).
+    for unknown in [
+        json!({"site": "nowhere", "profile": "epyc", "segment": "enterprise", "machines": 2}),
+        json!({"site": "par1", "profile": "xeon", "segment": "invented-1", "machines": 2}),
+    ] {
+        let (status, answer) = put_headroom(&app, unknown.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{unknown}: {answer}"
+        );
+        assert_eq!(answer["error"], "unknown_pool", "{unknown}: {answer}");
     }
     assert_eq!((rows().await, audited().await.len()), before);
     // The orders scope does not set headroom.
@@ -521,6 +546,18 @@ async fn until_waiting(app: &TestApp) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_of_headroom_waits_for_its_pools_turn() {
     let app = spawn_app().await;
+    for (tag, site, org) in [
+        ("TW-1", "par1", app.org.id),
+        ("TW-2", "ams1", app.org.id),
+        ("TW-3", "par1", app.other.id),
+    ] {
+        FakeMachine::new()
+            .tag(tag)
+            .site(site)
+            .profile("epyc")
+            .create(&app.pool, org)
+            .await;
+    }
     let mut turn = app.pool.begin().await.expect("begin");
     sqlx::query("SELECT pool_turn($1, 'par1', 'epyc')")
         .bind(app.org.id)
@@ -776,4 +813,43 @@ async fn the_capacity_cache_reads_a_snapshot_ahead_past_half_its_period() {
     let fresh = ask(half + period + Duration::from_secs(1)).await;
     assert_ne!(fresh.as_of, ahead.as_of, "a whole period later: read now");
     assert_eq!(sellable(&fresh), 3);
+}
+
+/// The capacity cache is bounded per organization: one tenant asking more
+/// different questions than the bound forgets its own oldest ones, never
+/// another tenant's answer.
+#[tokio::test]
+async fn one_tenants_many_questions_never_evict_anothers_answer() {
+    use poolkeeper::capacity::{CACHE_ENTRIES_PER_ORG, Cache, Filter};
+    use poolkeeper::domain::Site;
+    use std::time::{Duration, Instant};
+
+    let app = spawn_app().await;
+    let cache = Cache::new(Duration::from_secs(3600));
+    let t0 = Instant::now();
+    let theirs = cache
+        .read_at(&app.pool, app.other.id, &Filter::default(), t0)
+        .await
+        .expect("capacity");
+    for i in 0..=CACHE_ENTRIES_PER_ORG {
+        let filter = Filter {
+            site: Some(Site::parse(&format!("s{i}")).expect("site")),
+            ..Filter::default()
+        };
+        let at = t0 + Duration::from_millis(i as u64 + 1);
+        cache
+            .read_at(&app.pool, app.org.id, &filter, at)
+            .await
+            .expect("capacity");
+    }
+    assert_eq!(cache.entries_of(app.org.id), CACHE_ENTRIES_PER_ORG);
+    assert_eq!(cache.entries_of(app.other.id), 1);
+    let again = cache
+        .read_at(&app.pool, app.other.id, &Filter::default(), t0)
+        .await
+        .expect("capacity");
+    assert_eq!(
+        again.as_of, theirs.as_of,
+        "the other tenant's answer is kept"
+    );
 }

@@ -37,7 +37,7 @@ async fn refusals(pool: &Db) -> Vec<Row> {
 fn refused(metrics: &Metrics, reason: &str, site: &str, profile: &str) -> u64 {
     metrics
         .reservations_refused
-        .with_label_values(&[reason, site, profile])
+        .with_label_values(&[reason, "acme", site, profile])
         .get()
 }
 
@@ -178,16 +178,18 @@ async fn each_refusal_leaves_one_row_with_its_org_spec_and_counts_and_nothing_el
         "the other org sees none of acme's machines"
     );
 
-    // The metric counted the three refusals by reason, site and profile.
-    assert_eq!(refused(&app.metrics, "unavailable", "par1", "epyc"), 2);
+    // The metric counted the three refusals by reason, organization, site
+    // and profile: the other organization's under its own slug, and as
+    // `other`, for it has no par1/epyc machine.
+    assert_eq!(refused(&app.metrics, "unavailable", "par1", "epyc"), 1);
     assert_eq!(refused(&app.metrics, "contended", "par1", "epyc"), 1);
     let text = app.metrics_text().await;
-    assert!(
-        text.contains(
-            r#"poolkeeper_reservations_refused_total{profile="epyc",reason="unavailable",site="par1"} 2"#
-        ),
-        "{text}"
-    );
+    for line in [
+        r#"poolkeeper_reservations_refused_total{org="acme",profile="epyc",reason="unavailable",site="par1"} 1"#,
+        r#"poolkeeper_reservations_refused_total{org="other",profile="other",reason="unavailable",site="other"} 1"#,
+    ] {
+        assert!(text.contains(line), "{line}: {text}");
+    }
 }
 
 #[tokio::test]
@@ -213,8 +215,9 @@ async fn metric_labels_are_bounded_by_the_inventory() {
         .await;
         assert_eq!(status, 409);
     }
-    // A known site with an unknown profile, and names known from another
-    // organization's inventory (labels carry no organization).
+    // A known site with an unknown profile, and names known only from
+    // another organization's inventory: `other` here, for this one's
+    // inventory has none of them.
     for (order, site, profile) in [
         ("ORD-A", "par1", "made-up"),
         ("ORD-B", "par1", "epyc"),
@@ -228,16 +231,15 @@ async fn metric_labels_are_bounded_by_the_inventory() {
             .await;
         assert_eq!(status, 409);
     }
-    assert_eq!(refused(&app.metrics, "unavailable", OTHER, OTHER), 20);
+    assert_eq!(refused(&app.metrics, "unavailable", OTHER, OTHER), 21);
     assert_eq!(refused(&app.metrics, "unavailable", "par1", OTHER), 1);
     assert_eq!(refused(&app.metrics, "unavailable", "par1", "epyc"), 1);
-    assert_eq!(refused(&app.metrics, "unavailable", "fra1", "xeon"), 1);
     let text = app.metrics_text().await;
     let series = text
         .lines()
         .filter(|l| l.starts_with("poolkeeper_reservations_refused_total{"))
         .count();
-    assert_eq!(series, 4, "{text}");
+    assert_eq!(series, 3, "{text}");
     assert!(!text.contains("nowhere"), "{text}");
     // Every refusal is still recorded with its real spec.
     assert_eq!(
@@ -253,10 +255,12 @@ async fn the_known_set_is_read_once_and_again_on_refresh() {
     let pool = db.pool().await;
     let (org, _) = crate::helpers::seed_org_with_machines(&pool, "acme", true, 1).await;
     let labels = RefusalLabels::default();
+    let named =
+        |site: &str, profile: &str| ("acme".to_owned(), site.to_owned(), profile.to_owned());
     // The first use reads the inventory (seed: par1 / r650).
     assert_eq!(
-        labels.labels(&pool, "par1", "r650").await,
-        ("par1".to_owned(), "r650".to_owned())
+        labels.labels(&pool, org, "par1", "r650").await,
+        named("par1", "r650")
     );
     FakeMachine::new()
         .tag("new-1")
@@ -266,13 +270,21 @@ async fn the_known_set_is_read_once_and_again_on_refresh() {
         .await;
     // Within LABELS_MAX_AGE the set is not read again: no query per refusal.
     assert_eq!(
-        labels.labels(&pool, "ams1", "gpu").await,
-        (OTHER.to_owned(), OTHER.to_owned())
+        labels.labels(&pool, org, "ams1", "gpu").await,
+        named(OTHER, OTHER)
     );
     labels.refresh(&pool).await.expect("refresh");
     assert_eq!(
-        labels.labels(&pool, "ams1", "gpu").await,
-        ("ams1".to_owned(), "gpu".to_owned())
+        labels.labels(&pool, org, "ams1", "gpu").await,
+        named("ams1", "gpu")
+    );
+    // Another organization's pool names are not this one's: a rival that
+    // has no ams1 machine labels ams1 `other`, under its own slug.
+    let (rival, _) = crate::helpers::seed_org_with_machines(&pool, "rival", true, 0).await;
+    labels.refresh(&pool).await.expect("refresh");
+    assert_eq!(
+        labels.labels(&pool, rival, "ams1", "gpu").await,
+        ("rival".to_owned(), OTHER.to_owned(), OTHER.to_owned())
     );
 }
 

@@ -372,6 +372,19 @@ async fn healing_uses_the_repairs_headroom_and_never_another_segments() {
         .collect();
     outcomes.sort_unstable();
     assert_eq!(outcomes, ["cancelled", "moved"], "{changed}");
+    // The cancelled order is told why: a machine is left, but it is kept
+    // for another segment, not "no equivalent machine".
+    let cancelled = changed["holds"]
+        .as_array()
+        .expect("holds")
+        .iter()
+        .find(|h| h["outcome"] == "cancelled")
+        .expect("a cancelled hold");
+    let reason = cancelled["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.ends_with("; the equivalent machines left in par1 are kept for segment enterprise"),
+        "{changed}"
+    );
     assert_eq!(sellable(&app).await, 1, "the enterprise machine is left");
     invariants(&app, 0).await;
 }

@@ -620,6 +620,7 @@ async fn the_list_stays_on_indexes_at_50000_machines() {
         .bind(None::<chrono::DateTime<chrono::Utc>>)
         .bind(0_i64)
         .bind(101_i64)
+        .bind(None::<String>)
         .fetch_all(&app.pool)
         .await
         .expect("explain the live list");

@@ -16,7 +16,8 @@ use crate::helpers::FakeMachine;
 use crate::helpers::{spawn_app, test_settings};
 
 /// The pool gauge of the machine the access tests insert.
-const STOCK: &str = "poolkeeper_machines{profile=\"epyc\",site=\"par1\",state=\"sellable\"} 1";
+const STOCK: &str =
+    "poolkeeper_machines{org=\"acme\",profile=\"epyc\",site=\"par1\",state=\"sellable\"} 1";
 
 /// `/metrics` on the main listener as `token` (none: no `Authorization`).
 async fn get_metrics(app: &crate::helpers::TestApp, token: Option<&str>) -> (u16, String, String) {
@@ -137,6 +138,14 @@ async fn metrics_bind_serves_metrics_alone_and_the_main_port_does_not() {
     assert_eq!(own.status().as_u16(), 200);
     let text = own.text().await.expect("body");
     assert!(text.contains(STOCK), "{text}");
+    // A probe's HEAD answers as the GET does, without a body.
+    let head = http
+        .head(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .send()
+        .await
+        .expect("HEAD metrics");
+    assert_eq!(head.status().as_u16(), 200);
+    assert!(head.text().await.expect("body").is_empty());
     // Only /metrics there: the API is not on the metrics address.
     let api = http
         .get(format!("http://127.0.0.1:{metrics_port}/healthz"))
@@ -240,12 +249,15 @@ async fn the_counters_count_requests_outcomes_and_the_pool() {
         .sum();
     assert_eq!(outcomes - outcomes_before, 2.0, "{after:#?}");
     assert_eq!(
-        after.get("poolkeeper_machines{profile=\"epyc\",site=\"par1\",state=\"held\"}"),
+        after
+            .get("poolkeeper_machines{org=\"acme\",profile=\"epyc\",site=\"par1\",state=\"held\"}"),
         Some(&1.0),
         "{after:#?}"
     );
     assert_eq!(
-        before.get("poolkeeper_machines{profile=\"epyc\",site=\"par1\",state=\"sellable\"}"),
+        before.get(
+            "poolkeeper_machines{org=\"acme\",profile=\"epyc\",site=\"par1\",state=\"sellable\"}"
+        ),
         Some(&1.0),
         "{before:#?}"
     );
@@ -268,14 +280,13 @@ async fn ten_replicas_read_the_database_numbers_once_per_interval() {
     }
     let pool = app.db.pool().await;
     let replicas: Vec<Metrics> = (0..10).map(|_| Metrics::new()).collect();
-    let machines = poolkeeper::ops::machines_sql();
     for round in 0..2 {
         let barrier = Arc::new(Barrier::new(replicas.len()));
         let texts = futures_util::future::join_all(replicas.iter().map(|m| {
-            let (barrier, pool, machines) = (barrier.clone(), &pool, &machines);
+            let (barrier, pool) = (barrier.clone(), &pool);
             async move {
                 barrier.wait().await;
-                m.scrape(pool, machines).await
+                m.scrape(pool).await
             }
         }))
         .await;
@@ -284,7 +295,8 @@ async fn ten_replicas_read_the_database_numbers_once_per_interval() {
         // Every replica that found the lock taken served the snapshot
         // there was: in the first round none existed yet, so only the
         // reader and those that came after it report the machines.
-        let line = "poolkeeper_machines{profile=\"xeon\",site=\"ams1\",state=\"sellable\"} 3";
+        let line =
+            "poolkeeper_machines{org=\"acme\",profile=\"xeon\",site=\"ams1\",state=\"sellable\"} 3";
         let reporting = texts.iter().filter(|t| t.contains(line)).count();
         assert!(reporting >= 1, "round {round}");
         if round == 1 {
@@ -299,8 +311,9 @@ async fn ten_replicas_read_the_database_numbers_once_per_interval() {
 }
 
 /// R17 and R18 in the gauges: headroom per pool and segment, and what an
-/// order without a segment could take, summed over the organizations as
-/// `poolkeeper_machines` is; a snapshot written by a replica that does not
+/// order without a segment could take, each organization's under its own
+/// `org` label (one tenant's empty pool never hides under another's full
+/// pool of the same names); a snapshot written by a replica that does not
 /// know these series still reads.
 #[tokio::test]
 async fn the_pool_gauges_say_the_headroom_and_what_is_available() {
@@ -364,22 +377,95 @@ async fn the_pool_gauges_say_the_headroom_and_what_is_available() {
     let after = scrape(&app).await;
     let errors = "poolkeeper_metrics_db_errors_total";
     assert_eq!(after.get(errors), Some(&0.0), "{after:#?}");
+    let series = [
+        // Ours: 3 sellable less 2 kept; the other's: 1 sellable, 5 kept.
+        (
+            "poolkeeper_pool_headroom{org=\"acme\",profile=\"epyc\",segment=\"enterprise\",site=\"par1\"}",
+            2.0,
+        ),
+        (
+            "poolkeeper_pool_headroom{org=\"rival\",profile=\"epyc\",segment=\"enterprise\",site=\"par1\"}",
+            5.0,
+        ),
+        (
+            "poolkeeper_pool_available{org=\"acme\",profile=\"epyc\",site=\"par1\"}",
+            1.0,
+        ),
+        (
+            "poolkeeper_pool_available{org=\"rival\",profile=\"epyc\",site=\"par1\"}",
+            0.0,
+        ),
+        (
+            "poolkeeper_machines{org=\"acme\",profile=\"epyc\",site=\"par1\",state=\"sellable\"}",
+            3.0,
+        ),
+        (
+            "poolkeeper_machines{org=\"acme\",profile=\"epyc\",site=\"par1\",state=\"not_ready\"}",
+            1.0,
+        ),
+        (
+            "poolkeeper_machines{org=\"rival\",profile=\"epyc\",site=\"par1\",state=\"sellable\"}",
+            1.0,
+        ),
+    ];
+    for (key, want) in series {
+        assert_eq!(after.get(key), Some(&want), "{key}: {after:#?}");
+    }
+}
+
+/// The gauges count what the overview and the capacity answer count (R17,
+/// one count): an overdue hold that no sweep has expired yet is sellable
+/// (the allocator expires it at the point of use), so `available` never
+/// exceeds `sellable`.
+#[tokio::test]
+async fn an_overdue_hold_is_counted_as_the_capacity_answer_counts_it() {
+    let app = spawn_app().await;
+    let overdue = FakeMachine::new()
+        .tag("OD-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
+        .await;
+    FakeMachine::new()
+        .tag("OD-2")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
+        .await;
+    let hold = crate::helpers::FakeHold::on(overdue)
+        .order("OD-ORDER")
+        .create(&app.pool, app.org.id)
+        .await;
+    app.make_overdue(hold).await;
+    let capacity: serde_json::Value = app
+        .http
+        .get(app.url("/api/v1/capacity?site=par1&profile=epyc"))
+        .bearer_auth(&app.org.token)
+        .send()
+        .await
+        .expect("capacity")
+        .json()
+        .await
+        .expect("json");
+    let pool = &capacity["pools"][0];
+    let gauges = scrape(&app).await;
+    let gauge = |state: &str| {
+        gauges
+            .get(&format!(
+                "poolkeeper_machines{{org=\"acme\",profile=\"epyc\",site=\"par1\",state=\"{state}\"}}"
+            ))
+            .copied()
+    };
+    for state in ["sellable", "held", "sold", "not_ready"] {
+        assert_eq!(
+            gauge(state),
+            pool[state].as_f64(),
+            "{state}: {capacity} against {gauges:#?}"
+        );
+    }
+    assert_eq!(pool["sellable"], 2, "{capacity}");
     assert_eq!(
-        after
-            .get("poolkeeper_pool_headroom{profile=\"epyc\",segment=\"enterprise\",site=\"par1\"}"),
-        Some(&7.0),
-        "{after:#?}"
-    );
-    // Ours: 3 sellable less 2 kept; the other's: 1 sellable, 5 kept.
-    assert_eq!(
-        after.get("poolkeeper_pool_available{profile=\"epyc\",site=\"par1\"}"),
-        Some(&1.0),
-        "{after:#?}"
-    );
-    assert_eq!(
-        after.get("poolkeeper_machines{profile=\"epyc\",site=\"par1\",state=\"sellable\"}"),
-        Some(&4.0),
-        "{after:#?}"
+        gauges.get("poolkeeper_pool_available{org=\"acme\",profile=\"epyc\",site=\"par1\"}"),
+        Some(&2.0),
+        "{gauges:#?}"
     );
 }
 

@@ -618,6 +618,7 @@ async fn real_answers_validate_against_the_documented_schemas() {
     for body in [
         keep.clone(),
         json!({"site": "par1", "profile": "epyc", "segment": "Big", "machines": 1}),
+        json!({"site": "nowhere", "profile": "epyc", "segment": "enterprise", "machines": 1}),
     ] {
         let r = http
             .put(api("/headroom"))

@@ -152,15 +152,19 @@ async fn metrics_export_the_kit_with_route_templates_and_pool_numbers() {
     );
     assert!(!text.contains("987654"), "a raw path leaked into a label");
     assert!(
-        text.contains("poolkeeper_machines{profile=\"m5\",site=\"fra1\",state=\"sellable\"} 1"),
+        text.contains(
+            "poolkeeper_machines{org=\"acme\",profile=\"m5\",site=\"fra1\",state=\"sellable\"} 1"
+        ),
         "{text}"
     );
     assert!(
-        text.contains("poolkeeper_machines{profile=\"m5\",site=\"fra1\",state=\"not_ready\"} 1"),
+        text.contains(
+            "poolkeeper_machines{org=\"acme\",profile=\"m5\",site=\"fra1\",state=\"not_ready\"} 1"
+        ),
         "{text}"
     );
     assert!(
-        text.contains("poolkeeper_pool_available{profile=\"m5\",site=\"fra1\"} 1"),
+        text.contains("poolkeeper_pool_available{org=\"acme\",profile=\"m5\",site=\"fra1\"} 1"),
         "{text}"
     );
     assert!(

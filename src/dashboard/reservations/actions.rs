@@ -481,11 +481,7 @@ pub(crate) async fn extend(
 ) -> Result<HttpResponse, DashError> {
     let id = id.into_inner();
     let fence = fence_of(&form)?;
-    let seconds = form
-        .minutes
-        .trim()
-        .parse::<u32>()
-        .ok()
+    let seconds = crate::dashboard::input::whole_number::<u32>(form.minutes.trim())
         .filter(|m| (1..=1440).contains(m))
         .map(|m| m * 60)
         .ok_or_else(|| {

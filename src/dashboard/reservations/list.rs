@@ -10,7 +10,7 @@ use super::super::csv;
 use super::super::error::DashError;
 use super::super::session::Staff;
 use super::super::view::{Chrome, Select, fmt_remaining, fmt_time, non_blank, page, url_with};
-use crate::domain::Site;
+use crate::domain::{CustomerRef, Site};
 use crate::holds::{self, Cursor, HeldRow, LiveFilter};
 use crate::inventory;
 
@@ -54,6 +54,8 @@ pub struct LiveQuery {
     /// Keyset cursors, `<deadline in µs since the epoch>_<id>`.
     pub after: Option<String>,
     pub before: Option<String>,
+    /// R19: one end customer's holds.
+    pub customer: Option<String>,
 }
 
 #[derive(Template)]
@@ -63,6 +65,9 @@ struct ReservationsPage {
     can_act: bool,
     site: String,
     site_select: Select,
+    customer: String,
+    /// With a customer: its live holds against the organization's cap.
+    against_cap: Option<String>,
     csv: String,
     within: Option<i32>,
     within_choices: [i32; 5],
@@ -78,6 +83,40 @@ fn bad_cursor() -> DashError {
     DashError::bad_request("The page link is not valid; start again from the first page.")
 }
 
+/// One row of the list as the page shows it.
+fn live_view(r: HeldRow) -> LiveView {
+    LiveView {
+        id: r.id,
+        order_ref: r.order_ref,
+        asset_tag: r.asset_tag,
+        site: r.site,
+        fence: r.fence,
+        quantity: r.quantity,
+        slot: r.slot,
+        remaining: r.remaining.max(0),
+        remaining_text: fmt_remaining(r.remaining),
+        overdue: r.remaining <= 0,
+        soon: r.remaining > 0 && r.remaining < SOON_SECONDS,
+        replaced: r.replaced_tag.zip(r.replaced_at.as_ref().map(fmt_time)),
+        customer_ref: r.customer_ref.unwrap_or_default(),
+        segment: r.segment.unwrap_or_default(),
+    }
+}
+
+/// R19 in words: where a customer stands against the organization's cap.
+fn cap_words(customer: &str, live: i64, cap: i32) -> String {
+    let holds = crate::domain::count_of(live, "live machine", "live machines");
+    match i64::from(cap) {
+        0 => format!("Customer {customer} holds {holds}; the organization caps no customer."),
+        cap if live >= cap => format!(
+            "Customer {customer} holds {holds} of the {cap} the organization allows one customer: at the cap, a new order of theirs is refused."
+        ),
+        cap => format!(
+            "Customer {customer} holds {holds} of the {cap} the organization allows one customer."
+        ),
+    }
+}
+
 /// The filters of `/reservations` (and its CSV), parsed.
 fn live_filter(q: &LiveQuery) -> Result<LiveFilter, DashError> {
     let site = non_blank(&q.site)
@@ -86,8 +125,7 @@ fn live_filter(q: &LiveQuery) -> Result<LiveFilter, DashError> {
         .map_err(|e| DashError::bad_request(e.to_string()))?;
     let within = non_blank(&q.within)
         .map(|w| {
-            w.parse::<i32>()
-                .ok()
+            crate::dashboard::input::whole_number::<i32>(w)
                 .filter(|m| (1..=1440).contains(m))
                 .ok_or_else(|| {
                     DashError::bad_request(
@@ -96,7 +134,15 @@ fn live_filter(q: &LiveQuery) -> Result<LiveFilter, DashError> {
                 })
         })
         .transpose()?;
-    Ok(LiveFilter { site, within })
+    let customer = non_blank(&q.customer)
+        .map(CustomerRef::parse)
+        .transpose()
+        .map_err(|e| DashError::bad_request(e.to_string()))?;
+    Ok(LiveFilter {
+        site,
+        within,
+        customer,
+    })
 }
 
 pub(crate) async fn list(
@@ -116,11 +162,20 @@ pub(crate) async fn list(
         .transpose()?;
     let backwards = before.is_some() && after.is_none();
     let cursor = if backwards { before } else { after };
-    // Three independent reads, run together (see `machines::list`).
-    let (mut rows, (total, refreshed_at), facets) = tokio::try_join!(
+    // Independent reads, run together (see `machines::list`).
+    let against_cap = async {
+        match &f.customer {
+            Some(c) => holds::customer_against_cap(&pool, staff.org_id, c)
+                .await
+                .map(Some),
+            None => Ok(None),
+        }
+    };
+    let (mut rows, (total, refreshed_at), facets, against_cap) = tokio::try_join!(
         holds::held_page(&pool, staff.org_id, &f, cursor, backwards, LIVE_PAGE + 1),
         holds::count_held(&pool, staff.org_id, &f),
         inventory::facets(&pool, staff.org_id),
+        against_cap,
     )?;
     let more = rows.len() as i64 > LIVE_PAGE;
     rows.truncate(LIVE_PAGE as usize);
@@ -135,6 +190,7 @@ pub(crate) async fn list(
     let within_text = within.map(|w| w.to_string()).unwrap_or_default();
     let sites = facets.sites;
     let site_text = site.as_ref().map_or("", |s| s.as_str());
+    let customer_text = f.customer.as_ref().map_or("", |c| c.as_str());
     let link = |key: &str, c: &HeldRow| {
         let c = Cursor {
             expires_at: c.expires_at,
@@ -143,38 +199,31 @@ pub(crate) async fn list(
         .encode();
         url_with(
             "/reservations",
-            &[("site", site_text), ("within", &within_text), (key, &c)],
+            &[
+                ("site", site_text),
+                ("within", &within_text),
+                ("customer", customer_text),
+                (key, &c),
+            ],
         )
     };
     let next = rows.last().filter(|_| has_next).map(|r| link("after", r));
     let prev = rows.first().filter(|_| has_prev).map(|r| link("before", r));
-    let rows: Vec<LiveView> = rows
-        .into_iter()
-        .map(|r| LiveView {
-            id: r.id,
-            order_ref: r.order_ref,
-            asset_tag: r.asset_tag,
-            site: r.site,
-            fence: r.fence,
-            quantity: r.quantity,
-            slot: r.slot,
-            remaining: r.remaining.max(0),
-            remaining_text: fmt_remaining(r.remaining),
-            overdue: r.remaining <= 0,
-            soon: r.remaining > 0 && r.remaining < SOON_SECONDS,
-            replaced: r.replaced_tag.zip(r.replaced_at.as_ref().map(fmt_time)),
-            customer_ref: r.customer_ref.unwrap_or_default(),
-            segment: r.segment.unwrap_or_default(),
-        })
-        .collect();
+    let rows: Vec<LiveView> = rows.into_iter().map(live_view).collect();
     page(&ReservationsPage {
         chrome: Chrome::new(&req, &staff, "Live reservations", "reservations"),
         can_act: staff.can_act(),
         site: site_text.to_owned(),
         site_select: Select::of("l-site", "site", "Site", &sites, Some(site_text)),
+        customer: customer_text.to_owned(),
+        against_cap: against_cap.map(|(live, cap)| cap_words(customer_text, live, cap)),
         csv: url_with(
             "/reservations.csv",
-            &[("site", site_text), ("within", &within_text)],
+            &[
+                ("site", site_text),
+                ("within", &within_text),
+                ("customer", customer_text),
+            ],
         ),
         within,
         within_choices: WITHIN_CHOICES,

@@ -535,6 +535,40 @@ async fn headroom_of(app: &TestApp) -> Vec<(String, String, String, i32)> {
 async fn the_headroom_form_keeps_and_removes_under_the_pools_turn_audited() {
     let app = spawn_app().await;
     let admin = app.staff("root@acme.example", "admin").await;
+    // A pool with no machine keeps nothing: refused, nothing written.
+    let r = headroom_post(
+        &admin,
+        &[
+            ("site", "par1"),
+            ("profile", "epyc"),
+            ("segment", "enterprise"),
+            ("machines", "2"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(
+        r.text()
+            .await
+            .expect("body")
+            .contains("headroom is kept only for a pool that has machines")
+    );
+    assert!(headroom_of(&app).await.is_empty());
+    FakeMachine::new()
+        .tag("HF-1")
+        .profile("epyc")
+        .create(&app.pool, app.org.id)
+        .await;
+    // The form's site and profile are the organization's own values.
+    let (_, page) = admin.page("/settings").await;
+    assert_eq!(
+        text_of(&page, "#headroom-site option[value=\"par1\"]"),
+        vec!["par1"]
+    );
+    assert_eq!(
+        text_of(&page, "#headroom-profile option[value=\"epyc\"]"),
+        vec!["epyc"]
+    );
     let pool_fields = |machines: &'static str| {
         [
             ("site", "par1"),
@@ -564,6 +598,7 @@ async fn the_headroom_form_keeps_and_removes_under_the_pools_turn_audited() {
         ("machines", "-1"),
         ("machines", "100001"),
         ("machines", "two"),
+        ("machines", "+3"),
         ("segment", "Enterprise"),
         ("site", ""),
         ("profile", ""),
@@ -635,11 +670,12 @@ async fn the_headroom_form_keeps_and_removes_under_the_pools_turn_audited() {
     assert_eq!(headroom_of(&app).await[0].3, 5);
     assert_eq!(audit_count(&app, "headroom.set").await, 2);
 
-    // 0 removes it.
+    // 0 removes it, audited under the API's name for a removal.
     let r = headroom_post(&admin, &pool_fields("0")).await;
     assert_eq!(r.status().as_u16(), 303);
     assert!(headroom_of(&app).await.is_empty());
-    assert_eq!(audit_count(&app, "headroom.set").await, 3);
+    assert_eq!(audit_count(&app, "headroom.set").await, 2);
+    assert_eq!(audit_count(&app, "headroom.removed").await, 1);
     let (_, page) = admin.page("/settings").await;
     assert!(page.contains("id=\"no-headroom\""));
 

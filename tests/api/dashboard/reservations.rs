@@ -992,3 +992,66 @@ async fn an_extension_that_changed_nothing_writes_no_audit_row() {
         assert_eq!(audited().await, expected, "{minutes} min");
     }
 }
+
+/// R19 for support: the live list filters by end customer and says where
+/// the customer stands against the organization's cap; search finds a
+/// customer with live holds and links to them.
+#[tokio::test]
+async fn support_finds_a_customers_holds_and_sees_them_against_the_cap() {
+    let app = spawn_app().await;
+    for i in 0..4 {
+        FakeMachine::new()
+            .tag(&format!("CU-{i}"))
+            .profile("epyc")
+            .create(&app.pool, app.org.id)
+            .await;
+    }
+    sqlx::query("UPDATE organizations SET customer_hold_limit = 2 WHERE id = $1")
+        .bind(app.org.id)
+        .execute(&app.pool)
+        .await
+        .expect("cap");
+    for (order, customer) in [("CU-A", "CUST-1"), ("CU-B", "CUST-1"), ("CU-C", "CUST-2")] {
+        let (status, body) = app
+            .reserve(
+                &app.org.token,
+                serde_json::json!({"order_ref": order, "site": "par1", "profile": "epyc",
+                                   "customer_ref": customer}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let c = app.staff("sam@acme.example", "support").await;
+    let (status, body) = c.page("/reservations?customer=CUST-1").await;
+    assert_eq!(status, 200);
+    let doc = Html::parse_document(&body);
+    let orders: HashSet<String> = doc
+        .select(&sel("table.live tbody tr td:nth-child(2)"))
+        .map(|td| td.text().collect::<String>())
+        .map(|t| t.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        orders,
+        HashSet::from(["CU-A".to_owned(), "CU-B".to_owned()]),
+        "{body}"
+    );
+    let standing = text_of(&body, "#customer-cap").join(" ");
+    assert!(
+        standing.contains("holds 2 live machines of the 2 the organization allows one customer")
+            && standing.contains("at the cap"),
+        "{standing}"
+    );
+    // The CSV and the page links keep the filter.
+    assert!(body.contains("/reservations.csv?customer=CUST-1"), "{body}");
+    let (_, body) = c.page("/search?q=CUST-2").await;
+    assert_eq!(
+        text_of(&body, "#customer-hit a"),
+        vec!["1 live hold of customer CUST-2"]
+    );
+    assert!(
+        body.contains("href=\"/reservations?customer=CUST-2\""),
+        "{body}"
+    );
+    let (status, _) = c.page("/reservations?customer=CUST%201").await;
+    assert_eq!(status, 400);
+}
