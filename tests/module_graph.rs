@@ -19,6 +19,7 @@ const RUNGS: &[(&str, &[&str])] = &[
             "db::connect",
             "db::errors",
             "db::handle",
+            "db::incarnation",
             "db::lock_order",
             "db::migrations",
             "db::read_only",
