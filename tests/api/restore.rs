@@ -23,6 +23,8 @@ struct Told {
     before: (i64, i64),
     lost: (i64, i64),
     max_event: i64,
+    /// The newest event the dump has.
+    max_event_kept: i64,
     lost_lease_fence: i64,
 }
 
@@ -118,6 +120,10 @@ async fn history_and_dump(app: &TestApp, dump: &Path) -> Told {
         reserve(&app.http, &app.address, &app.org.token, "BEFORE-1").await;
     assert_eq!(b_machine, "DR-1");
     claim(&app.pool, "before").await;
+    let max_event_kept: i64 = sqlx::query_scalar("SELECT max(id) FROM reservation_events")
+        .fetch_one(&app.pool)
+        .await
+        .expect("events");
 
     pg_dump(&app.db, dump).await;
 
@@ -133,6 +139,7 @@ async fn history_and_dump(app: &TestApp, dump: &Path) -> Told {
         before: (b_id, b_fence),
         lost: (l_id, l_fence),
         max_event,
+        max_event_kept,
         lost_lease_fence,
     }
 }
@@ -288,8 +295,8 @@ async fn check_after_restore(
 
     // The webhook stream marks the restore, with an event id past every
     // event before it.
-    let marks: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT (payload->>'event_id')::bigint, payload->>'type' FROM webhook_deliveries
+    let marks: Vec<(i64, String, Value)> = sqlx::query_as(
+        "SELECT (payload->>'event_id')::bigint, payload->>'type', payload FROM webhook_deliveries
           WHERE event_id IS NULL",
     )
     .fetch_all(pool)
@@ -302,6 +309,26 @@ async fn check_after_restore(
     );
     assert_eq!(marks[0].1, "database.restored");
     assert!(marks[0].0 > told.max_event);
+    assert_eq!(
+        marks[0].2["restore"]["last_kept_event_id"],
+        json!(told.max_event_kept)
+    );
+    // The body sent is the payload: it is what the OpenAPI document says.
+    let mut doc: Value = http
+        .get(format!("{base}/api/openapi.json"))
+        .send()
+        .await
+        .expect("openapi")
+        .json()
+        .await
+        .expect("json");
+    doc["$ref"] = json!("#/components/schemas/DatabaseRestoredDelivery");
+    let schema = jsonschema::validator_for(&doc).expect("the document compiles");
+    let errors: Vec<String> = schema
+        .iter_errors(&marks[0].2)
+        .map(|e| e.to_string())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
     let changes: i64 = sqlx::query_scalar("SELECT count(*) FROM incarnation_changes")
         .fetch_one(pool)
         .await
