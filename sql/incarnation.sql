@@ -198,3 +198,18 @@ BEGIN
                   array_to_string(v_reasons, '; '), v_floor);
 END
 $$;
+
+-- F5: for a restore the fingerprint cannot see: a data directory copied
+-- back (a filesystem or volume snapshot, a cold copy) and started without
+-- archive recovery stays on its timeline, with its oids and its row, like
+-- a crash restart, which loses nothing. The operator says so before
+-- serving (docs/operations.md): the recorded fingerprint is cleared of its
+-- timeline, so the next check (this call, then every new connection)
+-- treats the database as a new incarnation.
+CREATE OR REPLACE FUNCTION incarnation_declare_restored() RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
+BEGIN
+    UPDATE incarnation SET timeline = -1 WHERE recorded_at IS NOT NULL;
+    RETURN coalesce(incarnation_verify(), 'nothing recorded yet: the first check advances');
+END
+$$;

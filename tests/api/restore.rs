@@ -432,3 +432,36 @@ async fn the_same_database_checked_again_advances_nothing() {
         .expect("changes");
     assert_eq!(changes, 0);
 }
+
+/// A restore the fingerprint cannot see (a data directory copied back and
+/// started without recovery) is declared by the operator: the next check
+/// advances every sequence, once.
+#[tokio::test]
+async fn a_restore_declared_by_the_operator_advances_every_sequence_once() {
+    let app = spawn_app().await;
+    let before: i64 = sqlx::query_scalar("SELECT nextval('lease_fence_seq')")
+        .fetch_one(&app.pool)
+        .await
+        .expect("nextval");
+    let said: String = sqlx::query_scalar("SELECT incarnation_declare_restored()")
+        .fetch_one(&app.pool)
+        .await
+        .expect("declare");
+    assert!(said.contains("timeline -1 -> "), "{said}");
+    let (after, floor): (i64, i64) = sqlx::query_as(
+        "SELECT nextval('lease_fence_seq'), incarnation_floor(clock_timestamp() - interval '1 minute')",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("nextval");
+    assert!(
+        after > before && after >= floor,
+        "{after} after {before}, floor {floor}"
+    );
+    assert_eq!(
+        poolkeeper::db::incarnation::verify(&app.pool)
+            .await
+            .expect("verify"),
+        poolkeeper::db::incarnation::Incarnation::Same
+    );
+}
