@@ -236,8 +236,16 @@ async fn check_invariants(pool: &Db) -> Vec<String> {
     violations
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_point_in_time_recovery_with_pgbackrest_keeps_every_invariant() {
+/// A private cluster whose WAL pgBackRest archives (stanza created), with
+/// an empty database `poolkeeper`, in `dir`.
+struct Archived {
+    bin: PathBuf,
+    dir: PathBuf,
+    config: PathBuf,
+    opts: ClusterOptions,
+}
+
+async fn archived_cluster() -> (Archived, EmbeddedPostgres) {
     let bin = pgbackrest();
     let dir = std::env::temp_dir().join(format!("pk-bk-{:08x}", rand::random::<u32>()));
     poolkeeper::embedded_pg::prepare_private_dir(&dir).expect("drill dir");
@@ -287,7 +295,27 @@ async fn a_point_in_time_recovery_with_pgbackrest_keeps_every_invariant() {
     stop_cluster(pg).await;
     let pg = start_cluster(&opts).await;
     run_pgbackrest(&bin, &config, &["stanza-create"]).await;
+    (
+        Archived {
+            bin,
+            dir,
+            config,
+            opts,
+        },
+        pg,
+    )
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_point_in_time_recovery_with_pgbackrest_keeps_every_invariant() {
+    let (archived, pg) = archived_cluster().await;
+    let Archived {
+        bin,
+        dir,
+        config,
+        opts,
+    } = &archived;
+    let (bin, dir, config, opts) = (bin.as_path(), dir.as_path(), config.as_path(), opts);
     let db_opts = pg.connect_options("poolkeeper");
     poolkeeper::db::migrate(&db_opts).await.expect("migrate");
     let setup = poolkeeper::db::connect(db_opts.clone(), 4)
@@ -459,5 +487,220 @@ async fn a_point_in_time_recovery_with_pgbackrest_keeps_every_invariant() {
     let _ = replica.exit(Duration::from_secs(30)).await;
     stop_cluster(pg).await;
     assert!(violations.is_empty(), "{violations:#?}");
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn env_or(name: &str, default: i64) -> i64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn timed(pool: &Db, sql: &str) -> Duration {
+    let started = Instant::now();
+    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    started.elapsed()
+}
+
+/// The runbook's figures at scale, by hand (minutes, gigabytes):
+/// `BACKUP_MACHINES` machines (400,000) and `BACKUP_RESERVATIONS`
+/// reservations (1,000,000: one held on every tenth machine, the rest
+/// cancelled, each with its events), then the times of a full backup, a
+/// restore into an empty data directory (a lost disk) and its recovery to
+/// a point, the first `201` after it, and of `pg_dump -Fc` and
+/// `pg_restore --single-transaction` of the same database.
+///
+/// `cargo test --test components backups::restore_time_at_scale -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "minutes and gigabytes: by hand, for docs/operations.md"]
+async fn restore_time_at_scale() {
+    let machines = env_or("BACKUP_MACHINES", 400_000);
+    let reservations = env_or("BACKUP_RESERVATIONS", 1_000_000);
+    let held = machines / 10;
+    let (archived, pg) = archived_cluster().await;
+    let db_opts = pg.connect_options("poolkeeper");
+    poolkeeper::db::migrate(&db_opts).await.expect("migrate");
+    let pool =
+        poolkeeper::db::connect_with_acquire_timeout(db_opts.clone(), 2, Duration::from_secs(60))
+            .await
+            .expect("pool");
+    let org = create_org(&pool, "scale", true).await;
+    let loading = Instant::now();
+    timed(
+        &pool,
+        &format!(
+            "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+             SELECT {o}, 'SC-' || lpad(g::text, 7, '0'), 'par1', 'dell', 'r650', 'ready'
+               FROM generate_series(1, {machines}) g",
+            o = org.id
+        ),
+    )
+    .await;
+    // In batches: one transaction of millions of rows would need the
+    // memory of all of them for its triggers' transition tables.
+    let batch = 200_000;
+    let mut from = 1;
+    while from <= reservations {
+        let to = (from + batch - 1).min(reservations);
+        timed(
+            &pool,
+            &format!(
+                "WITH m AS (SELECT min(id) AS first FROM machines),
+                 ins AS (
+                    INSERT INTO reservations (org_id, order_ref, machine_id, state, spec,
+                                              machine_snapshot, reason, hold_seconds, created_at,
+                                              expires_at, ended_at, ended_by, end_reason)
+                    SELECT {o}, 'SC-' || g, m.first + (g - 1) % {machines},
+                           CASE WHEN g > {reservations} - {held} THEN 'held' ELSE 'cancelled' END,
+                           jsonb_build_object('site', 'par1', 'profile', 'r650', 'vendor', NULL,
+                                              'hold_seconds', 900),
+                           jsonb_build_object('asset_tag', 'SC-' || lpad(((g - 1) % {machines} + 1)::text, 7, '0'),
+                                              'site', 'par1', 'vendor', 'dell', 'profile', 'r650',
+                                              'status', 'ready'),
+                           'SC matched site par1, profile r650, any vendor: candidate 1 of 25 in pass one; held for 900 s',
+                           900, clock_timestamp(), clock_timestamp() + interval '1 day',
+                           CASE WHEN g > {reservations} - {held} THEN NULL ELSE clock_timestamp() END,
+                           CASE WHEN g > {reservations} - {held} THEN NULL ELSE 'checkout' END,
+                           CASE WHEN g > {reservations} - {held} THEN NULL ELSE 'scale' END
+                      FROM generate_series({from}, {to}) g, m
+                    RETURNING id, state, created_at),
+                 created AS (
+                    INSERT INTO reservation_events (reservation_id, at, kind, from_state, to_state, actor)
+                    SELECT id, created_at, 'created', NULL, 'held', 'checkout' FROM ins RETURNING 1)
+                 INSERT INTO reservation_events (reservation_id, at, kind, from_state, to_state, actor)
+                 SELECT id, created_at, 'cancelled', 'held', 'cancelled', 'checkout' FROM ins
+                  WHERE state = 'cancelled'",
+                o = org.id
+            ),
+        )
+        .await;
+        from = to + 1;
+    }
+    timed(&pool, "VACUUM ANALYZE").await;
+    let loaded = loading.elapsed();
+    let size: String = sqlx::query_scalar("SELECT pg_size_pretty(pg_database_size('poolkeeper'))")
+        .fetch_one(&pool)
+        .await
+        .expect("size");
+
+    let backup = run_pgbackrest(&archived.bin, &archived.config, &["--type=full", "backup"]).await;
+    // The point: after the backup, before a reservation the restore loses.
+    sqlx::query("SELECT pg_create_restore_point('pk-scale')")
+        .execute(&pool)
+        .await
+        .expect("restore point");
+    let lost: i64 = sqlx::query_scalar("SELECT nextval('reservation_fence_seq')")
+        .fetch_one(&pool)
+        .await
+        .expect("nextval");
+    run_pgbackrest(&archived.bin, &archived.config, &["check"]).await;
+
+    // The logical path, into another database of the same cluster.
+    let dump_file = archived.dir.join("scale.dump");
+    let started = Instant::now();
+    let out = tokio::process::Command::new("pg_dump")
+        .args(["-Fc", "-f"])
+        .arg(&dump_file)
+        .arg("-d")
+        .arg(pg.url("poolkeeper"))
+        .output()
+        .await
+        .expect("pg_dump");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dumped = started.elapsed();
+    let dump_size = std::fs::metadata(&dump_file).map(|m| m.len()).unwrap_or(0);
+    timed(&pool, "CREATE DATABASE restored").await;
+    let started = Instant::now();
+    let out = tokio::process::Command::new("pg_restore")
+        .args(["--single-transaction", "--exit-on-error", "-d"])
+        .arg(pg.url("restored"))
+        .arg(&dump_file)
+        .output()
+        .await
+        .expect("pg_restore");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let logical = started.elapsed();
+    pool.close().await;
+
+    // The physical path: the data directory lost, restored from the
+    // repository into an empty one, recovered to the point.
+    let down = Instant::now();
+    stop_cluster(pg).await;
+    std::fs::remove_dir_all(&archived.opts.data_dir).expect("lose the data directory");
+    poolkeeper::embedded_pg::prepare_private_dir(&archived.opts.data_dir).expect("empty data dir");
+    let restore = run_pgbackrest(
+        &archived.bin,
+        &archived.config,
+        &[
+            "--type=name",
+            "--target=pk-scale",
+            "--target-action=promote",
+            "restore",
+        ],
+    )
+    .await;
+    let pg = start_cluster(&archived.opts).await;
+    let recovered = down.elapsed();
+    let replica = Replica::start(
+        &format!("scale-{:08x}", rand::random::<u32>()),
+        &[("DATABASE_URL", pg.url("poolkeeper"))],
+    )
+    .await;
+    let sql = poolkeeper::db::connect(db_opts.clone(), 1)
+        .await
+        .expect("pool");
+    let free: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM machines m WHERE NOT EXISTS
+            (SELECT 1 FROM reservations r WHERE r.machine_id = m.id AND r.state = 'held')",
+    )
+    .fetch_one(&sql)
+    .await
+    .expect("free");
+    assert!(
+        free > 0,
+        "a free machine for the first order after the restore"
+    );
+    let load = Load {
+        http: reqwest::Client::new(),
+        base: format!("http://127.0.0.1:{}", replica.port),
+        token: &org.token,
+    };
+    let first = load.reserve("SCALE-AFTER").await;
+    let serving = down.elapsed();
+    assert!(first.fence > lost, "{first:?} after fence {lost}");
+    let counted: i64 = sqlx::query_scalar("SELECT count(*) FROM reservations")
+        .fetch_one(&sql)
+        .await
+        .expect("count");
+    assert_eq!(counted, reservations + 1);
+    println!(
+        "restore at scale ({machines} machines, {reservations} reservations, database {size}; \
+         debug build of poolkeeper, 2-core machine shared with other builds): load {:.0}s; \
+         pgbackrest full backup {:.0}s; restore into an empty data directory {:.0}s; \
+         stopped to recovered and promoted {:.0}s; to the first 201 {:.0}s | \
+         pg_dump -Fc {:.0}s ({} MB); pg_restore --single-transaction {:.0}s",
+        loaded.as_secs_f64(),
+        backup.as_secs_f64(),
+        restore.as_secs_f64(),
+        recovered.as_secs_f64(),
+        serving.as_secs_f64(),
+        dumped.as_secs_f64(),
+        dump_size / 1_000_000,
+        logical.as_secs_f64(),
+    );
+    drop(replica);
+    stop_cluster(pg).await;
+    let _ = std::fs::remove_dir_all(&archived.dir);
 }
