@@ -12,6 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 
+use crate::helpers::receiver::Receiver;
 use crate::helpers::replicas::Replica;
 use crate::helpers::{TestApp, TestDb, empty_db, spawn_app};
 
@@ -348,15 +349,47 @@ async fn an_answer_from_before_a_restore_never_acts_on_a_reservation_made_after_
     let restored = empty_db().await;
     pg_restore(&restored, &dump).await;
     let _ = std::fs::remove_file(&dump);
+    // The organization's webhook, pointed at a receiver of the test's.
+    let receiver = Receiver::start().await;
+    let pool = restored.pool().await;
+    sqlx::query("UPDATE webhooks SET url = $1")
+        .bind(receiver.url())
+        .execute(&pool)
+        .await
+        .expect("the webhook's url");
     let replica = Replica::start(
         &format!("restored-{:08x}", rand::random::<u32>()),
-        &[("DATABASE_URL", restored.url())],
+        &[
+            ("DATABASE_URL", restored.url()),
+            ("POOLKEEPER_WEBHOOK_ALLOW_PRIVATE", "on".to_owned()),
+        ],
     )
     .await;
     let base = format!("http://127.0.0.1:{}", replica.port);
     let new = reserve(&app.http, &base, &app.org.token, "NEW-AFTER-RESTORE").await;
-    let pool = restored.pool().await;
     check_after_restore(&app.http, &base, &app.org.token, &pool, &told, new).await;
+
+    // The mark reaches the consumer, signed like any event, its
+    // Poolkeeper-Event-Id its event_id.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mark = loop {
+        let found = receiver
+            .requests()
+            .into_iter()
+            .find(|r| r.json()["type"] == "database.restored" && r.answered == 200);
+        if let Some(r) = found {
+            break r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no database.restored delivery in 60 s: {}",
+            replica.log()
+        );
+        // The worker polls on its own schedule: nothing to wait on.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(json!(mark.event_id), mark.json()["event_id"]);
+    assert!(mark.event_id > told.max_event);
 }
 
 /// The same, restored in place (the database dropped and created again
