@@ -497,10 +497,12 @@ fn env_or(name: &str, default: i64) -> i64 {
         .unwrap_or(default)
 }
 
-async fn timed(pool: &Db, sql: &str) -> Duration {
+/// On a connection of its own: no session limits (the pool's
+/// statement_timeout would stop the load).
+async fn timed(conn: &mut PgConnection, sql: &str) -> Duration {
     let started = Instant::now();
     sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-        .execute(pool)
+        .execute(&mut *conn)
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"));
     started.elapsed()
@@ -529,9 +531,10 @@ async fn restore_time_at_scale() {
             .await
             .expect("pool");
     let org = create_org(&pool, "scale", true).await;
+    let mut conn = PgConnection::connect_with(&db_opts).await.expect("connect");
     let loading = Instant::now();
     timed(
-        &pool,
+        &mut conn,
         &format!(
             "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
              SELECT {o}, 'SC-' || lpad(g::text, 7, '0'), 'par1', 'dell', 'r650', 'ready'
@@ -547,7 +550,7 @@ async fn restore_time_at_scale() {
     while from <= reservations {
         let to = (from + batch - 1).min(reservations);
         timed(
-            &pool,
+            &mut conn,
             &format!(
                 "WITH m AS (SELECT min(id) AS first FROM machines),
                  ins AS (
@@ -580,7 +583,7 @@ async fn restore_time_at_scale() {
         .await;
         from = to + 1;
     }
-    timed(&pool, "VACUUM ANALYZE").await;
+    timed(&mut conn, "VACUUM ANALYZE").await;
     let loaded = loading.elapsed();
     let size: String = sqlx::query_scalar("SELECT pg_size_pretty(pg_database_size('poolkeeper'))")
         .fetch_one(&pool)
@@ -617,7 +620,7 @@ async fn restore_time_at_scale() {
     );
     let dumped = started.elapsed();
     let dump_size = std::fs::metadata(&dump_file).map(|m| m.len()).unwrap_or(0);
-    timed(&pool, "CREATE DATABASE restored").await;
+    timed(&mut conn, "CREATE DATABASE restored").await;
     let started = Instant::now();
     let out = tokio::process::Command::new("pg_restore")
         .args(["--single-transaction", "--exit-on-error", "-d"])
@@ -633,6 +636,7 @@ async fn restore_time_at_scale() {
     );
     let logical = started.elapsed();
     pool.close().await;
+    let _ = conn.close().await;
 
     // The physical path: the data directory lost, restored from the
     // repository into an empty one, recovered to the point.
