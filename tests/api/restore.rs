@@ -498,3 +498,58 @@ async fn a_restore_declared_by_the_operator_advances_every_sequence_once() {
         poolkeeper::db::incarnation::Incarnation::Same
     );
 }
+
+/// Replicas starting together on a restored copy: eight first connections
+/// check at once (released together), and the copy is advanced once: one
+/// check advances, the others wait for it and find the new fingerprint;
+/// one logged change, one webhook event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn first_connections_checking_together_advance_once() {
+    let app = spawn_app().await;
+    let dump = dump_file();
+    history_and_dump(&app, &dump).await;
+    let restored = empty_db().await;
+    pg_restore(&restored, &dump).await;
+    let _ = std::fs::remove_file(&dump);
+
+    const N: usize = 8;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(N));
+    let mut tasks = Vec::new();
+    for _ in 0..N {
+        // Plain connections: no pool, so no check before the barrier.
+        let mut conn = PgConnection::connect_with(&restored.options)
+            .await
+            .expect("connect");
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let outcome = poolkeeper::db::incarnation::verify(&mut conn)
+                .await
+                .expect("verify");
+            let _ = conn.close().await;
+            outcome
+        }));
+    }
+    let mut advanced = 0;
+    for t in tasks {
+        match tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("a check ended within 60 s")
+            .expect("join")
+        {
+            poolkeeper::db::incarnation::Incarnation::Advanced(_) => advanced += 1,
+            poolkeeper::db::incarnation::Incarnation::Same => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(advanced, 1);
+    let pool = restored.pool().await;
+    let (changes, marks): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM incarnation_changes),
+                (SELECT count(*) FROM webhook_deliveries WHERE event_id IS NULL)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("counts");
+    assert_eq!((changes, marks), (1, 1));
+}
