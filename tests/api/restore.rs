@@ -99,7 +99,7 @@ async fn reserve_through_503(
     panic!("reserve {order}: still 503 after 50 tries");
 }
 
-/// The first steps: machines DR-1..DR-3, a webhook, `BEFORE-1`
+/// The scenario's first steps: machines DR-1..DR-3, a webhook, `BEFORE-1`
 /// and a sweep lease claim; the dump; then `LOST-1` and another claim,
 /// which the dump does not have.
 async fn history_and_dump(app: &TestApp, dump: &Path) -> Told {
@@ -209,7 +209,7 @@ async fn check_after_restore(
 ) {
     let (new_id, new_fence, new_machine) = new;
     // The restored database has no LOST-1: DR-2 is free again and goes to
-    // the new order, as the step 3 says.
+    // the new order, as it did before the check existed.
     assert_eq!(new_machine, "DR-2");
     // Every sequence-issued value after the restore exceeds every one
     // before it, the lost ones included.
@@ -337,7 +337,7 @@ async fn check_after_restore(
     assert_eq!(changes, 1, "the new incarnation is logged once");
 }
 
-/// The four steps, as the operator does them: a dump, `LOST-1`
+/// The four steps of the failure F5 prevents, as the operator does them: a dump, `LOST-1`
 /// after it, the dump restored into a fresh database, `poolkeeper serve`
 /// started on it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
