@@ -156,6 +156,11 @@ async fn run_command(
         .await
         .context("running migrations")?;
     log_schema_report(report);
+    // F5: the pool's first connection may predate the check's installation;
+    // run it once more now, and never serve unchecked.
+    crate::db::incarnation::verify(&pool)
+        .await
+        .context("checking whether the database was restored (F5)")?;
     match command {
         Command::Migrate => {}
         Command::Serve => crate::serve::serve(settings, pool.clone()).await?,

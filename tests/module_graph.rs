@@ -21,6 +21,7 @@ const RUNGS: &[(&str, &[&str])] = &[
             "db::definitions",
             "db::errors",
             "db::handle",
+            "db::incarnation",
             "db::lock_order",
             "db::migrations",
             "db::read_only",

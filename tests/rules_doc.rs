@@ -43,7 +43,7 @@ fn rule_names(text: &str) -> BTreeSet<String> {
         let known = match b {
             b'R' => (1..=19).contains(&n),
             b'L' => (1..=6).contains(&n),
-            _ => (1..=4).contains(&n),
+            _ => (1..=5).contains(&n),
         };
         if known {
             found.insert(format!("{}{}", b as char, n));

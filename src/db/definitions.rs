@@ -40,6 +40,7 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../sql/webhook_outbox.sql"),
     ),
     ("healing.sql", include_str!("../../sql/healing.sql")),
+    ("incarnation.sql", include_str!("../../sql/incarnation.sql")),
 ];
 
 /// One line per version of the set: `<version> <sha256 of the set>`,

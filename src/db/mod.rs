@@ -2,7 +2,9 @@
 //! limits, the role checks), `lock_order` (a transition run again when a
 //! hold moved while it took its locks), `handle` (`Db`: statements as sqlx runs them,
 //! or pinned in transactions for a transaction-mode pooler), `read_only`
-//! (F2: never a connection to a server that cannot write), `definitions`
+//! (F2: never a connection to a server that cannot write), `incarnation`
+//! (F5: a restored copy of the database advances its sequences before any
+//! connection to it is handed out), `definitions`
 //! (the SQL definitions of `sql/`: their set, version and checksums, and
 //! applying them), `migrations` (the migrations, the SQL definitions and the
 //! lease purge under one advisory lock, with the rewritten legacy checksums)
@@ -18,6 +20,7 @@ mod connect;
 pub mod definitions;
 pub mod errors;
 mod handle;
+pub mod incarnation;
 pub mod lock_order;
 mod migrations;
 mod read_only;

@@ -16,8 +16,11 @@ use super::errors::{Classified, DbFailure, classify};
 /// round trip, no prepared statement, so it is safe through any pooler).
 /// A standby, a primary restarting read-only, or a server whose sessions
 /// default to read-only answers true, and the connection is refused.
-const PRIMARY_CHECK: &str =
-    "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool";
+/// Its second column says whether F5's check is installed
+/// (`incarnation::PRESENT`), which then runs before the connection is
+/// handed out.
+const PRIMARY_CHECK: &str = "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, \
+                    to_regprocedure('incarnation_verify()') IS NOT NULL";
 
 /// F2: pool options that never hand out a connection to a server that
 /// cannot write. sqlx's ping before acquire passes on a standby, so:
@@ -37,6 +40,7 @@ pub fn primary_only(options: PgPoolOptions, statement_timeout: Option<Duration>)
         // The value is a number of milliseconds, written by us.
         Some(t) => format!(
             "SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool, \
+                    to_regprocedure('incarnation_verify()') IS NOT NULL, \
                     set_config('statement_timeout', '{}ms', false)",
             t.as_millis()
         ),
@@ -56,10 +60,21 @@ pub fn primary_only(options: PgPoolOptions, statement_timeout: Option<Duration>)
                         "the server is read-only or in recovery: not the primary (F2)".to_owned(),
                     ));
                 }
+                // F5: a restored copy advances its sequences before this
+                // connection hands out anything; an error refuses it.
+                let present: bool = sqlx::Row::try_get(&row, 1)?;
+                super::incarnation::verify_connection(conn, present).await?;
                 Ok(())
             })
         })
-        .before_acquire(|_, meta| Box::pin(async move { Ok(!opened_before_read_only(&meta)) }))
+        .before_acquire(|_, meta| {
+            Box::pin(async move {
+                Ok(
+                    !opened_before_read_only(&meta)
+                        && !super::incarnation::opened_unverified(&meta),
+                )
+            })
+        })
 }
 
 /// When a statement last met a read-only server, in nanoseconds since

@@ -60,7 +60,8 @@ pub async fn recent_failures(
     limit: i64,
 ) -> Result<Vec<Failure>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT a.at, o.slug AS org_slug, d.event_id, a.url, a.status, a.latency_ms,
+        "SELECT a.at, o.slug AS org_slug,
+                coalesce(d.event_id, (d.payload->>'event_id')::bigint) AS event_id, a.url, a.status, a.latency_ms,
                 a.error, a.replica
            FROM webhook_attempts a
            JOIN webhook_deliveries d ON d.id = a.delivery_id
@@ -125,7 +126,11 @@ pub async fn due<'c>(
                      WHERE p.reservation_id = d.reservation_id AND p.state = 'pending'
                        AND p.event_id < d.event_id)
          )
-         SELECT d.id, d.org_id, d.reservation_id, d.event_id, d.attempts,
+         SELECT d.id, d.org_id,
+                -- F5: a `database.restored` event has neither; its own
+                -- negative key keeps it apart from every reservation.
+                coalesce(d.reservation_id, -d.id) AS reservation_id,
+                coalesce(d.event_id, (d.payload->>'event_id')::bigint) AS event_id, d.attempts,
                 d.payload::text AS body, w.url, w.secret
            FROM ready
            JOIN webhook_deliveries d ON d.id = ready.id

@@ -32,6 +32,7 @@ mod openapi;
 mod orders;
 mod orders_of_several;
 mod privilege;
+mod restore;
 mod schema;
 mod status_changes;
 mod sweep;

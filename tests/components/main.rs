@@ -1,5 +1,5 @@
 //! The tests that run components besides PostgreSQL, or run for minutes:
-//! PgBouncer, Patroni with etcd and HAProxy, headless Chromium, Prometheus,
+//! PgBouncer, pgBackRest, Patroni with etcd and HAProxy, headless Chromium, Prometheus,
 //! `systemd-analyze`, the soak, rolling restarts of `serve` and TLS to
 //! PostgreSQL. Not part of the default `cargo test` (`test = false` in
 //! Cargo.toml): `cargo test --test components`, or `scripts/test`, which
@@ -11,6 +11,7 @@ mod ha_cluster;
 mod helpers;
 
 mod alerting;
+mod backups;
 mod browser;
 mod deploy_unit;
 mod failover;
