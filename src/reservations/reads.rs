@@ -3,12 +3,14 @@
 
 use sqlx::PgConnection;
 
-use super::rows::{Event, LINK_COLUMNS, RESERVATION_COLUMNS, Reservation, ServiceLink};
+use super::rows::{Event, LINK_COLUMNS, Reservation, ServiceLink, reservation_columns};
 use crate::db::Db;
 
 pub async fn get(pool: &Db, org_id: i64, id: i64) -> Result<Option<Reservation>, sqlx::Error> {
-    let sql =
-        format!("SELECT {RESERVATION_COLUMNS} FROM reservations WHERE id = $1 AND org_id = $2");
+    let sql = format!(
+        "SELECT {} FROM reservations r WHERE id = $1 AND org_id = $2",
+        reservation_columns("r")
+    );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(id)
         .bind(org_id)
@@ -23,8 +25,9 @@ pub async fn by_order_ref(
     order_ref: &str,
 ) -> Result<Option<Reservation>, sqlx::Error> {
     let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE org_id = $1 AND order_ref = $2
-          ORDER BY slot LIMIT 1"
+        "SELECT {} FROM reservations r WHERE org_id = $1 AND order_ref = $2
+          ORDER BY slot LIMIT 1",
+        reservation_columns("r")
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(org_id)
@@ -41,12 +44,35 @@ pub async fn order_of(
     order_ref: &str,
 ) -> Result<Vec<Reservation>, sqlx::Error> {
     let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE org_id = $1 AND order_ref = $2 ORDER BY slot"
+        "SELECT {} FROM reservations r WHERE org_id = $1 AND order_ref = $2 ORDER BY slot",
+        reservation_columns("r")
     );
     sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(org_id)
         .bind(order_ref)
         .fetch_all(db)
+        .await
+}
+
+/// The reservations of machine `machine_id` of `org_id`, newest first, at
+/// most `limit` (a machine's page; a hold that moved off it is on its new
+/// machine).
+pub async fn of_machine(
+    pool: &Db,
+    org_id: i64,
+    machine_id: i64,
+    limit: i64,
+) -> Result<Vec<Reservation>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {} FROM reservations r WHERE machine_id = $1 AND org_id = $2
+          ORDER BY created_at DESC LIMIT $3",
+        reservation_columns("r")
+    );
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(machine_id)
+        .bind(org_id)
+        .bind(limit)
+        .fetch_all(pool)
         .await
 }
 

@@ -14,7 +14,7 @@ use super::super::gate;
 use super::super::session::{Staff, audit_on};
 use super::super::view::{Chrome, fmt_remaining, fmt_time, page, see_other};
 use super::detail::load;
-use crate::domain::ServiceRef;
+use crate::domain::{ReservationState, ServiceRef};
 use crate::holds::{self, HoldMachine, OrderLine};
 use crate::reservations::{self, Named, OrderAction, TransitionError};
 use crate::settings::Settings;
@@ -59,8 +59,8 @@ async fn confirm(
     staff.require_actor()?;
     gate::datacenter(&settings, &staff)?;
     let (r, m) = load(&pool, &staff, id).await?;
-    if r.state != "held" {
-        return Err(not_held(id, &r.state));
+    if !r.state.is_held() {
+        return Err(not_held(id, r.state));
     }
     let order = holds::order_lines(&pool, staff.org_id, &r).await?;
     page(&ConfirmPage {
@@ -135,7 +135,7 @@ pub struct ActionForm {
     pub order: std::collections::HashMap<String, String>,
 }
 
-fn not_held(id: i64, state: &str) -> DashError {
+fn not_held(id: i64, state: ReservationState) -> DashError {
     DashError::Stale {
         heading: format!("This reservation is already {state}"),
         message: format!(
@@ -165,7 +165,7 @@ fn refused(id: i64, e: TransitionError) -> DashError {
             ),
             link,
         },
-        TransitionError::NotHeld { state } => not_held(id, &state),
+        TransitionError::NotHeld { state } => not_held(id, state),
         TransitionError::Expired { expires_at } => DashError::Stale {
             heading: "This reservation had already expired".into(),
             message: format!(

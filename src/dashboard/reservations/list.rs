@@ -11,7 +11,7 @@ use super::super::error::DashError;
 use super::super::session::Staff;
 use super::super::view::{Chrome, Select, fmt_remaining, fmt_time, non_blank, page, url_with};
 use crate::domain::Site;
-use crate::holds::{self, Cursor, HeldRow, LiveFilter};
+use crate::holds::{self, Cursor, HeldLine, LiveFilter};
 use crate::inventory;
 
 /// One compact row: the frozen reason is on the reservation's own page.
@@ -135,10 +135,10 @@ pub(crate) async fn list(
     let within_text = within.map(|w| w.to_string()).unwrap_or_default();
     let sites = facets.sites;
     let site_text = site.as_ref().map_or("", |s| s.as_str());
-    let link = |key: &str, c: &HeldRow| {
+    let link = |key: &str, c: &HeldLine| {
         let c = Cursor {
-            expires_at: c.expires_at,
-            id: c.id,
+            expires_at: c.reservation.expires_at,
+            id: c.reservation.id,
         }
         .encode();
         url_with(
@@ -150,22 +150,34 @@ pub(crate) async fn list(
     let prev = rows.first().filter(|_| has_prev).map(|r| link("before", r));
     let rows: Vec<LiveView> = rows
         .into_iter()
-        .map(|r| LiveView {
-            id: r.id,
-            order_ref: r.order_ref,
-            asset_tag: r.asset_tag,
-            site: r.site,
-            fence: r.fence,
-            quantity: r.quantity,
-            slot: r.slot,
-            remaining: r.remaining.max(0),
-            remaining_text: fmt_remaining(r.remaining),
-            overdue: r.remaining <= 0,
-            soon: r.remaining > 0 && r.remaining < SOON_SECONDS,
-            replaced: r.replaced_tag.zip(r.replaced_at.as_ref().map(fmt_time)),
-            customer_ref: r.customer_ref.unwrap_or_default(),
-            segment: r.segment.unwrap_or_default(),
+        .map(|line| {
+            (
+                line.reservation,
+                line.asset_tag,
+                line.site,
+                line.remaining,
+                line.replaced_tag,
+                line.replaced_at,
+            )
         })
+        .map(
+            |(r, asset_tag, site, remaining, replaced_tag, replaced_at)| LiveView {
+                id: r.id,
+                order_ref: r.order_ref,
+                asset_tag,
+                site,
+                fence: r.fence,
+                quantity: r.quantity,
+                slot: r.slot,
+                remaining: remaining.max(0),
+                remaining_text: fmt_remaining(remaining),
+                overdue: remaining <= 0,
+                soon: remaining > 0 && remaining < SOON_SECONDS,
+                replaced: replaced_tag.zip(replaced_at.as_ref().map(fmt_time)),
+                customer_ref: r.customer_ref.unwrap_or_default(),
+                segment: r.segment.unwrap_or_default(),
+            },
+        )
         .collect();
     page(&ReservationsPage {
         chrome: Chrome::new(&req, &staff, "Live reservations", "reservations"),
@@ -207,14 +219,15 @@ pub(crate) async fn export(
             "customer_ref",
             "segment",
         ],
-        rows.into_iter().map(|r| {
+        rows.into_iter().map(|line| {
+            let r = line.reservation;
             vec![
                 r.id.to_string(),
                 r.order_ref,
-                r.asset_tag,
-                r.site,
+                line.asset_tag,
+                line.site,
                 fmt_time(&r.expires_at),
-                r.remaining.max(0).to_string(),
+                line.remaining.max(0).to_string(),
                 r.customer_ref.unwrap_or_default(),
                 r.segment.unwrap_or_default(),
             ]
