@@ -287,7 +287,7 @@ struct Answered {
 /// reservations (R13).
 enum Reserved {
     Created(Vec<Reservation>),
-    Existing(Reservation, Vec<Reservation>),
+    Existing(Vec<Reservation>),
 }
 
 /// A refusal is the error the API answers with (docs/api.md's codes).
@@ -307,7 +307,9 @@ impl TryFrom<Answered> for Reserved {
             ReserveOutcome::Existing {
                 reservation,
                 others,
-            } => Ok(Reserved::Existing(reservation, others)),
+            } => Ok(Reserved::Existing(
+                std::iter::once(reservation).chain(others).collect(),
+            )),
             ReserveOutcome::Contended {
                 walk,
                 candidates,
@@ -340,10 +342,12 @@ impl Reserved {
                 let order: OrderAfter = order.into_iter().map(|r| (r, None)).collect();
                 Ok(HttpResponse::Created().json(order_body(&order)?))
             }
-            Reserved::Existing(r, others) if others.is_empty() => {
-                Ok(HttpResponse::Ok().json(body(pool, r.org_id, &r).await?))
+            Reserved::Existing(order) if order.len() == 1 => {
+                let r = &order[0];
+                Ok(HttpResponse::Ok().json(body(pool, r.org_id, r).await?))
             }
-            Reserved::Existing(r, _) => {
+            Reserved::Existing(order) => {
+                let r = order.first().ok_or(not_found("order"))?;
                 let order = read_order(pool, r.org_id, &r.order_ref).await?;
                 Ok(HttpResponse::Ok().json(order_body(&order)?))
             }

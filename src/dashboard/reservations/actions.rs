@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::super::csrf;
 use super::super::error::{DashError, Written, commit};
 use super::super::gate;
+use super::super::layout::Flash;
 use super::super::session::{Staff, audit_on};
 use super::super::view::{Chrome, fmt_remaining, fmt_time, page, see_other};
 use super::detail::load;
@@ -384,7 +385,9 @@ pub(crate) async fn cancel(
             ("order.cancel", reason),
         )
         .await?;
-        return Ok(see_other(&format!("/reservations/{id}?flash=cancelled")));
+        return Ok(see_other(
+            &Flash::Cancelled.after(&format!("/reservations/{id}")),
+        ));
     }
     // The audit row commits with the cancellation, or not at all.
     let mut tx = pool.begin().await?;
@@ -403,7 +406,9 @@ pub(crate) async fn cancel(
         .await?;
     }
     settle_action(tx, outcome, id, "cancel").await?;
-    Ok(see_other(&format!("/reservations/{id}?flash=cancelled")))
+    Ok(see_other(
+        &Flash::Cancelled.after(&format!("/reservations/{id}")),
+    ))
 }
 
 pub(crate) async fn convert(
@@ -453,7 +458,9 @@ pub(crate) async fn convert(
             ("order.convert", &listed),
         )
         .await?;
-        return Ok(see_other(&format!("/reservations/{id}?flash=converted")));
+        return Ok(see_other(
+            &Flash::Converted.after(&format!("/reservations/{id}")),
+        ));
     }
     let service_ref = ServiceRef::parse(form.service_ref.trim()).map_err(bad_ref)?;
     let mut tx = pool.begin().await?;
@@ -473,7 +480,9 @@ pub(crate) async fn convert(
         .await?;
     }
     settle_action(tx, outcome, id, "convert").await?;
-    Ok(see_other(&format!("/reservations/{id}?flash=converted")))
+    Ok(see_other(
+        &Flash::Converted.after(&format!("/reservations/{id}")),
+    ))
 }
 
 /// R14: extend a hold (or its whole order) by the minutes chosen, from the
@@ -555,5 +564,7 @@ pub(crate) async fn extend(
             settle_action(tx, outcome, id, "extend").await?;
         }
     }
-    Ok(see_other(&format!("/reservations/{id}?flash=extended")))
+    Ok(see_other(
+        &Flash::Extended.after(&format!("/reservations/{id}")),
+    ))
 }
