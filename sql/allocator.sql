@@ -119,12 +119,25 @@ BEGIN
 END
 $$;
 
--- R3-R6, R8, R11 for the p_quantity slots of order p_order_ref of org
+-- A reserve_answer carrying reservation p_row (or none), whole: a new
+-- column of `reservations` needs nothing here. PL/pgSQL and one row
+-- constructor, as reserve_result_of says why.
+CREATE OR REPLACE FUNCTION reserve_answer_of(p_outcome text, p_row reservations,
+                                  p_scanned integer, p_locked integer, p_gone integer, p_attempts integer)
+RETURNS reserve_answer LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    -- candidates, excluded and alternatives are the refusals' to fill.
+    RETURN ROW(p_outcome, p_row.org_id, p_scanned, p_locked, p_gone, p_attempts,
+               NULL, NULL, NULL, p_row)::reserve_answer;
+END
+$$;
+
+-- R3-R6, R8, R11 for the p_req.quantity slots of order p_req.order_ref of org
 -- p_org: pass two over p_candidates (machine ids, in the order of pass
 -- one). Lock one candidate at a time by its key, skip what others hold,
 -- re-check what no constraint guards, try each insert in a savepoint, and
 -- stop once the order has all its slots. Returns one 'created' row per slot
--- taken (possibly fewer than p_quantity: reserve_order_walk undoes such a
+-- taken (possibly fewer than p_req.quantity: reserve_order_walk undoes such a
 -- partial order), the order's 'existing' rows (it was written behind our
 -- back), or one 'nothing' row; every row carries the walk's counters.
 --
@@ -141,17 +154,17 @@ $$;
 -- this one keeps an order's walk and its savepoints (R5: at most 4 + N
 -- attempts plus reserve_order_walk's one, 21 for N = 16) well under the 64
 -- subtransactions a backend caches.
-CREATE OR REPLACE FUNCTION reserve_walk_slots(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                                   p_vendor text, p_hold integer, p_candidates bigint[], p_quantity integer)
-RETURNS SETOF reserve_result
+CREATE OR REPLACE FUNCTION reserve_walk_slots(p_org bigint, p_actor text, p_req reserve_request,
+                                              p_candidates bigint[])
+RETURNS SETOF reserve_answer
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    max_scanned  CONSTANT integer := 24 + p_quantity;  -- R4, for N machines
-    max_attempts CONSTANT integer := 4 + p_quantity;   -- R4, for N machines
+    max_scanned  CONSTANT integer := 24 + p_req.quantity;  -- R4, for N machines
+    max_attempts CONSTANT integer := 4 + p_req.quantity;   -- R4, for N machines
     v_total      integer := coalesce(cardinality(p_candidates), 0);
     v_scanned    integer := 0;
     v_locked     integer := 0;
@@ -171,19 +184,19 @@ DECLARE
     v_existing   boolean := false;
     v_siblings   integer;
 BEGIN
-    IF p_quantity IS NULL OR p_quantity NOT BETWEEN 1 AND 16 THEN
-        RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_quantity;
+    IF p_req.quantity IS NULL OR p_req.quantity NOT BETWEEN 1 AND 16 THEN
+        RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_req.quantity;
     END IF;
     LOOP
         IF v_position = cardinality(v_candidates) THEN
             -- The first batch is spent (every candidate locked, gone or
             -- taken): the rest of pass one, once. A list shorter than a
             -- first batch is all there is.
-            EXIT WHEN v_widened OR v_position < first_batch(p_quantity) OR v_position >= max_scanned
+            EXIT WHEN v_widened OR v_position < first_batch(p_req.quantity) OR v_position >= max_scanned
                       OR v_attempts >= max_attempts;
             v_widened := true;
             v_candidates := v_candidates || ARRAY(
-                SELECT c.id FROM machine_candidates_after(p_org, p_site, p_profile, p_vendor,
+                SELECT c.id FROM machine_candidates_after(p_org, p_req.site, p_req.profile, p_req.vendor,
                                                           v_candidates[v_position], max_scanned - v_position) c);
             v_total := cardinality(v_candidates);
             EXIT WHEN v_position = v_total;
@@ -207,7 +220,7 @@ BEGIN
         -- check is its guard (R10). `held` is left to the arbiter (R1): a
         -- holder that committed since pass one costs an attempt, never a
         -- second holder.
-        SELECT * INTO v_verdict FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v
+        SELECT * INTO v_verdict FROM machine_verdicts(p_org, p_req.site, p_req.profile, p_req.vendor) v
          WHERE v.id = v_machine_id;
         IF NOT FOUND OR (v_verdict.exclusion IS NOT NULL AND v_verdict.exclusion <> 'held') THEN
             v_gone := v_gone + 1;
@@ -220,13 +233,13 @@ BEGIN
             -- R11: an overdue holder is expired at the point of use.
             UPDATE reservations
                SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator',
-                   end_reason = 'its deadline had passed; expired at the point of use by order ' || p_order_ref
+                   end_reason = 'its deadline had passed; expired at the point of use by order ' || p_req.order_ref
              WHERE machine_id = v_machine_id AND state = 'held' AND expires_at <= clock_timestamp()
             RETURNING * INTO v_expired;
             IF v_expired.id IS NOT NULL THEN
                 INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
                 VALUES (v_expired.id, 'expired', 'held', 'expired', 'allocator',
-                        'its deadline had passed; expired at the point of use by order ' || p_order_ref);
+                        'its deadline had passed; expired at the point of use by order ' || p_req.order_ref);
                 -- R13: the other slots of its order share its deadline and
                 -- its fate, in this same transaction: every one of them or
                 -- none. SKIP LOCKED: a slot that someone is converting,
@@ -253,7 +266,7 @@ BEGIN
                         UPDATE reservations r
                            SET state = 'expired', ended_at = clock_timestamp(), ended_by = 'allocator',
                                end_reason = 'its deadline had passed; expired at the point of use by order '
-                                            || p_order_ref || ' with reservation ' || v_expired.id || ' of its order'
+                                            || p_req.order_ref || ' with reservation ' || v_expired.id || ' of its order'
                           FROM slots WHERE r.id = slots.id
                         RETURNING r.id, r.end_reason
                     )
@@ -264,11 +277,11 @@ BEGIN
             -- R8: why this machine, in words that stay true after it changes.
             v_reason := format('%s (%s, %s, %s, %s) matched site %s, profile %s, %s: candidate %s of %s in pass one',
                                v_verdict.asset_tag, v_verdict.site, v_verdict.vendor, v_verdict.profile,
-                               v_verdict.status, p_site, p_profile,
-                               CASE WHEN p_vendor IS NULL THEN 'any vendor' ELSE 'vendor ' || p_vendor END,
+                               v_verdict.status, p_req.site, p_req.profile,
+                               CASE WHEN p_req.vendor IS NULL THEN 'any vendor' ELSE 'vendor ' || p_req.vendor END,
                                v_position, v_total);
-            IF p_quantity > 1 THEN
-                v_reason := v_reason || format('; machine %s of %s of the order', cardinality(v_rows) + 1, p_quantity);
+            IF p_req.quantity > 1 THEN
+                v_reason := v_reason || format('; machine %s of %s of the order', cardinality(v_rows) + 1, p_req.quantity);
             END IF;
             IF v_locked > 0 OR v_attempts > cardinality(v_rows) + 1 OR v_gone > 0 THEN
                 v_reason := v_reason || format('; before it, %s locked by other orders, %s taken by a faster order, %s no longer eligible',
@@ -277,28 +290,31 @@ BEGIN
             IF v_expired.id IS NOT NULL THEN
                 v_reason := v_reason || format('; its previous reservation %s was overdue and expired at the point of use', v_expired.id);
             END IF;
-            v_reason := v_reason || format('; held for %s s', p_hold);
+            v_reason := v_reason || format('; held for %s s', p_req.hold_seconds);
             -- created_at and expires_at come from one reading of the clock,
             -- the first slot's: an order has one deadline (R13).
             v_at := coalesce(v_at, clock_timestamp());
             -- Slot 1 first: two requests with one key collide there (R9),
             -- before either holds any other machine.
+            -- R18/R19: the order's segment and customer, frozen with it.
             INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                      hold_seconds, created_at, expires_at, quantity, slot)
-            SELECT p_org, p_order_ref, m.id,
-                   jsonb_build_object('site', p_site, 'profile', p_profile, 'vendor', p_vendor, 'hold_seconds', p_hold,
-                                      'quantity', p_quantity),
+                                      hold_seconds, created_at, expires_at, quantity, slot,
+                                      segment, customer_ref)
+            SELECT p_org, p_req.order_ref, m.id,
+                   jsonb_build_object('site', p_req.site, 'profile', p_req.profile, 'vendor', p_req.vendor, 'hold_seconds', p_req.hold_seconds,
+                                      'quantity', p_req.quantity),
                    jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
                                       'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
-                   v_reason, p_hold, v_at, v_at + make_interval(secs => p_hold), p_quantity, cardinality(v_rows) + 1
+                   v_reason, p_req.hold_seconds, v_at, v_at + make_interval(secs => p_req.hold_seconds), p_req.quantity, cardinality(v_rows) + 1,
+                   p_req.segment, p_req.customer_ref
               FROM machines m
              WHERE m.id = v_machine_id AND m.org_id = p_org
             RETURNING * INTO v_row;
             INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail)
             VALUES (v_row.id, 'created', NULL, 'held', p_actor,
-                    CASE WHEN p_quantity = 1 THEN format('order %s on %s', p_order_ref, v_verdict.asset_tag)
-                         ELSE format('order %s on %s (machine %s of %s)', p_order_ref, v_verdict.asset_tag,
-                                     v_row.slot, p_quantity) END);
+                    CASE WHEN p_req.quantity = 1 THEN format('order %s on %s', p_req.order_ref, v_verdict.asset_tag)
+                         ELSE format('order %s on %s (machine %s of %s)', p_req.order_ref, v_verdict.asset_tag,
+                                     v_row.slot, p_req.quantity) END);
             v_rows := v_rows || v_row;
         EXCEPTION WHEN lock_not_available THEN
             -- R13: the overdue order on this machine is being ended by
@@ -317,28 +333,28 @@ BEGIN
                 RAISE;
             END IF;
         END;
-        EXIT WHEN cardinality(v_rows) = p_quantity;
+        EXIT WHEN cardinality(v_rows) = p_req.quantity;
     END LOOP;
     IF v_existing THEN
         -- Only slot 1 can collide (it is always inserted first), so this
         -- walk holds nothing of its own.
         RETURN QUERY SELECT x.* FROM reservations r,
-                            LATERAL reserve_result_of('existing', r, v_scanned, v_locked, v_gone, v_attempts) x
-                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+                            LATERAL reserve_answer_of('existing', r, v_scanned, v_locked, v_gone, v_attempts) x
+                       WHERE r.org_id = p_org AND r.order_ref = p_req.order_ref ORDER BY r.slot;
         IF NOT FOUND THEN
-            RAISE EXCEPTION 'order % collided on its key but cannot be read', p_order_ref;
+            RAISE EXCEPTION 'order % collided on its key but cannot be read', p_req.order_ref;
         END IF;
         RETURN;
     END IF;
     IF cardinality(v_rows) = 0 THEN
-        RETURN NEXT reserve_result_of('nothing', NULL, v_scanned, v_locked, v_gone, v_attempts);
+        RETURN NEXT reserve_answer_of('nothing', NULL, v_scanned, v_locked, v_gone, v_attempts);
         RETURN;
     END IF;
     -- A row at a time: RETURN NEXT of an expression is no statement, so
     -- there is no plan to start, where a query over unnest(v_rows) would
     -- start one at every reserve.
     FOREACH v_row IN ARRAY v_rows LOOP
-        RETURN NEXT reserve_result_of('created', v_row, v_scanned, v_locked, v_gone, v_attempts);
+        RETURN NEXT reserve_answer_of('created', v_row, v_scanned, v_locked, v_gone, v_attempts);
     END LOOP;
 END
 $$;
@@ -349,25 +365,24 @@ $$;
 -- savepoint is rolled back (the slots it took, their events and any expiry
 -- it wrote with them) and the answer is 'nothing'. Nothing of a partial
 -- order was ever committed, so no reader saw it.
-CREATE OR REPLACE FUNCTION reserve_order_walk(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                                   p_vendor text, p_hold integer, p_candidates bigint[], p_quantity integer)
-RETURNS SETOF reserve_result
+CREATE OR REPLACE FUNCTION reserve_order_walk(p_org bigint, p_actor text, p_req reserve_request,
+                                              p_candidates bigint[])
+RETURNS SETOF reserve_answer
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    v_rows reserve_result[];
-    v_last reserve_result;
+    v_rows reserve_answer[];
+    v_last reserve_answer;
 BEGIN
     BEGIN
-        v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
-                                                         p_hold, p_candidates, p_quantity) w);
+        v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, p_req, p_candidates) w);
         v_last := v_rows[cardinality(v_rows)];
-        IF v_last.outcome = 'created' AND cardinality(v_rows) < p_quantity THEN
+        IF v_last.outcome = 'created' AND cardinality(v_rows) < p_req.quantity THEN
             RAISE EXCEPTION USING ERRCODE = 'PK013', MESSAGE = 'partial order';
         END IF;
     EXCEPTION WHEN SQLSTATE 'PK013' THEN
         -- Undone: the order could not have every machine now.
-        RETURN NEXT reserve_result_of('nothing', NULL, v_last.scanned, v_last.locked_by_others,
+        RETURN NEXT reserve_answer_of('nothing', NULL, v_last.scanned, v_last.locked_by_others,
                                       v_last.gone, v_last.attempts);
         RETURN;
     END;
@@ -375,7 +390,7 @@ BEGIN
 END
 $$;
 
--- R7/R9/R13: a whole reserve of p_quantity machines. R9 asks for the
+-- R7/R9/R13: a whole reserve of the request's quantity machines. R9 asks for the
 -- order first and again right before refusing; pass one picks at most
 -- 24 + N candidates (R4), pass two walks them; a refusal is 'contended'
 -- (pass one found at least N: retry) or 'unavailable' (fewer than N match:
@@ -391,18 +406,19 @@ $$;
 -- candidate at a time and skips what others hold (R3): orders of one never
 -- take the turn (the hot path is unchanged) and may still be faster, which
 -- makes an order of several 'contended', honestly.
-CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
-                              p_vendor text, p_hold integer, p_quantity integer, p_segment text,
-                              p_customer text)
-RETURNS SETOF reserve_result
+CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_request jsonb)
+RETURNS SETOF reserve_answer
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_rows       reserve_result[];
-    v_result     reserve_result;
+    -- The request, one value: a key it lacks reads NULL (or its default
+    -- below), so a new optional field never changes this signature.
+    v_req        reserve_request := jsonb_populate_record(NULL::reserve_request, p_request);
+    v_rows       reserve_answer[];
+    v_result     reserve_answer;
     v_candidates bigint[];
     v_counts     jsonb;
     v_free       bigint;
@@ -411,40 +427,43 @@ DECLARE
     v_kept       integer := 0;
     v_reserved   boolean := false;
 BEGIN
-    IF p_quantity IS NULL OR p_quantity NOT BETWEEN 1 AND 16 THEN
-        RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', p_quantity;
+    v_req.quantity := coalesce(v_req.quantity, 1);
+    IF v_req.quantity NOT BETWEEN 1 AND 16 THEN
+        RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', v_req.quantity;
+    END IF;
+    IF v_req.order_ref IS NULL OR v_req.site IS NULL OR v_req.profile IS NULL OR v_req.hold_seconds IS NULL THEN
+        RAISE EXCEPTION 'a reserve names its order_ref, site, profile and hold_seconds: %', p_request;
     END IF;
     -- R9, first ask: a replay gets its order back.
     RETURN QUERY SELECT x.* FROM reservations r,
-                        LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
-                   WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+                        LATERAL reserve_answer_of('existing', r, 0, 0, 0, 0) x
+                   WHERE r.org_id = p_org AND r.order_ref = v_req.order_ref ORDER BY r.slot;
     IF FOUND THEN
         RETURN;
     END IF;
     -- R19: a customer's orders take turns where the organization caps
     -- them, and the count of its live holds is read in the turn: two
     -- orders of one customer at the cap minus one cannot both see room.
-    IF p_customer IS NOT NULL THEN
+    IF v_req.customer_ref IS NOT NULL THEN
         SELECT o.customer_hold_limit INTO v_cap FROM organizations o WHERE o.id = p_org;
     END IF;
     IF v_cap > 0 THEN
-        PERFORM customer_turn(p_org, p_customer);
+        PERFORM customer_turn(p_org, v_req.customer_ref);
         RETURN QUERY SELECT x.* FROM reservations r,
-                            LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
-                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+                            LATERAL reserve_answer_of('existing', r, 0, 0, 0, 0) x
+                       WHERE r.org_id = p_org AND r.order_ref = v_req.order_ref ORDER BY r.slot;
         IF FOUND THEN
             RETURN;
         END IF;
         SELECT count(*) INTO v_live FROM reservations r
-         WHERE r.org_id = p_org AND r.customer_ref = p_customer AND r.state = 'held'
+         WHERE r.org_id = p_org AND r.customer_ref = v_req.customer_ref AND r.state = 'held'
            AND r.expires_at > clock_timestamp();
-        IF v_live + p_quantity > v_cap THEN
-            v_result := reserve_result_of('customer_limit', NULL, 0, 0, 0, 0);
-            v_result.quantity := p_quantity;
+        IF v_live + v_req.quantity > v_cap THEN
+            v_result := reserve_answer_of('customer_limit', NULL, 0, 0, 0, 0);
             v_result.org_id := p_org;
             v_result.excluded := jsonb_build_object('limit', v_cap, 'holds', v_live);
-            PERFORM record_refusal(p_org, 'customer_limit', p_site, p_profile, p_vendor, v_result.excluded,
-                                   p_quantity, p_segment, p_customer);
+            PERFORM record_refusal(p_org, 'customer_limit', v_req.site, v_req.profile, v_req.vendor, v_result.excluded,
+                                   v_req.quantity, v_req.segment, v_req.customer_ref);
             RETURN NEXT v_result;
             RETURN;
         END IF;
@@ -453,31 +472,31 @@ BEGIN
     -- order outside a segment leaves that segment's machines: checked in
     -- the turn, in this transaction, never counted beforehand. A pool with
     -- no headroom takes no turn (today's path).
-    IF EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile) THEN
-        PERFORM pool_turn(p_org, p_site, p_profile);
+    IF EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_org AND h.site = v_req.site AND h.profile = v_req.profile) THEN
+        PERFORM pool_turn(p_org, v_req.site, v_req.profile);
         RETURN QUERY SELECT x.* FROM reservations r,
-                            LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
-                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+                            LATERAL reserve_answer_of('existing', r, 0, 0, 0, 0) x
+                       WHERE r.org_id = p_org AND r.order_ref = v_req.order_ref ORDER BY r.slot;
         IF FOUND THEN
             RETURN;
         END IF;
-        v_kept := pool_kept_for_others(p_org, p_site, p_profile, ARRAY[p_segment]);
+        v_kept := pool_kept_for_others(p_org, v_req.site, v_req.profile, ARRAY[v_req.segment]);
         -- At most v_kept + N candidates of the pool (any vendor) are read:
         -- bounded by the headroom, not the pool.
         v_reserved := v_kept > 0
-            AND (SELECT count(*) FROM machine_candidates(p_org, p_site, p_profile, NULL, v_kept + p_quantity))
-                < v_kept + p_quantity;
+            AND (SELECT count(*) FROM machine_candidates(p_org, v_req.site, v_req.profile, NULL, v_kept + v_req.quantity))
+                < v_kept + v_req.quantity;
     END IF;
-    IF p_quantity > 1 THEN
+    IF v_req.quantity > 1 THEN
         -- The turn of orders of several machines on this site and profile
         -- (the vendor is left out: "any vendor" and "dell" compete for the
         -- same machines). Two-key form, class 13 (R13): apart from the
         -- 64-bit keys of the migrations.
-        PERFORM pg_advisory_xact_lock(13, hashtext(p_org::text || '/' || p_site || '/' || p_profile));
+        PERFORM pg_advisory_xact_lock(13, hashtext(p_org::text || '/' || v_req.site || '/' || v_req.profile));
         -- R9 again: an order with this key may have committed while we waited.
         RETURN QUERY SELECT x.* FROM reservations r,
-                            LATERAL reserve_result_of('existing', r, 0, 0, 0, 0) x
-                       WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+                            LATERAL reserve_answer_of('existing', r, 0, 0, 0, 0) x
+                       WHERE r.org_id = p_org AND r.order_ref = v_req.order_ref ORDER BY r.slot;
         IF FOUND THEN
             RETURN;
         END IF;
@@ -485,28 +504,16 @@ BEGIN
     -- R7, pass one: its first batch; the walk widens it when it runs out
     -- and never looks beyond 24 + N (R4). The batch holds at least N
     -- whenever pass one would.
-    v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, p_site, p_profile, p_vendor,
-                                                              first_batch(p_quantity)) c);
-    IF cardinality(v_candidates) >= p_quantity AND NOT v_reserved THEN
+    v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, v_req.site, v_req.profile, v_req.vendor,
+                                                              first_batch(v_req.quantity)) c);
+    IF cardinality(v_candidates) >= v_req.quantity AND NOT v_reserved THEN
         -- An order of one is the walk itself (it takes one machine or none).
-        IF p_quantity = 1 THEN
-            v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, p_order_ref, p_site, p_profile, p_vendor,
-                                                             p_hold, v_candidates, 1) w);
+        IF v_req.quantity = 1 THEN
+            v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, v_req, v_candidates) w);
         ELSE
-            v_rows := ARRAY(SELECT w FROM reserve_order_walk(p_org, p_actor, p_order_ref, p_site, p_profile,
-                                                             p_vendor, p_hold, v_candidates, p_quantity) w);
+            v_rows := ARRAY(SELECT w FROM reserve_order_walk(p_org, p_actor, v_req, v_candidates) w);
         END IF;
         v_result := v_rows[1];
-        IF v_result.outcome = 'created' AND (p_segment IS NOT NULL OR p_customer IS NOT NULL) THEN
-            -- R18/R19: the order's segment and customer, frozen with it.
-            UPDATE reservations r SET segment = p_segment, customer_ref = p_customer
-             WHERE r.id IN (SELECT w.id FROM unnest(v_rows) w);
-            RETURN QUERY SELECT x.* FROM reservations r,
-                                LATERAL reserve_result_of('created', r, v_result.scanned, v_result.locked_by_others,
-                                                          v_result.gone, v_result.attempts) x
-                           WHERE r.id IN (SELECT w.id FROM unnest(v_rows) w) ORDER BY r.slot;
-            RETURN;
-        END IF;
         IF v_result.outcome <> 'nothing' THEN
             -- As the walk answers, a row at a time, without a query.
             FOREACH v_result IN ARRAY v_rows LOOP
@@ -515,14 +522,14 @@ BEGIN
             RETURN;
         END IF;
     ELSE
-        v_result := reserve_result_of('nothing', NULL, 0, 0, 0, 0);
+        v_result := reserve_answer_of('nothing', NULL, 0, 0, 0, 0);
     END IF;
     -- R9, second ask, right before refusing: a neighbour with the same key
     -- may have committed since the first (this statement's snapshot is new).
     RETURN QUERY SELECT x.* FROM reservations r,
-                        LATERAL reserve_result_of('existing', r, v_result.scanned, v_result.locked_by_others,
+                        LATERAL reserve_answer_of('existing', r, v_result.scanned, v_result.locked_by_others,
                                           v_result.gone, v_result.attempts) x
-                   WHERE r.org_id = p_org AND r.order_ref = p_order_ref ORDER BY r.slot;
+                   WHERE r.org_id = p_org AND r.order_ref = v_req.order_ref ORDER BY r.slot;
     IF FOUND THEN
         RETURN;
     END IF;
@@ -537,21 +544,20 @@ BEGIN
                'held',          count(*) FILTER (WHERE v.exclusion = 'held')),
            count(*) FILTER (WHERE v.exclusion IS NULL)
       INTO v_counts, v_free
-      FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v;
+      FROM machine_verdicts(p_org, v_req.site, v_req.profile, v_req.vendor) v;
     -- R13: fewer matching machines than the order asks for is "buy
     -- hardware", even if some match; enough of them, but kept for other
     -- segments, is "reserved" (R18); enough, but not lockable now, is
     -- "retry".
-    v_result.outcome := CASE WHEN v_free < p_quantity THEN 'unavailable'
+    v_result.outcome := CASE WHEN v_free < v_req.quantity THEN 'unavailable'
                              WHEN v_reserved THEN 'reserved' ELSE 'contended' END;
     v_result.candidates := v_free;
-    v_result.excluded := CASE WHEN v_reserved AND v_free >= p_quantity
+    v_result.excluded := CASE WHEN v_reserved AND v_free >= v_req.quantity
                               THEN v_counts || jsonb_build_object('kept_for_others', v_kept,
                                    'kept', (SELECT jsonb_object_agg(h.segment, h.machines) FROM headroom h
-                                             WHERE h.org_id = p_org AND h.site = p_site AND h.profile = p_profile
-                                               AND h.segment IS DISTINCT FROM p_segment))
+                                             WHERE h.org_id = p_org AND h.site = v_req.site AND h.profile = v_req.profile
+                                               AND h.segment IS DISTINCT FROM v_req.segment))
                               ELSE v_counts END;
-    v_result.quantity := p_quantity;
     -- The organization, for R17's alternatives: the caller reads them in a
     -- statement of its own, after this one has released its turns.
     v_result.org_id := p_org;
@@ -560,11 +566,11 @@ BEGIN
     -- transaction id yet: the API's autocommit call), its commit need not
     -- wait for the disk: a crash may lose the last refusals, never a
     -- reservation.
-    PERFORM record_refusal(p_org, v_result.outcome, p_site, p_profile, p_vendor,
-                           CASE WHEN v_free < p_quantity THEN v_counts
+    PERFORM record_refusal(p_org, v_result.outcome, v_req.site, v_req.profile, v_req.vendor,
+                           CASE WHEN v_free < v_req.quantity THEN v_counts
                                 WHEN v_reserved THEN v_result.excluded
                                 ELSE jsonb_build_object('candidates', v_free) END,
-                           p_quantity, p_segment, p_customer);
+                           v_req.quantity, v_req.segment, v_req.customer_ref);
     RETURN NEXT v_result;
 END
 $$;
@@ -588,23 +594,65 @@ END
 $$;
 
 -- POST /api/v1/reservations in one statement: the caller, then reserve.
-CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
-                                  p_profile text, p_vendor text, p_hold integer, p_quantity integer,
-                                  p_segment text, p_customer text)
-RETURNS TABLE (caller text, result reserve_result)
+CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_request jsonb)
+RETURNS TABLE (caller text, answer reserve_answer)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_caller record;
 BEGIN
     SELECT * INTO v_caller FROM api_caller(p_token_hash, 'orders', p_module_on);
     IF v_caller.status <> 'ok' THEN
-        RETURN QUERY SELECT v_caller.status, NULL::reserve_result;
+        RETURN QUERY SELECT v_caller.status, NULL::reserve_answer;
         RETURN;
     END IF;
-    RETURN QUERY SELECT 'ok'::text, o
-        FROM reserve_order(v_caller.org_id, v_caller.actor, p_order_ref, p_site, p_profile, p_vendor,
-                           p_hold, p_quantity, p_segment, p_customer) o;
+    RETURN QUERY SELECT 'ok'::text, o FROM reserve_order(v_caller.org_id, v_caller.actor, p_request) o;
 END
+$$;
+
+-- The entry points of 10 arguments, which binaries of the previous
+-- release call while a deployment rolls: the reserve above, answered in
+-- their flat `reserve_result`. Nothing else calls them; a later set drops
+-- them (with reserve_result_of and reserve_result_of_answer), and no
+-- entry point takes the request field by field again.
+CREATE OR REPLACE FUNCTION reserve_result_of_answer(p reserve_answer, p_quantity integer)
+RETURNS reserve_result LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v reserve_result;
+BEGIN
+    v := reserve_result_of(p.outcome, p.reservation, p.scanned, p.locked_by_others, p.gone, p.attempts);
+    v.org_id := coalesce(v.org_id, p.org_id);
+    v.candidates := p.candidates;
+    v.excluded := p.excluded;
+    v.alternatives := p.alternatives;
+    v.quantity := coalesce(v.quantity, p_quantity::smallint);
+    RETURN v;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref text, p_site text, p_profile text,
+                              p_vendor text, p_hold integer, p_quantity integer, p_segment text,
+                              p_customer text)
+RETURNS SETOF reserve_result
+LANGUAGE sql AS $$
+    SELECT r.* FROM reserve_order(p_org, p_actor,
+                                  jsonb_build_object('order_ref', p_order_ref, 'site', p_site, 'profile', p_profile,
+                                                     'vendor', p_vendor, 'hold_seconds', p_hold,
+                                                     'quantity', p_quantity, 'segment', p_segment,
+                                                     'customer_ref', p_customer)) a,
+                   LATERAL reserve_result_of_answer(a, p_quantity) r
+$$;
+
+CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_order_ref text, p_site text,
+                                  p_profile text, p_vendor text, p_hold integer, p_quantity integer,
+                                  p_segment text, p_customer text)
+RETURNS TABLE (caller text, result reserve_result)
+LANGUAGE sql AS $$
+    SELECT c.caller, CASE WHEN c.caller = 'ok' THEN reserve_result_of_answer(c.answer, p_quantity) END
+      FROM api_reserve_order(p_token_hash, p_module_on,
+                             jsonb_build_object('order_ref', p_order_ref, 'site', p_site, 'profile', p_profile,
+                                                'vendor', p_vendor, 'hold_seconds', p_hold,
+                                                'quantity', p_quantity, 'segment', p_segment,
+                                                'customer_ref', p_customer)) c
 $$;
 
 -- The entry points of orders of one, which the release before orders of
@@ -618,3 +666,7 @@ DROP FUNCTION IF EXISTS reserve_walk(bigint, text, text, text, text, text, integ
 -- from set 16 (sql/VERSIONS).
 DROP FUNCTION IF EXISTS api_reserve_order(bytea, boolean, text, text, text, text, integer, integer);
 DROP FUNCTION IF EXISTS reserve_order(bigint, text, text, text, text, text, integer, integer);
+-- The walks of the previous release, which took the request field by
+-- field: only its reserve_order called them.
+DROP FUNCTION IF EXISTS reserve_walk_slots(bigint, text, text, text, text, text, integer, bigint[], integer);
+DROP FUNCTION IF EXISTS reserve_order_walk(bigint, text, text, text, text, text, integer, bigint[], integer);

@@ -56,7 +56,7 @@ pub const MAX_ATTEMPTS: usize = 5;
 pub const RETRY_AFTER_SECONDS: u32 = 1;
 
 /// What an order asks for.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct OrderSpec {
     pub site: Site,
     pub profile: Profile,
@@ -83,29 +83,33 @@ pub enum Exclusion {
     },
 }
 
+crate::domain::closed_set! {
+    /// The key of an exclusion: the `excluded` counts of docs/api.md, the
+    /// verdict `machine_verdicts` writes, the groups of Why not? and of
+    /// lost demand; in the order the allocator checks them (R7), with the
+    /// words staff read on every page.
+    pub enum ExclusionKey("exclusion") {
+        WrongSite = "wrong_site", "at another site";
+        WrongVendor = "wrong_vendor", "other vendor";
+        WrongProfile = "wrong_profile", "other profile";
+        NotReady = "not_ready", "not ready";
+        InService = "in_service", "in service";
+        Held = "held", "held";
+    }
+}
+
 impl Exclusion {
-    /// The key of the `excluded` counts (docs/api.md): wrong_site, wrong_vendor,
-    /// wrong_profile, not_ready, in_service, held.
-    pub fn key(&self) -> &'static str {
+    /// The key of the `excluded` counts (docs/api.md).
+    pub fn key(&self) -> ExclusionKey {
         match self {
-            Exclusion::WrongSite => "wrong_site",
-            Exclusion::WrongVendor => "wrong_vendor",
-            Exclusion::WrongProfile => "wrong_profile",
-            Exclusion::NotReady { .. } => "not_ready",
-            Exclusion::InService { .. } => "in_service",
-            Exclusion::Held { .. } => "held",
+            Exclusion::WrongSite => ExclusionKey::WrongSite,
+            Exclusion::WrongVendor => ExclusionKey::WrongVendor,
+            Exclusion::WrongProfile => ExclusionKey::WrongProfile,
+            Exclusion::NotReady { .. } => ExclusionKey::NotReady,
+            Exclusion::InService { .. } => ExclusionKey::InService,
+            Exclusion::Held { .. } => ExclusionKey::Held,
         }
     }
-
-    /// Every key, in the order the allocator checks them.
-    pub const KEYS: [&'static str; 6] = [
-        "wrong_site",
-        "wrong_vendor",
-        "wrong_profile",
-        "not_ready",
-        "in_service",
-        "held",
-    ];
 
     /// One plain sentence for staff.
     pub fn describe(&self) -> String {
@@ -156,7 +160,7 @@ pub fn candidate_query() -> String {
 struct Classified {
     #[sqlx(flatten)]
     machine: Machine,
-    exclusion: Option<String>,
+    exclusion: Option<ExclusionKey>,
     service_ref: Option<String>,
     held_by: Option<i64>,
     held_until: Option<DateTime<Utc>>,
@@ -164,19 +168,18 @@ struct Classified {
 
 impl Classified {
     fn exclusion(&self) -> Option<Exclusion> {
-        let kind = self.exclusion.as_deref()?;
-        Some(match kind {
-            "wrong_site" => Exclusion::WrongSite,
-            "wrong_vendor" => Exclusion::WrongVendor,
-            "wrong_profile" => Exclusion::WrongProfile,
+        Some(match self.exclusion? {
+            ExclusionKey::WrongSite => Exclusion::WrongSite,
+            ExclusionKey::WrongVendor => Exclusion::WrongVendor,
+            ExclusionKey::WrongProfile => Exclusion::WrongProfile,
             // The schema's CHECK keeps status to the known values.
-            "not_ready" => Exclusion::NotReady {
+            ExclusionKey::NotReady => Exclusion::NotReady {
                 status: MachineStatus::parse(&self.machine.status).unwrap_or(MachineStatus::Broken),
             },
-            "in_service" => Exclusion::InService {
+            ExclusionKey::InService => Exclusion::InService {
                 service_ref: self.service_ref.clone().unwrap_or_default(),
             },
-            _ => Exclusion::Held {
+            ExclusionKey::Held => Exclusion::Held {
                 reservation_id: self.held_by.unwrap_or_default(),
                 until: self.held_until.unwrap_or_default(),
             },
@@ -279,6 +282,20 @@ pub struct ExcludedCounts {
     pub candidates: i64,
 }
 
+impl ExcludedCounts {
+    /// The count of one key.
+    pub fn get(&self, key: ExclusionKey) -> i64 {
+        match key {
+            ExclusionKey::WrongSite => self.wrong_site,
+            ExclusionKey::WrongVendor => self.wrong_vendor,
+            ExclusionKey::WrongProfile => self.wrong_profile,
+            ExclusionKey::NotReady => self.not_ready,
+            ExclusionKey::InService => self.in_service,
+            ExclusionKey::Held => self.held,
+        }
+    }
+}
+
 /// Every machine of the organization, counted by verdict.
 pub async fn excluded_counts(
     conn: &mut PgConnection,
@@ -289,19 +306,19 @@ pub async fn excluded_counts(
         "SELECT c.exclusion, count(*) FROM ({}) c GROUP BY c.exclusion",
         classified("true")
     );
-    let rows: Vec<(Option<String>, i64)> =
+    let rows: Vec<(Option<ExclusionKey>, i64)> =
         bind_spec(sqlx::query_as(sqlx::AssertSqlSafe(sql)), org_id, spec)
             .fetch_all(conn)
             .await?;
-    let by_kind: BTreeMap<Option<String>, i64> = rows.into_iter().collect();
-    let n = |k: &str| by_kind.get(&Some(k.to_owned())).copied().unwrap_or(0);
+    let by_kind: BTreeMap<Option<ExclusionKey>, i64> = rows.into_iter().collect();
+    let n = |k: ExclusionKey| by_kind.get(&Some(k)).copied().unwrap_or(0);
     Ok(ExcludedCounts {
-        wrong_site: n("wrong_site"),
-        wrong_vendor: n("wrong_vendor"),
-        wrong_profile: n("wrong_profile"),
-        not_ready: n("not_ready"),
-        in_service: n("in_service"),
-        held: n("held"),
+        wrong_site: n(ExclusionKey::WrongSite),
+        wrong_vendor: n(ExclusionKey::WrongVendor),
+        wrong_profile: n(ExclusionKey::WrongProfile),
+        not_ready: n(ExclusionKey::NotReady),
+        in_service: n(ExclusionKey::InService),
+        held: n(ExclusionKey::Held),
         candidates: by_kind.get(&None).copied().unwrap_or(0),
     })
 }
@@ -353,7 +370,8 @@ async fn lock_machine(conn: &mut PgConnection, machine_id: i64) -> Result<bool, 
 }
 
 /// A reservation's lifetime in seconds: 1 to 86400 (the schema's range).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
 pub struct HoldSeconds(u32);
 
 impl HoldSeconds {
@@ -381,7 +399,8 @@ impl HoldSeconds {
 /// attempts, plus one for the whole order) well under the 64 subtransactions
 /// a backend caches, and the machine rows one transaction holds few; the
 /// schema's `reservations_order_quantity_range` says the same.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
 pub struct Quantity(u8);
 
 impl Quantity {
@@ -411,15 +430,22 @@ pub fn max_scanned(quantity: Quantity) -> usize {
     MAX_SCANNED - 1 + usize::from(quantity.get())
 }
 
-/// A reserve request.
-#[derive(Debug, Clone)]
+/// A reserve request: the one value the SQL functions receive (as jsonb,
+/// read into the type `reserve_request` by `jsonb_populate_record`), so
+/// that an optional field is a field here and an attribute there, never
+/// another argument of a function. Serialized with the attributes' names.
+#[derive(Debug, Clone, Serialize)]
 pub struct ReserveRequest {
     pub order_ref: OrderRef,
+    #[serde(flatten)]
     pub spec: OrderSpec,
+    #[serde(rename = "hold_seconds")]
     pub hold: HoldSeconds,
     /// How many machines, all or none (R13).
     pub quantity: Quantity,
-    /// Who asked: a token name or a staff email (the `created` event's actor).
+    /// Who asked: a token name or a staff email (the `created` event's
+    /// actor); an argument of its own, not part of what is asked.
+    #[serde(skip)]
     pub actor: String,
     /// R18: the segment the order belongs to (it may take that segment's
     /// headroom); none: an order of no segment.
@@ -588,21 +614,12 @@ pub async fn reserve_on(
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<ReserveOutcome, sqlx::Error> {
-    let rows: Vec<ReserveRow> = sqlx::query_as(
-        "SELECT * FROM reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8, $9::text, $10::text)",
-    )
-    .bind(org_id)
-    .bind(&req.actor)
-    .bind(req.order_ref.as_str())
-    .bind(req.spec.site.as_str())
-    .bind(req.spec.profile.as_str())
-    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-    .bind(req.hold.get() as i32)
-    .bind(i32::from(req.quantity.get()))
-    .bind(req.segment.as_ref().map(Segment::as_str))
-    .bind(req.customer_ref.as_ref().map(CustomerRef::as_str))
-    .fetch_all(db)
-    .await?;
+    let rows: Vec<ReserveRow> = sqlx::query_as(sqlx::AssertSqlSafe(RESERVE.as_str()))
+        .bind(org_id)
+        .bind(&req.actor)
+        .bind(sqlx::types::Json(req))
+        .fetch_all(db)
+        .await?;
     ReserveRow::into_outcome(rows)
 }
 
@@ -617,7 +634,6 @@ pub async fn reserve_for_token(
     module_on: bool,
     req: &ReserveRequest,
 ) -> Result<Result<ReserveOutcome, CallerRefusal>, sqlx::Error> {
-    const SQL: &str = "SELECT c.caller, (c.result).* FROM api_reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8, $9::text, $10::text) c";
     // The statement is a child span of the request's; when that trace is
     // sampled, its traceparent is a comment before the statement, so that
     // it shows in pg_stat_activity and the PostgreSQL log. Such a statement
@@ -631,21 +647,14 @@ pub async fn reserve_for_token(
     let rows: Vec<CallerRow<ReserveRow>> = async {
         let traced = crate::telemetry::sampled_traceparent();
         let sql = match &traced {
-            Some(tp) => format!("/* traceparent='{tp}' */ {SQL}"),
-            None => SQL.to_owned(),
+            Some(tp) => format!("/* traceparent='{tp}' */ {}", *API_RESERVE),
+            None => API_RESERVE.clone(),
         };
         sqlx::query_as(sqlx::AssertSqlSafe(sql))
             .persistent(traced.is_none())
             .bind(token_hash)
             .bind(module_on)
-            .bind(req.order_ref.as_str())
-            .bind(req.spec.site.as_str())
-            .bind(req.spec.profile.as_str())
-            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-            .bind(req.hold.get() as i32)
-            .bind(i32::from(req.quantity.get()))
-            .bind(req.segment.as_ref().map(Segment::as_str))
-            .bind(req.customer_ref.as_ref().map(CustomerRef::as_str))
+            .bind(sqlx::types::Json(req))
             .fetch_all(db)
             .await
     }
@@ -661,12 +670,51 @@ pub async fn reserve_for_token(
     }
 }
 
-/// A row of the SQL type `reserve_result`.
-#[derive(Debug, sqlx::FromRow)]
+/// The columns of a `reserve_answer` `of` (an alias, or `(c.answer)`) as
+/// `ReserveRow` reads them: the reservation's one by one
+/// (`reservations::reservation_columns`).
+fn answer_columns(of: &str) -> String {
+    format!(
+        "{of}.outcome, {of}.org_id AS answer_org_id, {of}.scanned, {of}.locked_by_others, {of}.gone, \
+         {of}.attempts, {of}.candidates, {of}.excluded, {of}.alternatives, {}",
+        reservations::reservation_columns(&format!("({of}.reservation)"))
+    )
+}
+
+/// `reserve_on`'s statement: `$1` org, `$2` actor, `$3` the request.
+static RESERVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM reserve_order($1, $2, $3) x",
+        answer_columns("x")
+    )
+});
+
+/// `reserve_for_token`'s statement: `$1` the token's digest, `$2` the
+/// deployment's module switch, `$3` the request.
+static API_RESERVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT c.caller, {} FROM api_reserve_order($1, $2, $3) c",
+        answer_columns("(c.answer)")
+    )
+});
+
+/// `walk_candidates`' statement: `$4` the candidates.
+static WALK: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM reserve_order_walk($1, $2, jsonb_populate_record(NULL::reserve_request, $3), $4) x",
+        answer_columns("x")
+    )
+});
+
+/// A row of the SQL type `reserve_answer` (`answer_columns`): the
+/// outcome, the walk's counters, a refusal's counts, and the reservation,
+/// if any.
+#[derive(Debug)]
 struct ReserveRow {
     outcome: Option<String>,
-    #[sqlx(flatten)]
-    reservation: reservations::MaybeReservation,
+    /// The organization, set on a refusal's row too (R17's alternatives).
+    org_id: Option<i64>,
+    reservation: Option<Reservation>,
     scanned: Option<i32>,
     locked_by_others: Option<i32>,
     gone: Option<i32>,
@@ -674,6 +722,24 @@ struct ReserveRow {
     candidates: Option<i64>,
     excluded: Option<sqlx::types::Json<serde_json::Value>>,
     alternatives: Option<sqlx::types::Json<Vec<Alternative>>>,
+}
+
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for ReserveRow {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        Ok(ReserveRow {
+            outcome: row.try_get("outcome")?,
+            org_id: row.try_get("answer_org_id")?,
+            reservation: Reservation::of_answer(row)?,
+            scanned: row.try_get("scanned")?,
+            locked_by_others: row.try_get("locked_by_others")?,
+            gone: row.try_get("gone")?,
+            attempts: row.try_get("attempts")?,
+            candidates: row.try_get("candidates")?,
+            excluded: row.try_get("excluded")?,
+            alternatives: row.try_get("alternatives")?,
+        })
+    }
 }
 
 impl ReserveRow {
@@ -695,7 +761,15 @@ impl ReserveRow {
             .and_then(|r| r.outcome.clone())
             .unwrap_or_default();
         let reservations = || -> Result<Vec<Reservation>, sqlx::Error> {
-            rows.into_iter().map(|r| r.reservation.required()).collect()
+            rows.into_iter()
+                .map(|r| {
+                    r.reservation.ok_or_else(|| {
+                        sqlx::Error::Protocol(
+                            "the walk answered a row without its reservation".to_owned(),
+                        )
+                    })
+                })
+                .collect()
         };
         Ok(match outcome.as_str() {
             "created" => Walked::Created(reservations()?),
@@ -718,7 +792,7 @@ impl ReserveRow {
         let walk = first.walk();
         let candidates = first.candidates.unwrap_or(0);
         let alternatives = first.alternatives.take().map(|j| j.0).unwrap_or_default();
-        let org_id = first.reservation.org_id().unwrap_or(0);
+        let org_id = first.org_id.unwrap_or(0);
         let excluded = first.excluded.take().map(|j| j.0).unwrap_or_default();
         let number = |key: &str| {
             excluded
@@ -804,20 +878,13 @@ pub async fn walk_candidates(
     candidates: &[i64],
     walk: &mut WalkStats,
 ) -> Result<Walked, sqlx::Error> {
-    let rows: Vec<ReserveRow> = sqlx::query_as(
-        "SELECT * FROM reserve_order_walk($1, $2, $3, $4, $5, $6::text, $7, $8, $9)",
-    )
-    .bind(org_id)
-    .bind(&req.actor)
-    .bind(req.order_ref.as_str())
-    .bind(req.spec.site.as_str())
-    .bind(req.spec.profile.as_str())
-    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-    .bind(req.hold.get() as i32)
-    .bind(candidates)
-    .bind(i32::from(req.quantity.get()))
-    .fetch_all(tx)
-    .await?;
+    let rows: Vec<ReserveRow> = sqlx::query_as(sqlx::AssertSqlSafe(WALK.as_str()))
+        .bind(org_id)
+        .bind(&req.actor)
+        .bind(sqlx::types::Json(req))
+        .bind(candidates)
+        .fetch_all(tx)
+        .await?;
     *walk = rows.first().map(ReserveRow::walk).unwrap_or_default();
     ReserveRow::walked(rows)
 }

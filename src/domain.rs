@@ -50,6 +50,133 @@ pub fn parse_label(what: &'static str, s: &str, max: usize) -> Result<String, Pa
     Ok(s.to_owned())
 }
 
+/// A closed set: one enum per set of fixed words the schema or the API
+/// knows (a state, an exclusion key, a flash code), with its wire name
+/// (the JSON value and the database's text, kept to the set by a CHECK)
+/// and its words for people. Read from the database as text: a value the
+/// set does not know is a decode error, never a silent default. Adding a
+/// member is one line here; every `match` on the set then names it.
+macro_rules! closed_set {
+    ($(#[$doc:meta])* $vis:vis enum $name:ident ($what:literal) {
+        $($(#[$vdoc:meta])* $variant:ident = $wire:literal, $words:literal;)+
+    }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        $vis enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every member, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant,)+];
+
+            /// The wire name: JSON, the database, query strings.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $wire,)+
+                }
+            }
+
+            /// The words for people (pages, messages).
+            pub fn words(self) -> &'static str {
+                match self {
+                    $($name::$variant => $words,)+
+                }
+            }
+
+            pub fn parse(s: &str) -> Result<$name, $crate::domain::ParseError> {
+                match s {
+                    $($wire => Ok($name::$variant),)+
+                    _ => Err($crate::domain::ParseError {
+                        what: $what,
+                        problem: format!("must be one of {}", [$($wire),+].join(", ")),
+                    }),
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<$name, D::Error> {
+                let s = <std::borrow::Cow<'de, str> as serde::Deserialize>::deserialize(d)?;
+                $name::parse(&s).map_err(serde::de::Error::custom)
+            }
+        }
+
+        impl sqlx::Type<sqlx::Postgres> for $name {
+            fn type_info() -> sqlx::postgres::PgTypeInfo {
+                <str as sqlx::Type<sqlx::Postgres>>::type_info()
+            }
+            fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+                <str as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, sqlx::Postgres> for $name {
+            fn decode(
+                value: sqlx::postgres::PgValueRef<'r>,
+            ) -> Result<$name, sqlx::error::BoxDynError> {
+                let s = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+                Ok($name::parse(s)?)
+            }
+        }
+
+        impl sqlx::Encode<'_, sqlx::Postgres> for $name {
+            fn encode_by_ref(
+                &self,
+                buf: &mut sqlx::postgres::PgArgumentBuffer,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <&str as sqlx::Encode<sqlx::Postgres>>::encode(self.as_str(), buf)
+            }
+        }
+    };
+}
+pub(crate) use closed_set;
+
+closed_set! {
+    /// Where a reservation is in its life (the `reservations_state_known`
+    /// CHECK): held until converted, cancelled or expired; the three are
+    /// final.
+    pub enum ReservationState("state") {
+        Held = "held", "held";
+        Converted = "converted", "converted into a service";
+        Expired = "expired", "expired";
+        Cancelled = "cancelled", "cancelled";
+    }
+}
+
+closed_set! {
+    /// What happened to a reservation (the `reservation_events_kind_known`
+    /// CHECK), in its timeline and its webhooks.
+    pub enum EventKind("kind") {
+        Created = "created", "created";
+        Converted = "converted", "converted";
+        Cancelled = "cancelled", "cancelled";
+        Expired = "expired", "expired";
+        Extended = "extended", "extended";
+        MachineReplaced = "machine_replaced", "moved to another machine";
+        Expiring = "expiring", "warned of its deadline";
+    }
+}
+
+impl ReservationState {
+    /// Held: the only state a transition starts from.
+    pub fn is_held(self) -> bool {
+        self == ReservationState::Held
+    }
+}
+
 macro_rules! label {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:literal) => {
         label!($(#[$doc])* $name, $what, $max, Ok);

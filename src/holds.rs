@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::db::Db;
-use crate::domain::{CustomerRef, Site};
+use crate::domain::{CustomerRef, ReservationState, Site};
 use crate::reservations::Reservation;
 
 /// A position in the deadline order: (expires_at, id), unique; encoded in
@@ -41,42 +41,20 @@ pub struct LiveFilter {
     pub customer: Option<CustomerRef>,
 }
 
-/// One held reservation of the live list.
+/// One held reservation of the live list: the reservation, and what the
+/// list shows beside it.
 #[derive(sqlx::FromRow)]
-pub struct HeldRow {
-    pub id: i64,
-    pub order_ref: String,
+pub struct HeldLine {
+    #[sqlx(flatten)]
+    pub reservation: Reservation,
+    /// Its machine as it is now.
     pub asset_tag: String,
     pub site: String,
-    pub fence: i64,
-    pub expires_at: DateTime<Utc>,
+    /// Seconds left by the database clock.
     pub remaining: i64,
-    pub quantity: i16,
-    pub slot: i16,
     /// R15: the machine the hold last left, and when.
     pub replaced_tag: Option<String>,
     pub replaced_at: Option<DateTime<Utc>>,
-    /// R18, R19: the order's segment and end customer, when it named them.
-    pub segment: Option<String>,
-    pub customer_ref: Option<String>,
-}
-
-/// The segment (R18) and end customer (R19) reservation `id` of `org_id`
-/// was made for; both `None` where the order named none (or there is no
-/// such reservation).
-pub async fn segment_and_customer(
-    pool: &Db,
-    org_id: i64,
-    id: i64,
-) -> Result<(Option<String>, Option<String>), sqlx::Error> {
-    Ok(sqlx::query_as(
-        "SELECT segment, customer_ref FROM reservations WHERE id = $1 AND org_id = $2",
-    )
-    .bind(id)
-    .bind(org_id)
-    .fetch_optional(pool)
-    .await?
-    .unwrap_or((None, None)))
 }
 
 /// Held reservations matching `f`, in deadline order from `cursor`
@@ -88,7 +66,7 @@ pub async fn held_page(
     cursor: Option<Cursor>,
     backwards: bool,
     limit: i64,
-) -> Result<Vec<HeldRow>, sqlx::Error> {
+) -> Result<Vec<HeldLine>, sqlx::Error> {
     // The remaining seconds come from the database clock (clock_timestamp),
     // the same clock that judges expiry; the browser only counts down from
     // it, never reads its own wall clock. Keyset paging on (expires_at, id)
@@ -118,11 +96,10 @@ pub async fn held_page(
 /// `$4`, `$5` the cursor (deadline, id), `$6` the limit, `$7` the customer.
 pub fn held_page_sql(backwards: bool) -> String {
     format!(
-        "SELECT p.id, p.order_ref, m.asset_tag, m.site, p.fence, p.expires_at,
+        "SELECT {p_columns}, m.asset_tag, m.site,
                 floor(extract(epoch FROM p.expires_at - clock_timestamp()))::bigint AS remaining,
-                p.quantity, p.slot, x.replaced_tag, x.replaced_at, p.segment, p.customer_ref
-           FROM (SELECT r.id, r.order_ref, r.machine_id, r.fence, r.expires_at, r.quantity, r.slot,
-                        r.segment, r.customer_ref
+                x.replaced_tag, x.replaced_at
+           FROM (SELECT {r_columns}
                    FROM reservations r
                   WHERE r.org_id = $1 AND r.state = 'held' AND r.expires_at IS NOT NULL
                     AND ($2::text IS NULL
@@ -140,6 +117,8 @@ pub fn held_page_sql(backwards: bool) -> String {
                  WHERE e.reservation_id = p.id AND e.kind = 'machine_replaced'
                  ORDER BY e.id DESC LIMIT 1) x ON true
           ORDER BY p.expires_at {dir}, p.id {dir}",
+        p_columns = crate::reservations::reservation_columns("p"),
+        r_columns = crate::reservations::reservation_columns("r"),
         cmp = if backwards { "<" } else { ">" },
         dir = if backwards { "DESC" } else { "ASC" },
     )
@@ -209,7 +188,7 @@ pub struct OrderLine {
     pub id: i64,
     pub fence: i64,
     pub slot: i16,
-    pub state: String,
+    pub state: ReservationState,
     pub asset_tag: String,
     pub site: String,
 }

@@ -10,11 +10,17 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use crate::allocator::{self, HoldSeconds, OrderSpec, Quantity, ReserveOutcome, ReserveRequest};
+use std::collections::BTreeMap;
+
+use crate::allocator::{
+    self, Alternative, ExcludedCounts, HoldSeconds, OrderSpec, Quantity, ReserveOutcome,
+    ReserveRequest,
+};
 use crate::api::caller::{ApiClient, BearerToken};
 use crate::api::json;
 use crate::domain::{
-    CustomerRef, OrderRef, Profile, Scope, Segment, ServiceRef, Site, Vendor, count_of,
+    CustomerRef, OrderRef, Profile, ReservationState, Scope, Segment, ServiceRef, Site, Vendor,
+    count_of,
 };
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
@@ -75,6 +81,7 @@ pub struct ReserveBody {
 /// Bodies and path ids are parsed in the handler, after the module check,
 /// so that with the module off every request is refused the same way (R12);
 /// anything malformed is `400 invalid` and writes nothing.
+///
 /// Every body is a JSON object: serde would also fill a struct from an
 /// array of its fields by position, which the published contract (objects,
 /// no additional properties) does not allow.
@@ -116,7 +123,7 @@ pub(crate) fn path_id(raw: &str) -> Result<i64, ApiError> {
 /// The API's view of a reservation: the row (with its frozen machine, R8)
 /// and, once converted, its service link.
 async fn body(pool: &Db, org_id: i64, r: &Reservation) -> Result<Value, ApiError> {
-    let link = if r.state == "converted" {
+    let link = if r.state == ReservationState::Converted {
         reservations::service_of(pool, org_id, r.id).await?
     } else {
         None
@@ -207,6 +214,8 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
     })
 }
 
+/// `POST /api/v1/reservations`: parse, reserve in one statement, count,
+/// answer (`Reserved` and `Refused` say how).
 async fn reserve(
     token: BearerToken,
     settings: web::Data<Settings>,
@@ -217,8 +226,6 @@ async fn reserve(
     let bytes = read_body(payload).await;
     let req = bytes.and_then(|b| reserve_request(&b, &settings));
     let req = parsed(req, &token, &pool, &settings).await?;
-    // F3: a lost connection once sent is `outcome_unknown`, and the replay
-    // with this order_ref says what happened.
     // The reserve's span: what was asked and what came of it.
     let span = tracing::info_span!(
         "reserve",
@@ -228,7 +235,9 @@ async fn reserve(
         candidates = tracing::field::Empty,
         candidates_locked_by_others = tracing::field::Empty,
     );
-    let outcome = write(&pool, Shape::Statement, async |conn| {
+    // F3: a lost connection once sent is `outcome_unknown`, and the replay
+    // with this order_ref says what happened.
+    let mut outcome = write(&pool, Shape::Statement, async |conn| {
         allocator::reserve_for_token(conn, token.digest(), settings.datacenter_module, &req).await
     })
     .instrument(span.clone())
@@ -237,144 +246,206 @@ async fn reserve(
         span.record("outcome", "refused");
         caller_refused(e)
     })?;
-    let mut outcome = outcome;
     if let Some((org_id, alternatives)) = outcome.alternatives_mut() {
         *alternatives = allocator::alternatives(&**pool, org_id, &req).await?;
     }
-    span.record("outcome", outcome.label());
-    match &outcome {
-        allocator::ReserveOutcome::Created { walk, .. } => {
-            span.record("candidates", walk.scanned as i64);
-            span.record("candidates_locked_by_others", walk.locked_by_others as i64);
-        }
-        allocator::ReserveOutcome::Contended {
-            walk, candidates, ..
-        } => {
-            span.record("candidates", *candidates);
-            span.record("candidates_locked_by_others", walk.locked_by_others as i64);
-        }
-        allocator::ReserveOutcome::Unavailable { .. }
-        | allocator::ReserveOutcome::CustomerLimit { .. } => {
-            span.record("candidates", 0_i64);
-        }
-        allocator::ReserveOutcome::Reserved { candidates, .. } => {
-            span.record("candidates", *candidates);
-        }
-        allocator::ReserveOutcome::Existing { .. } => {}
-    }
+    record_outcome(&span, &outcome);
     metrics
         .reservations
         .with_label_values(&[outcome.label()])
         .inc();
     // Lost demand, labelled by the inventory's sites and profiles.
     crate::demand::count_refusal(&metrics, &pool, &outcome, &req.spec).await;
-    let quantity = req.quantity.get();
+    Reserved::try_from(Answered {
+        outcome,
+        quantity: req.quantity.get(),
+    })?
+    .respond(&pool)
+    .await
+}
+
+/// The span's fields of what came of a reserve.
+fn record_outcome(span: &tracing::Span, outcome: &ReserveOutcome) {
+    span.record("outcome", outcome.label());
     match outcome {
-        // An order of one answers as a reservation, as it always did; an
-        // order of several answers with all of its reservations (R13).
-        ReserveOutcome::Created {
-            reservation,
-            others,
-            ..
-        } if others.is_empty() => Ok(HttpResponse::Created().json(body_with(&reservation, None)?)),
-        ReserveOutcome::Created {
-            reservation,
-            others,
-            ..
-        } => {
-            let order: OrderAfter = std::iter::once(reservation)
-                .chain(others)
-                .map(|r| (r, None))
-                .collect();
-            Ok(HttpResponse::Created().json(order_body(&order)?))
-        }
-        ReserveOutcome::Existing {
-            reservation,
-            others,
-        } if others.is_empty() => {
-            Ok(HttpResponse::Ok().json(body(&pool, reservation.org_id, &reservation).await?))
-        }
-        ReserveOutcome::Existing { reservation, .. } => {
-            let order = read_order(&pool, reservation.org_id, &reservation.order_ref).await?;
-            Ok(HttpResponse::Ok().json(order_body(&order)?))
+        ReserveOutcome::Created { walk, .. } => {
+            span.record("candidates", walk.scanned as i64);
+            span.record("candidates_locked_by_others", walk.locked_by_others as i64);
         }
         ReserveOutcome::Contended {
-            walk,
-            candidates,
-            alternatives,
-            ..
-        } => Err(conflict(
-            "contended",
-            if quantity == 1 {
-                "machines match this order but faster orders are taking them; retry in a moment"
-                    .to_owned()
-            } else {
-                format!(
-                    "{} this order of {quantity} but faster orders are taking them; retry in a moment",
-                    count_of(candidates, "machine matches", "machines match")
-                )
-            },
+            walk, candidates, ..
+        } => {
+            span.record("candidates", *candidates);
+            span.record("candidates_locked_by_others", walk.locked_by_others as i64);
+        }
+        ReserveOutcome::Unavailable { .. } | ReserveOutcome::CustomerLimit { .. } => {
+            span.record("candidates", 0_i64);
+        }
+        ReserveOutcome::Reserved { candidates, .. } => {
+            span.record("candidates", *candidates);
+        }
+        ReserveOutcome::Existing { .. } => {}
+    }
+}
+
+/// What the allocator answered to an order of `quantity` machines.
+struct Answered {
+    outcome: ReserveOutcome,
+    quantity: u8,
+}
+
+/// A reserve that holds its machines: a new order (201) or one already
+/// written, whatever its state (200, R9). An order of one answers as a
+/// reservation, as it always did; an order of several with all of its
+/// reservations (R13).
+enum Reserved {
+    Created(Vec<Reservation>),
+    Existing(Vec<Reservation>),
+}
+
+/// A refusal is the error the API answers with (docs/api.md's codes).
+impl TryFrom<Answered> for Reserved {
+    type Error = ApiError;
+
+    fn try_from(a: Answered) -> Result<Reserved, ApiError> {
+        let n = a.quantity;
+        match a.outcome {
+            ReserveOutcome::Created {
+                reservation,
+                others,
+                ..
+            } => Ok(Reserved::Created(
+                std::iter::once(reservation).chain(others).collect(),
+            )),
+            ReserveOutcome::Existing {
+                reservation,
+                others,
+            } => Ok(Reserved::Existing(
+                std::iter::once(reservation).chain(others).collect(),
+            )),
+            ReserveOutcome::Contended {
+                walk,
+                candidates,
+                alternatives,
+                ..
+            } => Err(contended(n, walk.scanned, candidates, &alternatives)),
+            ReserveOutcome::Unavailable {
+                excluded,
+                alternatives,
+                ..
+            } => Err(unavailable(n, &excluded, &alternatives)),
+            ReserveOutcome::Reserved {
+                candidates,
+                kept,
+                alternatives,
+                ..
+            } => Err(reserved(n, candidates, &kept, &alternatives)),
+            ReserveOutcome::CustomerLimit { limit, holds, .. } => {
+                Err(customer_limit(n, limit, holds))
+            }
+        }
+    }
+}
+
+impl Reserved {
+    async fn respond(self, pool: &Db) -> Result<HttpResponse, ApiError> {
+        match self {
+            Reserved::Created(order) if order.len() == 1 => {
+                Ok(HttpResponse::Created().json(body_with(&order[0], None)?))
+            }
+            Reserved::Created(order) => {
+                let order: OrderAfter = order.into_iter().map(|r| (r, None)).collect();
+                Ok(HttpResponse::Created().json(order_body(&order)?))
+            }
+            Reserved::Existing(order) if order.len() == 1 => {
+                let r = &order[0];
+                Ok(HttpResponse::Ok().json(body(pool, r.org_id, r).await?))
+            }
+            Reserved::Existing(order) => {
+                let r = order.first().ok_or(not_found("order"))?;
+                let order = read_order(pool, r.org_id, &r.order_ref).await?;
+                Ok(HttpResponse::Ok().json(order_body(&order)?))
+            }
+        }
+    }
+}
+
+/// 409 `contended`: machines match but faster orders are taking them.
+fn contended(n: u8, scanned: usize, candidates: i64, alternatives: &[Alternative]) -> ApiError {
+    let message = if n == 1 {
+        "machines match this order but faster orders are taking them; retry in a moment".to_owned()
+    } else {
+        format!(
+            "{} this order of {n} but faster orders are taking them; retry in a moment",
+            count_of(candidates, "machine matches", "machines match")
         )
-        .with("scanned", json!(walk.scanned))
+    };
+    conflict("contended", message)
+        .with("scanned", json!(scanned))
         .with("candidates", json!(candidates))
-        .with("quantity", json!(quantity))
+        .with("quantity", json!(n))
         .with("alternatives", json!(alternatives))
-        .retry_after(allocator::RETRY_AFTER_SECONDS)),
-        ReserveOutcome::Unavailable {
-            excluded,
-            alternatives,
-            ..
-        } => Err(conflict(
-            "unavailable",
-            if quantity == 1 {
-                "no machine matches this order; more hardware is needed".to_owned()
-            } else {
-                format!(
-                    "only {} of the {quantity} machines of this order match; more hardware is needed",
-                    excluded.candidates
-                )
-            },
+        .retry_after(allocator::RETRY_AFTER_SECONDS)
+}
+
+/// 409 `unavailable`: fewer machines match than the order asks for.
+fn unavailable(n: u8, excluded: &ExcludedCounts, alternatives: &[Alternative]) -> ApiError {
+    let message = if n == 1 {
+        "no machine matches this order; more hardware is needed".to_owned()
+    } else {
+        format!(
+            "only {} of the {n} machines of this order match; more hardware is needed",
+            excluded.candidates
         )
+    };
+    conflict("unavailable", message)
         .with("excluded", json!(excluded))
         .with("candidates", json!(excluded.candidates))
-        .with("quantity", json!(quantity))
-        .with("alternatives", json!(alternatives))),
-        ReserveOutcome::Reserved {
-            candidates,
-            kept,
-            alternatives,
-            ..
-        } => Err(conflict(
-            "reserved",
-            format!(
-                "{} this order of {quantity}, but the sellable machines left \
-                 are kept for {}; nothing more can be sold to orders outside those segments",
-                count_of(candidates, "machine matches", "machines match"),
-                kept.keys().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        )
-        .with("kept", json!(kept))
-        .with("candidates", json!(candidates))
-        .with("quantity", json!(quantity))
-        .with("alternatives", json!(alternatives))),
-        ReserveOutcome::CustomerLimit { limit, holds, .. } => Err(conflict(
-            "customer_limit",
-            format!(
-                "this customer holds {} and the organization caps one customer's live \
-                 holds at {limit}; an order of {quantity} more is refused",
-                count_of(holds, "machine", "machines")
-            ),
-        )
-        .with("limit", json!(limit))
-        .with("holds", json!(holds))
-        .with("quantity", json!(quantity))),
-    }
+        .with("quantity", json!(n))
+        .with("alternatives", json!(alternatives))
+}
+
+/// 409 `reserved` (R18): what is left is kept for other segments.
+fn reserved(
+    n: u8,
+    candidates: i64,
+    kept: &BTreeMap<String, i64>,
+    alternatives: &[Alternative],
+) -> ApiError {
+    conflict(
+        "reserved",
+        format!(
+            "{} this order of {n}, but the sellable machines left \
+             are kept for {}; nothing more can be sold to orders outside those segments",
+            count_of(candidates, "machine matches", "machines match"),
+            kept.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+    )
+    .with("kept", json!(kept))
+    .with("candidates", json!(candidates))
+    .with("quantity", json!(n))
+    .with("alternatives", json!(alternatives))
+}
+
+/// 409 `customer_limit` (R19): the customer is at its cap.
+fn customer_limit(n: u8, limit: i64, holds: i64) -> ApiError {
+    conflict(
+        "customer_limit",
+        format!(
+            "this customer holds {} and the organization caps one customer's live \
+             holds at {limit}; an order of {n} more is refused",
+            count_of(holds, "machine", "machines")
+        ),
+    )
+    .with("limit", json!(limit))
+    .with("holds", json!(holds))
+    .with("quantity", json!(n))
 }
 
 /// Every reservation of an order with its service link once converted.
 async fn read_order(pool: &Db, org_id: i64, order_ref: &str) -> Result<OrderAfter, ApiError> {
     let order = reservations::order_of(pool, org_id, order_ref).await?;
-    let links = if order.iter().any(|r| r.state == "converted") {
+    let links = if order.iter().any(|r| r.state == ReservationState::Converted) {
         reservations::services_of_order(pool, org_id, order_ref).await?
     } else {
         Vec::new()
@@ -472,7 +543,7 @@ fn refusal(e: TransitionError) -> ApiError {
         .with("state", json!(state)),
         TransitionError::Expired { expires_at } => conflict("expired", e.to_string())
             .with("expires_at", json!(expires_at))
-            .with("state", json!("expired")),
+            .with("state", json!(ReservationState::Expired)),
         TransitionError::PartOfOrder {
             ref order_ref,
             quantity,

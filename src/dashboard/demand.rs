@@ -12,7 +12,7 @@ use super::csv;
 use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, fmt_time, page, url_with};
-use crate::allocator::Exclusion;
+use crate::allocator::ExclusionKey;
 use crate::demand::{self, CHART_HOURS, SiteProfileDemand};
 
 /// Rows of `/demand`.
@@ -43,10 +43,10 @@ fn excluded_summary(excluded: Option<&Value>) -> String {
     let Some(Value::Object(map)) = excluded else {
         return String::new();
     };
-    let parts: Vec<String> = Exclusion::KEYS
+    let parts: Vec<String> = ExclusionKey::ALL
         .iter()
         .filter_map(|k| {
-            let n = map.get(*k).and_then(Value::as_i64).unwrap_or(0);
+            let n = map.get(k.as_str()).and_then(Value::as_i64).unwrap_or(0);
             (n > 0).then(|| format!("{k} {n}"))
         })
         .collect();

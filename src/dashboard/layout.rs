@@ -38,28 +38,39 @@ impl Chrome {
     }
 }
 
-/// Flash messages travel as a short code in the query string after a
-/// redirect (post/redirect/get); only these fixed texts can be shown, so a
-/// crafted link cannot put words on the page.
+crate::domain::closed_set! {
+    /// Flash messages travel as a short code in the query string after a
+    /// redirect (post/redirect/get); only these fixed texts can be shown, so
+    /// a crafted link cannot put words on the page.
+    pub enum Flash("flash") {
+        Cancelled = "cancelled", "The reservation was cancelled.";
+        Converted = "converted", "The reservation was converted into a service.";
+        Extended = "extended", "The hold was extended; its new deadline is below.";
+        LoggedOut = "logged_out", "You are logged out.";
+        SettingsSaved = "settings_saved", "Settings saved.";
+        WebhookSaved = "webhook_saved", "Webhook saved. Pending events go to this URL.";
+        WebhookRotated = "webhook_rotated", "A new signing secret was made: give it to the receiver now.";
+        WebhookRemoved = "webhook_removed", "Webhook removed; its pending events were dropped.";
+        WebhookAbsent = "webhook_absent", "No webhook was set; nothing changed.";
+        HeadroomSaved = "headroom_saved", "Headroom saved: the pool keeps it from the next reserve on.";
+        HeadroomRemoved = "headroom_removed", "Headroom removed: orders of any segment may take those machines.";
+        UserAdded = "user_added", "The user was added.";
+        UserDisabled = "user_disabled", "The user was disabled and their sessions ended.";
+        TokenRevoked = "token_revoked", "The token was revoked; it is refused from now on.";
+        SessionExpired = "session_expired", "Your session has ended; please log in again.";
+    }
+}
+
+impl Flash {
+    /// `path` with this message after the redirect.
+    pub fn after(self, path: &str) -> String {
+        format!("{path}?flash={}", self.as_str())
+    }
+}
+
+/// The text of a flash code; `None` for any code `Flash` does not know.
 pub fn flash_message(code: &str) -> Option<&'static str> {
-    Some(match code {
-        "cancelled" => "The reservation was cancelled.",
-        "converted" => "The reservation was converted into a service.",
-        "extended" => "The hold was extended; its new deadline is below.",
-        "logged_out" => "You are logged out.",
-        "settings_saved" => "Settings saved.",
-        "webhook_saved" => "Webhook saved. Pending events go to this URL.",
-        "webhook_rotated" => "A new signing secret was made: give it to the receiver now.",
-        "webhook_removed" => "Webhook removed; its pending events were dropped.",
-        "webhook_absent" => "No webhook was set; nothing changed.",
-        "headroom_saved" => "Headroom saved: the pool keeps it from the next reserve on.",
-        "headroom_removed" => "Headroom removed: orders of any segment may take those machines.",
-        "user_added" => "The user was added.",
-        "user_disabled" => "The user was disabled and their sessions ended.",
-        "token_revoked" => "The token was revoked; it is refused from now on.",
-        "session_expired" => "Your session has ended; please log in again.",
-        _ => return None,
-    })
+    Flash::parse(code).ok().map(Flash::words)
 }
 
 pub fn flash_from(req: &HttpRequest) -> Option<&'static str> {

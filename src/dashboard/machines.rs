@@ -136,8 +136,8 @@ pub struct VerdictView {
 impl VerdictView {
     pub fn of(e: crate::allocator::Exclusion) -> VerdictView {
         VerdictView {
-            key: e.key(),
-            label: super::reasons::label(e.key()).to_owned(),
+            key: e.key().as_str(),
+            label: e.key().words().to_owned(),
             reason: e.describe(),
         }
     }
@@ -614,7 +614,7 @@ pub(crate) async fn export(
 pub struct ReservationLine {
     pub id: i64,
     pub order_ref: String,
-    pub state: String,
+    pub state: crate::domain::ReservationState,
     pub created_at: String,
     pub expires_at: String,
     pub ended_at: String,
@@ -662,17 +662,6 @@ struct MovedRow {
 }
 
 #[derive(sqlx::FromRow)]
-struct ResRow {
-    id: i64,
-    order_ref: String,
-    state: String,
-    created_at: chrono::DateTime<chrono::Utc>,
-    expires_at: chrono::DateTime<chrono::Utc>,
-    ended_at: Option<chrono::DateTime<chrono::Utc>>,
-    ended_by: Option<String>,
-}
-
-#[derive(sqlx::FromRow)]
 struct SvcRow {
     service_ref: String,
     reservation_id: i64,
@@ -691,15 +680,8 @@ pub(crate) async fn detail(
     let machine = inventory::by_tag(&pool, staff.org_id, &tag)
         .await?
         .ok_or(DashError::NotFound("machine"))?;
-    let reservations: Vec<ResRow> = sqlx::query_as(
-        "SELECT id, order_ref, state, created_at, expires_at, ended_at, ended_by
-           FROM reservations WHERE machine_id = $1 AND org_id = $2
-          ORDER BY created_at DESC LIMIT 200",
-    )
-    .bind(machine.id)
-    .bind(staff.org_id)
-    .fetch_all(pool.get_ref())
-    .await?;
+    let reservations =
+        crate::reservations::of_machine(pool.get_ref(), staff.org_id, machine.id, 200).await?;
     // Holds that moved away keep their reservation row on the new machine;
     // the event names this one (partial index on replaced_machine_id).
     let moved_away: Vec<MovedRow> = sqlx::query_as(

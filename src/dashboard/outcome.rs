@@ -4,6 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::domain::{EventKind, ReservationState};
 use crate::reservations::{Event, Reservation};
 
 fn at(t: &DateTime<Utc>) -> String {
@@ -41,31 +42,31 @@ pub fn sentence(
         .as_deref()
         .map(str::trim)
         .filter(|s| !s.is_empty());
-    match r.state.as_str() {
-        "held" if remaining_seconds > 0 => format!(
+    match r.state {
+        ReservationState::Held if remaining_seconds > 0 => format!(
             "Held until {} ({})",
             at(&r.expires_at),
             minutes_left(remaining_seconds)
         ),
-        "held" => format!(
+        ReservationState::Held => format!(
             "Held past its deadline: it expired at {} and is overdue; the sweep or the next order for the machine will mark it expired",
             at(&r.expires_at)
         ),
-        "cancelled" => match why {
+        ReservationState::Cancelled => match why {
             Some(why) => format!("Cancelled by {by} at {}: {why}", at(ended_at)),
             None => format!("Cancelled by {by} at {}", at(ended_at)),
         },
-        "converted" => format!(
+        ReservationState::Converted => format!(
             "Converted at {} into service {} by {by}",
             at(ended_at),
             service_ref.unwrap_or("(unknown)")
         ),
-        "expired" => match by {
+        ReservationState::Expired => match by {
             "sweep" => {
                 let replica = events
                     .iter()
                     .rev()
-                    .find(|e| e.kind == "expired")
+                    .find(|e| e.kind == EventKind::Expired)
                     .and_then(|e| e.replica.as_deref());
                 let marked = match replica {
                     Some(rep) => format!("marked by the sweep on replica {rep}"),
@@ -94,7 +95,6 @@ pub fn sentence(
                 hold(r.hold_seconds)
             ),
         },
-        other => format!("In state {other}"),
     }
 }
 
@@ -121,7 +121,7 @@ mod tests {
             org_id: 1,
             order_ref: "ORD-7".into(),
             machine_id: 3,
-            state: state.into(),
+            state: ReservationState::parse(state).expect("a known state"),
             fence: 42,
             reason: "first ready dell in par1".into(),
             hold_seconds: 900,
@@ -139,6 +139,8 @@ mod tests {
             },
             quantity: 1,
             slot: 1,
+            segment: None,
+            customer_ref: None,
         }
     }
 
@@ -146,9 +148,10 @@ mod tests {
         Event {
             id: 1,
             at: t(14, 15),
-            kind: kind.into(),
-            from_state: Some("held".into()),
-            to_state: kind.into(),
+            kind: EventKind::parse(kind).expect("a known kind"),
+            from_state: Some(ReservationState::Held),
+            // A creation's event ends held; the others end in their kind.
+            to_state: ReservationState::parse(kind).unwrap_or(ReservationState::Held),
             actor: actor.into(),
             detail: None,
             replica: replica.map(Into::into),

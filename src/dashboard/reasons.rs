@@ -1,36 +1,34 @@
-//! Why a machine is not a candidate, in words: one label
-//! per `allocator::Exclusion::key()`, the same words on every page (machines,
-//! why-not) and beside the API's `excluded` keys. The allocator keeps the
-//! rules (R7); this module only names them.
+//! Why a machine is not a candidate, in words: the words of each
+//! `allocator::ExclusionKey`, the same on every page (machines, why-not)
+//! and beside the API's `excluded` keys, plus the candidates' group. The
+//! allocator keeps the rules (R7) and their words; this module only adds
+//! the group of the candidates.
 
-use crate::allocator::Exclusion;
+use crate::allocator::{Exclusion, ExclusionKey};
 
-/// The key of a candidate, beside `Exclusion::KEYS`.
+/// The key of a candidate, beside the `ExclusionKey`s.
 pub const CANDIDATE: &str = "candidate";
 
 /// The staff-facing label of a reason key (or of `CANDIDATE`).
 pub fn label(key: &str) -> &'static str {
-    match key {
-        "wrong_site" => "at another site",
-        "wrong_vendor" => "other vendor",
-        "wrong_profile" => "other profile",
-        "not_ready" => "not ready",
-        "in_service" => "in service",
-        "held" => "held",
-        CANDIDATE => "candidate",
-        _ => "other reason",
+    if key == CANDIDATE {
+        return "candidate";
     }
+    ExclusionKey::parse(key).map_or("other reason", ExclusionKey::words)
 }
 
 /// The label of a verdict: `None` is a candidate.
 pub fn label_of(exclusion: Option<&Exclusion>) -> &'static str {
-    label(exclusion.map_or(CANDIDATE, Exclusion::key))
+    exclusion.map_or("candidate", |e| e.key().words())
 }
 
 /// Every key in the allocator's order, then the candidates: the rows of the
 /// why-not summary.
 pub fn keys_with_candidate() -> impl Iterator<Item = &'static str> {
-    Exclusion::KEYS.into_iter().chain([CANDIDATE])
+    ExclusionKey::ALL
+        .iter()
+        .map(|k| k.as_str())
+        .chain([CANDIDATE])
 }
 
 #[cfg(test)]
@@ -46,7 +44,7 @@ mod tests {
             assert!(!words.contains('_'), "{key}: {words} reads like a code");
             assert!(seen.insert(words), "{words} used twice");
         }
-        assert_eq!(seen.len(), Exclusion::KEYS.len() + 1);
+        assert_eq!(seen.len(), ExclusionKey::ALL.len() + 1);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use serde::Deserialize;
 use super::error::DashError;
 use super::session::Staff;
 use super::view::{Chrome, fmt_time, page, see_other};
+use crate::domain::ReservationState;
 
 #[derive(Deserialize)]
 pub struct SearchQuery {
@@ -21,7 +22,7 @@ pub struct SearchQuery {
 struct ResHit {
     id: i64,
     order_ref: String,
-    state: String,
+    state: ReservationState,
     asset_tag: String,
     created_at: chrono::DateTime<chrono::Utc>,
     exact: bool,
@@ -38,7 +39,7 @@ struct MachineHit {
 pub struct ResHitView {
     pub id: i64,
     pub order_ref: String,
-    pub state: String,
+    pub state: ReservationState,
     pub asset_tag: String,
     pub created_at: String,
 }

@@ -21,7 +21,7 @@ use super::machines::{
 use super::reasons;
 use super::session::Staff;
 use super::view::{Chrome, Select, non_blank, page, url_with};
-use crate::allocator::{self, OrderSpec, PassTwo, Quantity, Verdict};
+use crate::allocator::{self, ExclusionKey, OrderSpec, PassTwo, Quantity, Verdict};
 use crate::domain::{MachineStatus, Segment};
 use crate::inventory::MachineFilter;
 
@@ -172,18 +172,18 @@ fn group_filter(spec: &OrderSpec, key: &str) -> MachineFilter {
     let site = Some(spec.site.clone());
     let vendor = spec.vendor.clone();
     let profile = Some(spec.profile.clone());
-    match key {
-        "wrong_site" => MachineFilter::default(),
-        "wrong_vendor" => MachineFilter {
+    match ExclusionKey::parse(key).ok() {
+        Some(ExclusionKey::WrongSite) => MachineFilter::default(),
+        Some(ExclusionKey::WrongVendor) => MachineFilter {
             site,
             ..Default::default()
         },
-        "wrong_profile" => MachineFilter {
+        Some(ExclusionKey::WrongProfile) => MachineFilter {
             site,
             vendor,
             ..Default::default()
         },
-        "not_ready" => MachineFilter {
+        Some(ExclusionKey::NotReady) => MachineFilter {
             site,
             vendor,
             profile,
@@ -201,7 +201,9 @@ fn group_filter(spec: &OrderSpec, key: &str) -> MachineFilter {
 }
 
 fn key_of(v: &Verdict) -> &'static str {
-    v.exclusion.as_ref().map_or(reasons::CANDIDATE, |e| e.key())
+    v.exclusion
+        .as_ref()
+        .map_or(reasons::CANDIDATE, |e| e.key().as_str())
 }
 
 /// R13: "Machines", 1 to 16; empty is one.
@@ -336,17 +338,10 @@ async fn summary(
         let mut conn = pool.acquire().await?;
         allocator::excluded_counts(&mut conn, org_id, spec).await?
     };
-    let count_of = |key: &str| match key {
-        "wrong_site" => counts.wrong_site,
-        "wrong_vendor" => counts.wrong_vendor,
-        "wrong_profile" => counts.wrong_profile,
-        "not_ready" => counts.not_ready,
-        "in_service" => counts.in_service,
-        "held" => counts.held,
-        _ => counts.candidates,
-    };
+    let count_of =
+        |key: &str| ExclusionKey::parse(key).map_or(counts.candidates, |k| counts.get(k));
     let rows: Vec<SummaryRow> = std::iter::once(reasons::CANDIDATE)
-        .chain(allocator::Exclusion::KEYS)
+        .chain(ExclusionKey::ALL.iter().map(|k| k.as_str()))
         .map(|key| SummaryRow {
             key,
             label: reasons::label(key),

@@ -28,9 +28,10 @@ pub use orders::{
     Named, OrderAction, OrderAfter, order_transition_changed_on, order_transition_for_token,
     order_transition_on,
 };
-pub use reads::{by_order_ref, events, get, order_of, service_of, services_of_order};
-pub(crate) use rows::MaybeReservation;
-pub use rows::{Event, MachineSnapshot, RESERVATION_COLUMNS, Reservation, ServiceLink};
+pub use reads::{by_order_ref, events, get, of_machine, order_of, service_of, services_of_order};
+pub use rows::{
+    Event, MachineSnapshot, RESERVATION_FIELDS, Reservation, ServiceLink, reservation_columns,
+};
 pub use services::{EndServiceError, end_service, end_service_on};
 pub use transitions::{
     MAX_REASON_CHARS, Transition, TransitionError, cancel, cancel_on, check_reason, convert,

@@ -7,7 +7,23 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::rows::{Reservation, ServiceLink};
-use super::transitions::{TransitionError, TransitionRow};
+use super::transitions::{TransitionError, TransitionRow, transition_columns};
+
+static ORDER_TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) x
+           LEFT JOIN reservations r ON r.id = x.id",
+        transition_columns("x")
+    )
+});
+
+static API_ORDER_TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT c.caller, {} FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c
+           LEFT JOIN reservations r ON r.id = (c.result).id",
+        transition_columns("(c.result)")
+    )
+});
 use crate::db::lock_order::Savepoint;
 use crate::domain::ServiceRef;
 
@@ -136,22 +152,20 @@ pub async fn order_transition_changed_on(
     let mut run = 1;
     let rows: Vec<TransitionRow> = loop {
         let mut savepoint = Savepoint::begin(&mut *conn).await?;
-        let outcome = sqlx::query_as(
-            "SELECT * FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(org_id)
-        .bind(order_ref)
-        .bind(&ids)
-        .bind(&fences)
-        .bind(what.texts())
-        .bind(actor)
-        .bind(what.action())
-        .bind(what.reason())
-        .bind(seconds)
-        .bind(cap)
-        .bind(what.until())
-        .fetch_all(savepoint.conn())
-        .await;
+        let outcome = sqlx::query_as(sqlx::AssertSqlSafe(ORDER_TRANSITION.as_str()))
+            .bind(org_id)
+            .bind(order_ref)
+            .bind(&ids)
+            .bind(&fences)
+            .bind(what.texts())
+            .bind(actor)
+            .bind(what.action())
+            .bind(what.reason())
+            .bind(seconds)
+            .bind(cap)
+            .bind(what.until())
+            .fetch_all(savepoint.conn())
+            .await;
         match savepoint.end(outcome, run).await? {
             Some(rows) => break rows,
             None => run += 1,
@@ -176,22 +190,21 @@ pub async fn order_transition_for_token(
 ) -> Result<Result<Result<OrderAfter, TransitionError>, crate::tokens::CallerRefusal>, sqlx::Error>
 {
     let (seconds, cap) = what.seconds();
-    let rows: Vec<crate::tokens::CallerRow<TransitionRow>> = sqlx::query_as(
-        "SELECT c.caller, (c.result).* FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c",
-    )
-    .bind(token_hash)
-    .bind(module_on)
-    .bind(order_ref)
-    .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
-    .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
-    .bind(what.texts())
-    .bind(what.action())
-    .bind(what.reason())
-    .bind(seconds)
-    .bind(cap)
-    .bind(what.until())
-    .fetch_all(conn)
-    .await?;
+    let rows: Vec<crate::tokens::CallerRow<TransitionRow>> =
+        sqlx::query_as(sqlx::AssertSqlSafe(API_ORDER_TRANSITION.as_str()))
+            .bind(token_hash)
+            .bind(module_on)
+            .bind(order_ref)
+            .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
+            .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
+            .bind(what.texts())
+            .bind(what.action())
+            .bind(what.reason())
+            .bind(seconds)
+            .bind(cap)
+            .bind(what.until())
+            .fetch_all(conn)
+            .await?;
     let caller = rows
         .first()
         .map(|r| r.caller.clone())
@@ -220,22 +233,26 @@ impl TransitionRow {
             "ok" | "unchanged" => rows.into_iter().map(TransitionRow::into_result).collect(),
             "not_found" => Err(TransitionError::NotFound),
             "mismatch" => Err(TransitionError::Mismatch {
-                ids: rows.iter().filter_map(|r| r.reservation.id).collect(),
+                ids: rows
+                    .iter()
+                    .filter_map(|r| r.reservation.as_ref().map(|r| r.id))
+                    .collect(),
             }),
             "not_held" => {
                 let order = rows
                     .into_iter()
-                    .map(|r| r.reservation.required())
+                    .map(TransitionRow::required)
                     .collect::<Result<Vec<_>, _>>()?;
-                let state = order
-                    .iter()
-                    .find(|r| r.state != "held")
-                    .map(|r| r.state.clone())
-                    .unwrap_or_default();
-                Err(TransitionError::NotHeld { state })
+                let state = order.iter().map(|r| r.state).find(|s| !s.is_held());
+                match state {
+                    Some(state) => Err(TransitionError::NotHeld { state }),
+                    None => Err(TransitionError::Database(sqlx::Error::Protocol(
+                        "order_transition answered not_held for an order that is held".to_owned(),
+                    ))),
+                }
             }
             "hold_cap" => {
-                let created_at = rows.into_iter().next().map(|r| r.reservation.required());
+                let created_at = rows.into_iter().next().map(TransitionRow::required);
                 let created_at = created_at.transpose()?.map(|r| r.created_at);
                 Err(TransitionError::HoldCap {
                     cap_seconds,

@@ -1,19 +1,28 @@
 //! Reads of reservations: one by id or order reference, an order's
-//! reservations in slot order, service links, the event timeline.
+//! reservations in slot order, a machine's, service links, the event
+//! timeline. The reads of a `Reservation` are `query_as!`, checked against
+//! the schema when built (the offline data in `.sqlx/` lets a build run
+//! without a database): a new field of `Reservation` fails to compile
+//! until each of them selects it.
 
 use sqlx::PgConnection;
 
-use super::rows::{Event, LINK_COLUMNS, RESERVATION_COLUMNS, Reservation, ServiceLink};
+use super::rows::{Event, LINK_COLUMNS, MachineSnapshot, Reservation, ServiceLink};
 use crate::db::Db;
+use crate::domain::ReservationState;
 
 pub async fn get(pool: &Db, org_id: i64, id: i64) -> Result<Option<Reservation>, sqlx::Error> {
-    let sql =
-        format!("SELECT {RESERVATION_COLUMNS} FROM reservations WHERE id = $1 AND org_id = $2");
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(id)
-        .bind(org_id)
-        .fetch_optional(pool)
-        .await
+    sqlx::query_as!(
+        Reservation,
+        r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
+                hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+             FROM reservations WHERE id = $1 AND org_id = $2"#,
+        id,
+        org_id
+    )
+    .fetch_optional(pool)
+    .await
 }
 
 /// The reservation of `order_ref` in `org_id`, whatever its state.
@@ -22,14 +31,17 @@ pub async fn by_order_ref(
     org_id: i64,
     order_ref: &str,
 ) -> Result<Option<Reservation>, sqlx::Error> {
-    let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE org_id = $1 AND order_ref = $2
-          ORDER BY slot LIMIT 1"
-    );
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(org_id)
-        .bind(order_ref)
-        .fetch_optional(conn)
+    sqlx::query_as!(
+        Reservation,
+        r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
+                hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+             FROM reservations WHERE org_id = $1 AND order_ref = $2
+            ORDER BY slot LIMIT 1"#,
+        org_id,
+        order_ref
+    )
+    .fetch_optional(conn)
         .await
 }
 
@@ -40,13 +52,40 @@ pub async fn order_of(
     org_id: i64,
     order_ref: &str,
 ) -> Result<Vec<Reservation>, sqlx::Error> {
-    let sql = format!(
-        "SELECT {RESERVATION_COLUMNS} FROM reservations WHERE org_id = $1 AND order_ref = $2 ORDER BY slot"
-    );
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(org_id)
-        .bind(order_ref)
-        .fetch_all(db)
+    sqlx::query_as!(
+        Reservation,
+        r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
+                hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+             FROM reservations WHERE org_id = $1 AND order_ref = $2 ORDER BY slot"#,
+        org_id,
+        order_ref
+    )
+    .fetch_all(db)
+        .await
+}
+
+/// The reservations of machine `machine_id` of `org_id`, newest first, at
+/// most `limit` (a machine's page; a hold that moved off it is on its new
+/// machine).
+pub async fn of_machine(
+    pool: &Db,
+    org_id: i64,
+    machine_id: i64,
+    limit: i64,
+) -> Result<Vec<Reservation>, sqlx::Error> {
+    sqlx::query_as!(
+        Reservation,
+        r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
+                hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+             FROM reservations WHERE machine_id = $1 AND org_id = $2
+            ORDER BY created_at DESC LIMIT $3"#,
+        machine_id,
+        org_id,
+        limit
+    )
+    .fetch_all(pool)
         .await
 }
 

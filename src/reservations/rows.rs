@@ -4,6 +4,13 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::{EventKind, ReservationState};
+
+/// A reservation: every column of `reservations` a reader uses, typed.
+/// The one shape of a reservation read anywhere (the API, the pages, the
+/// webhooks' reads, the answers of reserve and of the transitions, the
+/// test fixtures): a new column is a field here, and `query_as!` points at
+/// each read that must select it.
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct Reservation {
     pub id: i64,
@@ -12,7 +19,7 @@ pub struct Reservation {
     pub order_ref: String,
     #[serde(skip)]
     pub machine_id: i64,
-    pub state: String,
+    pub state: ReservationState,
     pub fence: i64,
     pub reason: String,
     pub hold_seconds: i32,
@@ -26,12 +33,32 @@ pub struct Reservation {
     pub end_reason: Option<String>,
     /// R8: the machine as it was when it was chosen (the `machine_snapshot`
     /// column), not as it is now.
-    #[sqlx(json)]
+    #[sqlx(rename = "machine_snapshot")]
     pub machine: MachineSnapshot,
     /// R13: how many machines its order holds, and which of them this is
     /// (1 of 1 for an order of one).
     pub quantity: i16,
     pub slot: i16,
+    /// R18: the segment the order named, frozen with it. Staff see it; the
+    /// API's answer shows what its document lists.
+    #[serde(skip)]
+    pub segment: Option<String>,
+    /// R19: the end customer the order named, frozen with it.
+    #[serde(skip)]
+    pub customer_ref: Option<String>,
+}
+
+impl Reservation {
+    /// The reservation of a function's answer (`reserve_answer`,
+    /// `transition_result`), selected as its columns: `None` when they are
+    /// NULL (a refusal, no reservation).
+    pub(crate) fn of_answer(
+        row: &sqlx::postgres::PgRow,
+    ) -> Result<Option<Reservation>, sqlx::Error> {
+        use sqlx::{FromRow, Row};
+        let id: Option<i64> = row.try_get("id")?;
+        id.map(|_| Reservation::from_row(row)).transpose()
+    }
 }
 
 /// The frozen attributes of the chosen machine (R8).
@@ -45,6 +72,24 @@ pub struct MachineSnapshot {
     pub vendor: String,
     pub profile: String,
     pub status: String,
+}
+
+// Read from its jsonb column as itself, so that a `Reservation` is read
+// whole by `query_as!` and by `FromRow` alike.
+impl sqlx::Type<sqlx::Postgres> for MachineSnapshot {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <sqlx::types::Json<MachineSnapshot> as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <sqlx::types::Json<MachineSnapshot> as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for MachineSnapshot {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        <sqlx::types::Json<MachineSnapshot> as sqlx::Decode<sqlx::Postgres>>::decode(value)
+            .map(|j| j.0)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
@@ -63,72 +108,50 @@ pub struct ServiceLink {
 pub struct Event {
     pub id: i64,
     pub at: DateTime<Utc>,
-    pub kind: String,
-    pub from_state: Option<String>,
-    pub to_state: String,
+    pub kind: EventKind,
+    pub from_state: Option<ReservationState>,
+    pub to_state: ReservationState,
     pub actor: String,
     pub detail: Option<String>,
     pub replica: Option<String>,
     pub lease_fence: Option<i64>,
 }
 
-/// The columns of `Reservation`, for `SELECT`s and `RETURNING`s.
-pub const RESERVATION_COLUMNS: &str = "id, org_id, order_ref, machine_id, state, fence, reason, hold_seconds, \
-     created_at, expires_at, ended_at, ended_by, end_reason, machine_snapshot AS machine, quantity, slot";
+/// The columns of `Reservation`, in one place: a new field of the type is a
+/// name here (a read that lacks it fails with the column's name in every
+/// test that reads a reservation).
+pub const RESERVATION_FIELDS: [&str; 18] = [
+    "id",
+    "org_id",
+    "order_ref",
+    "machine_id",
+    "state",
+    "fence",
+    "reason",
+    "hold_seconds",
+    "created_at",
+    "expires_at",
+    "ended_at",
+    "ended_by",
+    "end_reason",
+    "machine_snapshot",
+    "quantity",
+    "slot",
+    "segment",
+    "customer_ref",
+];
+
+/// The columns of `Reservation` of row `of` (a table alias, or a
+/// composite such as `(x.reservation)`), for a `SELECT`. Named one by one,
+/// never `of.*`: a statement kept prepared while a migration adds a column
+/// would otherwise change its result type under a running replica.
+pub fn reservation_columns(of: &str) -> String {
+    RESERVATION_FIELDS
+        .iter()
+        .map(|c| format!("{of}.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 pub(super) const LINK_COLUMNS: &str =
     "id, machine_id, reservation_id, service_ref, created_at, ended_at, ended_by";
-
-/// A reservation read from a function's row whose columns may all be NULL
-/// (no reservation): the columns of `Reservation`, each optional.
-#[derive(Debug, sqlx::FromRow)]
-pub(crate) struct MaybeReservation {
-    pub(super) id: Option<i64>,
-    org_id: Option<i64>,
-    order_ref: Option<String>,
-    machine_id: Option<i64>,
-    state: Option<String>,
-    fence: Option<i64>,
-    reason: Option<String>,
-    hold_seconds: Option<i32>,
-    created_at: Option<DateTime<Utc>>,
-    expires_at: Option<DateTime<Utc>>,
-    ended_at: Option<DateTime<Utc>>,
-    ended_by: Option<String>,
-    end_reason: Option<String>,
-    machine: Option<sqlx::types::Json<MachineSnapshot>>,
-    quantity: Option<i16>,
-    slot: Option<i16>,
-}
-
-impl MaybeReservation {
-    /// The organization, also set on a refusal's row (no reservation).
-    pub(crate) fn org_id(&self) -> Option<i64> {
-        self.org_id
-    }
-
-    /// The reservation a function promised.
-    pub(crate) fn required(self) -> Result<Reservation, sqlx::Error> {
-        let missing = || {
-            sqlx::Error::Protocol("a reservation was expected in the function's answer".to_owned())
-        };
-        Ok(Reservation {
-            id: self.id.ok_or_else(missing)?,
-            org_id: self.org_id.ok_or_else(missing)?,
-            order_ref: self.order_ref.ok_or_else(missing)?,
-            machine_id: self.machine_id.ok_or_else(missing)?,
-            state: self.state.ok_or_else(missing)?,
-            fence: self.fence.ok_or_else(missing)?,
-            reason: self.reason.ok_or_else(missing)?,
-            hold_seconds: self.hold_seconds.ok_or_else(missing)?,
-            created_at: self.created_at.ok_or_else(missing)?,
-            expires_at: self.expires_at.ok_or_else(missing)?,
-            ended_at: self.ended_at,
-            ended_by: self.ended_by,
-            end_reason: self.end_reason,
-            machine: self.machine.map(|j| j.0).unwrap_or_default(),
-            quantity: self.quantity.unwrap_or(1),
-            slot: self.slot.unwrap_or(1),
-        })
-    }
-}

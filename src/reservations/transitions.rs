@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
-use super::rows::{MaybeReservation, Reservation, ServiceLink};
+use super::rows::{Reservation, ServiceLink};
 use crate::db::Db;
 use crate::db::lock_order::Savepoint;
 use crate::domain::ServiceRef;
@@ -20,7 +20,9 @@ pub enum TransitionError {
     #[error("the fence does not match this reservation")]
     StaleFence,
     #[error("the reservation has already ended: {state}")]
-    NotHeld { state: String },
+    NotHeld {
+        state: crate::domain::ReservationState,
+    },
     #[error("the reservation expired at {expires_at}")]
     Expired { expires_at: DateTime<Utc> },
     /// R13: the reservation belongs to an order of several machines, which
@@ -148,16 +150,15 @@ async fn transition_on(
     let mut run = 1;
     let row: TransitionRow = loop {
         let mut savepoint = Savepoint::begin(&mut *conn).await?;
-        let outcome =
-            sqlx::query_as("SELECT * FROM reservation_transition($1, $2, $3, $4, $5, $6)")
-                .bind(org_id)
-                .bind(id)
-                .bind(fence)
-                .bind(actor)
-                .bind(what.action())
-                .bind(what.text())
-                .fetch_one(savepoint.conn())
-                .await;
+        let outcome = sqlx::query_as(sqlx::AssertSqlSafe(TRANSITION.as_str()))
+            .bind(org_id)
+            .bind(id)
+            .bind(fence)
+            .bind(actor)
+            .bind(what.action())
+            .bind(what.text())
+            .fetch_one(savepoint.conn())
+            .await;
         match savepoint.end(outcome, run).await? {
             Some(row) => break row,
             None => run += 1,
@@ -184,29 +185,92 @@ pub async fn transition_for_token(
     >,
     sqlx::Error,
 > {
-    let row: crate::tokens::CallerRow<TransitionRow> = sqlx::query_as(
-        "SELECT c.caller, (c.result).* FROM api_transition($1, $2, $3, $4, $5, $6) c",
-    )
-    .bind(token_hash)
-    .bind(module_on)
-    .bind(id)
-    .bind(fence)
-    .bind(what.action())
-    .bind(what.text())
-    .fetch_one(db)
-    .await?;
+    let row: crate::tokens::CallerRow<TransitionRow> =
+        sqlx::query_as(sqlx::AssertSqlSafe(API_TRANSITION.as_str()))
+            .bind(token_hash)
+            .bind(module_on)
+            .bind(id)
+            .bind(fence)
+            .bind(what.action())
+            .bind(what.text())
+            .fetch_one(db)
+            .await?;
     match crate::tokens::CallerRefusal::parse(&row.caller)? {
         Some(refusal) => Ok(Err(refusal)),
         None => Ok(Ok(row.result.into_result())),
     }
 }
 
-/// A row of the SQL type `transition_result`.
-#[derive(Debug, sqlx::FromRow)]
+/// The columns of a `transition_result` `of` (an alias or `(c.result)`)
+/// as `TransitionRow` reads them, with `r` the reservation's row joined by
+/// id. The type's flat columns are the reservation as the transition left
+/// it; the columns it lacks are the ones fixed when the order was written
+/// (segment, customer), which the statement's snapshot reads as well as
+/// the function's would.
+pub(super) fn transition_columns(of: &str) -> String {
+    let mut cols: Vec<String> = [
+        "outcome",
+        "link_id",
+        "link_service_ref",
+        "link_created_at",
+        "link_ended_at",
+        "link_ended_by",
+    ]
+    .iter()
+    .map(|c| format!("{of}.{c}"))
+    .collect();
+    // The reservation as the transition left it (the flat type's columns,
+    // frozen); a column the type lacks is one a transition never writes,
+    // fixed when the order was written, and is read from `r`.
+    const FLAT: [&str; 15] = [
+        "id",
+        "org_id",
+        "order_ref",
+        "machine_id",
+        "state",
+        "fence",
+        "reason",
+        "hold_seconds",
+        "created_at",
+        "expires_at",
+        "ended_at",
+        "ended_by",
+        "end_reason",
+        "quantity",
+        "slot",
+    ];
+    for c in super::rows::RESERVATION_FIELDS {
+        cols.push(match c {
+            "machine_snapshot" => format!("{of}.machine AS machine_snapshot"),
+            c if FLAT.contains(&c) => format!("{of}.{c}"),
+            c => format!("r.{c}"),
+        });
+    }
+    cols.join(", ")
+}
+
+static TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT {} FROM reservation_transition($1, $2, $3, $4, $5, $6) x
+           LEFT JOIN reservations r ON r.id = x.id",
+        transition_columns("x")
+    )
+});
+
+static API_TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT c.caller, {} FROM api_transition($1, $2, $3, $4, $5, $6) c
+           LEFT JOIN reservations r ON r.id = (c.result).id",
+        transition_columns("(c.result)")
+    )
+});
+
+/// A row of the SQL type `transition_result` (`transition_columns`): its
+/// outcome, its link and its reservation, if any.
+#[derive(Debug)]
 pub(super) struct TransitionRow {
     pub(super) outcome: Option<String>,
-    #[sqlx(flatten)]
-    pub(super) reservation: MaybeReservation,
+    pub(super) reservation: Option<Reservation>,
     link_id: Option<i64>,
     link_service_ref: Option<String>,
     link_created_at: Option<DateTime<Utc>>,
@@ -216,25 +280,58 @@ pub(super) struct TransitionRow {
     link_ended_by: Option<String>,
 }
 
+impl<'r> sqlx::FromRow<'r, sqlx::postgres::PgRow> for TransitionRow {
+    fn from_row(row: &'r sqlx::postgres::PgRow) -> Result<Self, sqlx::Error> {
+        use sqlx::Row;
+        Ok(TransitionRow {
+            outcome: row.try_get("outcome")?,
+            reservation: Reservation::of_answer(row)?,
+            link_id: row.try_get("link_id")?,
+            link_service_ref: row.try_get("link_service_ref")?,
+            link_created_at: row.try_get("link_created_at")?,
+            link_ended_at: row.try_get("link_ended_at")?,
+            link_ended_by: row.try_get("link_ended_by")?,
+        })
+    }
+}
+
 impl TransitionRow {
-    pub(super) fn into_result(self) -> Result<(Reservation, Option<ServiceLink>), TransitionError> {
-        let outcome = self.outcome.unwrap_or_default();
+    /// The reservation the function promised.
+    pub(super) fn required(self) -> Result<Reservation, sqlx::Error> {
+        self.reservation.ok_or_else(|| {
+            sqlx::Error::Protocol("a reservation was expected in the function's answer".to_owned())
+        })
+    }
+}
+
+impl TransitionRow {
+    pub(super) fn into_result(
+        mut self,
+    ) -> Result<(Reservation, Option<ServiceLink>), TransitionError> {
+        let outcome = self.outcome.take().unwrap_or_default();
         if outcome == "not_found" {
             return Err(TransitionError::NotFound);
         }
-        let r = self.reservation.required()?;
+        let (link_id, link_service_ref, link_created_at, link_ended_at, link_ended_by) = (
+            self.link_id.take(),
+            self.link_service_ref.take(),
+            self.link_created_at.take(),
+            self.link_ended_at.take(),
+            self.link_ended_by.take(),
+        );
+        let r = self.required()?;
         match outcome.as_str() {
             // 'unchanged': an extension that asked for no later deadline.
             "ok" | "unchanged" => {
-                let link = match (self.link_id, self.link_service_ref, self.link_created_at) {
+                let link = match (link_id, link_service_ref, link_created_at) {
                     (Some(id), Some(service_ref), Some(created_at)) => Some(ServiceLink {
                         id,
                         machine_id: r.machine_id,
                         reservation_id: r.id,
                         service_ref,
                         created_at,
-                        ended_at: self.link_ended_at,
-                        ended_by: self.link_ended_by,
+                        ended_at: link_ended_at,
+                        ended_by: link_ended_by,
                     }),
                     _ => None,
                 };

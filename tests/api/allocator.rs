@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use poolkeeper::allocator::{self, Exclusion, Quantity, ReserveOutcome, WalkStats, Walked};
-use poolkeeper::domain::ServiceRef;
+use poolkeeper::domain::{ReservationState, ServiceRef};
 use poolkeeper::inventory::MachineFilter;
 use poolkeeper::reservations::{self, TransitionError};
 use sqlx::Connection;
@@ -59,7 +59,7 @@ async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
         .map(|v| {
             (
                 v.machine.asset_tag.clone(),
-                v.exclusion.as_ref().map(Exclusion::key),
+                v.exclusion.as_ref().map(|e| e.key().as_str()),
             )
         })
         .collect();
@@ -75,7 +75,7 @@ async fn explain_gives_every_exclusion_in_order_and_reserve_agrees() {
     );
     let r = reserved(&pool, org.id, "ORD-1", Some("dell")).await;
     assert_eq!(r.machine.asset_tag, "E-free");
-    assert_eq!(r.state, "held");
+    assert_eq!(r.state, ReservationState::Held);
     let verdicts = allocator::explain(
         &pool,
         org.id,
@@ -193,7 +193,7 @@ async fn explain_counts_and_candidates_agree() {
     let n = |k: &str| {
         verdicts
             .iter()
-            .filter(|v| v.exclusion.as_ref().map(Exclusion::key) == Some(k))
+            .filter(|v| v.exclusion.as_ref().map(|e| e.key().as_str()) == Some(k))
             .count() as i64
     };
     assert_eq!(
@@ -776,7 +776,7 @@ async fn an_overdue_hold_is_expired_at_the_point_of_use() {
         .await
         .expect("get")
         .expect("exists");
-    assert_eq!(old.state, "expired");
+    assert_eq!(old.state, ReservationState::Expired);
     assert_eq!(old.ended_by.as_deref(), Some("allocator"));
     let events = reservations::events(&pool, org.id, old.id)
         .await
@@ -786,7 +786,7 @@ async fn an_overdue_hold_is_expired_at_the_point_of_use() {
         (
             last.kind.as_str(),
             last.actor.as_str(),
-            last.from_state.as_deref()
+            last.from_state.map(ReservationState::as_str)
         ),
         ("expired", "allocator", Some("held"))
     );
@@ -834,12 +834,12 @@ async fn overdue_convert_and_cancel_record_an_expiry_and_refuse() {
         .expect("get")
         .expect("b");
     assert_eq!(
-        (a.state.as_str(), a.ended_by.as_deref()),
-        ("expired", Some("conversion"))
+        (a.state, a.ended_by.as_deref()),
+        (ReservationState::Expired, Some("conversion"))
     );
     assert_eq!(
-        (b.state.as_str(), b.ended_by.as_deref()),
-        ("expired", Some("cancellation"))
+        (b.state, b.ended_by.as_deref()),
+        (ReservationState::Expired, Some("cancellation"))
     );
     assert_eq!(
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM service_links")
@@ -853,7 +853,7 @@ async fn overdue_convert_and_cancel_record_an_expiry_and_refuse() {
         .await
         .expect_err("ended");
     assert!(
-        matches!(err, TransitionError::NotHeld { ref state } if state == "expired"),
+        matches!(err, TransitionError::NotHeld { ref state } if *state == ReservationState::Expired),
         "{err:?}"
     );
     let err = reservations::cancel(&pool, org.id, a.id, a.fence + 1000, "x", "y")
@@ -1326,7 +1326,8 @@ async fn plans_cached_on_an_empty_table_look_reservations_up_by_their_keys() {
     let mut conn = limited_connection(&db).await;
     let reserve = |order_ref: String| {
         format!(
-            "SELECT id, fence FROM reserve_order({}, 'test', '{order_ref}', '{SITE}', '{PROFILE}', NULL, 900, 1, NULL, NULL)",
+            "SELECT (x.reservation).id, (x.reservation).fence FROM reserve_order({}, 'test',
+                 '{{\"order_ref\": \"{order_ref}\", \"site\": \"{SITE}\", \"profile\": \"{PROFILE}\", \"hold_seconds\": 900}}') x",
             org.id
         )
     };

@@ -495,3 +495,97 @@ async fn entry_points_of_8_arguments_are_gone() {
         "still defined after the upgrade: {after:?}"
     );
 }
+
+/// Rolling deploys: a binary of the previous release calls the entry
+/// points of 10 arguments and reads the flat `reserve_result`, as it did:
+/// a new order, its replay (`existing`), a refusal with its organization,
+/// and a caller refused by its token. They wrap the one-value reserve.
+#[tokio::test]
+async fn the_previous_releases_entry_points_answer_as_they_did() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = crate::helpers::create_org(&pool, "rolling", true).await;
+    crate::helpers::FakeMachine::new()
+        .tag("R-0001")
+        .create(&pool, org.id)
+        .await;
+    let mut conn = db.connection().await;
+    const API: &str = "SELECT c.caller, (c.result).* FROM api_reserve_order($1, $2, $3, $4, $5, $6::text, $7, $8, $9::text, $10::text) c";
+    type Flat = (
+        String,
+        Option<String>,
+        Option<i64>,
+        Option<i64>,
+        Option<String>,
+        Option<i16>,
+        Option<i16>,
+        Option<serde_json::Value>,
+    );
+    let ask = |order_ref: &'static str, token: Vec<u8>| {
+        sqlx::query_as::<_, Flat>(
+            sqlx::AssertSqlSafe(format!(
+                "SELECT a.caller, a.outcome, a.id, a.org_id, a.state, a.quantity, a.slot, a.machine FROM ({API}) a"
+            )),
+        )
+        .bind(token)
+        .bind(true)
+        .bind(order_ref)
+        .bind(crate::helpers::SITE)
+        .bind(crate::helpers::PROFILE)
+        .bind(None::<String>)
+        .bind(900)
+        .bind(1)
+        .bind(None::<String>)
+        .bind(None::<String>)
+    };
+    let digest = poolkeeper::tokens::digest(&org.token);
+    let created: Flat = ask("OLD-1", digest.clone())
+        .fetch_one(&mut conn)
+        .await
+        .expect("the previous release's reserve");
+    assert_eq!(created.0, "ok");
+    assert_eq!(created.1.as_deref(), Some("created"));
+    let id = created.2.expect("the reservation's id");
+    assert_eq!(
+        (created.3, created.4.as_deref(), created.5, created.6),
+        (Some(org.id), Some("held"), Some(1), Some(1))
+    );
+    assert_eq!(
+        created.7.as_ref().and_then(|m| m["asset_tag"].as_str()),
+        Some("R-0001")
+    );
+    let replay: Flat = ask("OLD-1", digest.clone())
+        .fetch_one(&mut conn)
+        .await
+        .expect("its replay");
+    assert_eq!(
+        (replay.1.as_deref(), replay.2),
+        (Some("existing"), Some(id))
+    );
+    // The one machine is held: nothing matches a second order.
+    let refused: Flat = ask("OLD-2", digest)
+        .fetch_one(&mut conn)
+        .await
+        .expect("a refusal");
+    assert_eq!(
+        (refused.1.as_deref(), refused.2, refused.3),
+        (Some("unavailable"), None, Some(org.id))
+    );
+    let unknown: Flat = ask("OLD-3", vec![0; 32])
+        .fetch_one(&mut conn)
+        .await
+        .expect("an unknown token");
+    assert_eq!((unknown.0.as_str(), unknown.1), ("unauthorized", None));
+    // The entry point without the token check, as the previous release's
+    // demo and tests call it.
+    let (outcome, held_by): (Option<String>, Option<i64>) = sqlx::query_as(
+        "SELECT r.outcome, r.id FROM reserve_order($1, 'old', 'OLD-1', $2, $3, NULL, 900, 1, NULL, NULL) r",
+    )
+    .bind(org.id)
+    .bind(crate::helpers::SITE)
+    .bind(crate::helpers::PROFILE)
+    .fetch_one(&mut conn)
+    .await
+    .expect("the previous release's reserve_order");
+    assert_eq!((outcome.as_deref(), held_by), (Some("existing"), Some(id)));
+}

@@ -393,11 +393,11 @@ async fn extend_against_convert_and_cancel() {
         .await
         .expect("events");
         let last = if convert { "converted" } else { "cancelled" };
-        assert_eq!(end.state, last);
+        assert_eq!(end.state.as_str(), last);
         match ext {
             Ok(_) => assert_eq!(kinds, vec!["created", "extended", last], "round {round}"),
             Err(TransitionError::NotHeld { state }) => {
-                assert_eq!(state, last);
+                assert_eq!(state.as_str(), last);
                 assert_eq!(kinds, vec!["created", last], "round {round}");
             }
             Err(e) => panic!("round {round}: {e:?}"),

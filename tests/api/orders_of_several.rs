@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use poolkeeper::allocator::{self, Quantity, ReserveOutcome, ReserveRequest};
 use poolkeeper::db::Db;
-use poolkeeper::domain::ServiceRef;
+use poolkeeper::domain::{ReservationState, ServiceRef};
 use poolkeeper::reservations::{self, Named, OrderAction, TransitionError};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -404,7 +404,7 @@ async fn converting_an_order_races_new_orders_and_its_machines_are_never_free() 
         assert!(
             converted
                 .iter()
-                .all(|(r, l)| r.state == "converted" && l.is_some())
+                .all(|(r, l)| r.state == ReservationState::Converted && l.is_some())
         );
         for n in newcomers {
             let o = n.await.expect("task");
@@ -499,7 +499,8 @@ async fn cancel_and_convert_act_on_the_whole_order_or_none_of_it() {
     assert!(
         cancelled
             .iter()
-            .all(|(r, _)| r.state == "cancelled" && r.end_reason.as_deref() == Some("gave up"))
+            .all(|(r, _)| r.state == ReservationState::Cancelled
+                && r.end_reason.as_deref() == Some("gave up"))
     );
     // An overdue order is not converted: every reservation of it expires.
     let c = reserved_order(&pool, org.id, "ORD-C", 1).await;

@@ -10,10 +10,11 @@ use askama::Template;
 use serde::Deserialize;
 
 use super::super::error::{DashError, Written, commit};
+use super::super::layout::Flash;
 use super::super::session::{Staff, audit_on};
 use super::super::view::{Chrome, fmt_remaining, fmt_time, page, see_other};
 use super::detail::load;
-use crate::domain::ServiceRef;
+use crate::domain::{ReservationState, ServiceRef};
 use crate::holds::{self, HoldMachine, OrderLine};
 use crate::reservations::{self, Named, OrderAction, TransitionError};
 use crate::settings::Settings;
@@ -56,8 +57,8 @@ async fn confirm(
     action: &'static str,
 ) -> Result<HttpResponse, DashError> {
     let (r, m) = load(&pool, &staff, id).await?;
-    if r.state != "held" {
-        return Err(not_held(id, &r.state));
+    if !r.state.is_held() {
+        return Err(not_held(id, r.state));
     }
     let order = holds::order_lines(&pool, staff.org_id, &r).await?;
     page(&ConfirmPage {
@@ -131,7 +132,7 @@ pub struct ActionForm {
     pub order: std::collections::HashMap<String, String>,
 }
 
-fn not_held(id: i64, state: &str) -> DashError {
+fn not_held(id: i64, state: ReservationState) -> DashError {
     DashError::Stale {
         heading: format!("This reservation is already {state}"),
         message: format!(
@@ -161,7 +162,7 @@ fn refused(id: i64, e: TransitionError) -> DashError {
             ),
             link,
         },
-        TransitionError::NotHeld { state } => not_held(id, &state),
+        TransitionError::NotHeld { state } => not_held(id, state),
         TransitionError::Expired { expires_at } => DashError::Stale {
             heading: "This reservation had already expired".into(),
             message: format!(
@@ -377,7 +378,9 @@ pub(crate) async fn cancel(
             ("order.cancel", reason),
         )
         .await?;
-        return Ok(see_other(&format!("/reservations/{id}?flash=cancelled")));
+        return Ok(see_other(
+            &Flash::Cancelled.after(&format!("/reservations/{id}")),
+        ));
     }
     // The audit row commits with the cancellation, or not at all.
     let mut tx = pool.begin().await?;
@@ -396,7 +399,9 @@ pub(crate) async fn cancel(
         .await?;
     }
     settle_action(tx, outcome, id, "cancel").await?;
-    Ok(see_other(&format!("/reservations/{id}?flash=cancelled")))
+    Ok(see_other(
+        &Flash::Cancelled.after(&format!("/reservations/{id}")),
+    ))
 }
 
 pub(crate) async fn convert(
@@ -445,7 +450,9 @@ pub(crate) async fn convert(
             ("order.convert", &listed),
         )
         .await?;
-        return Ok(see_other(&format!("/reservations/{id}?flash=converted")));
+        return Ok(see_other(
+            &Flash::Converted.after(&format!("/reservations/{id}")),
+        ));
     }
     let service_ref = ServiceRef::parse(form.service_ref.trim()).map_err(bad_ref)?;
     let mut tx = pool.begin().await?;
@@ -465,7 +472,9 @@ pub(crate) async fn convert(
         .await?;
     }
     settle_action(tx, outcome, id, "convert").await?;
-    Ok(see_other(&format!("/reservations/{id}?flash=converted")))
+    Ok(see_other(
+        &Flash::Converted.after(&format!("/reservations/{id}")),
+    ))
 }
 
 /// R14: extend a hold (or its whole order) by the minutes chosen, from the
@@ -543,5 +552,7 @@ pub(crate) async fn extend(
             settle_action(tx, outcome, id, "extend").await?;
         }
     }
-    Ok(see_other(&format!("/reservations/{id}?flash=extended")))
+    Ok(see_other(
+        &Flash::Extended.after(&format!("/reservations/{id}")),
+    ))
 }

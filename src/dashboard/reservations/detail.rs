@@ -10,6 +10,7 @@ use super::super::error::DashError;
 use super::super::outcome;
 use super::super::session::Staff;
 use super::super::view::{Chrome, fmt_opt_time, fmt_remaining, fmt_time, page};
+use crate::domain::EventKind;
 use crate::holds::{self, HoldMachine, OrderLine};
 use crate::reservations;
 
@@ -42,10 +43,6 @@ struct ReservationPage {
     /// R15: the last time the hold moved to another machine (when, by whom,
     /// the event's words: from which machine and why).
     replaced: Option<(String, String, String)>,
-    /// R19, R18: the end customer and the segment the order named, frozen
-    /// with it (`None`: not named).
-    customer_ref: Option<String>,
-    segment: Option<String>,
 }
 
 /// The reservation and its machine; another organization's is absent.
@@ -75,10 +72,7 @@ pub(crate) async fn detail(
     let events = reservations::events(&pool, staff.org_id, id).await?;
     let sentence = outcome::sentence(&r, &events, m.service_ref.as_deref(), m.remaining);
     let order = holds::order_lines(&pool, staff.org_id, &r).await?;
-    let (segment, customer_ref) = holds::segment_and_customer(&pool, staff.org_id, id).await?;
     page(&ReservationPage {
-        segment,
-        customer_ref,
         order,
         chrome: Chrome::new(&req, &staff, format!("Reservation {id}"), "reservations"),
         sentence,
@@ -86,13 +80,13 @@ pub(crate) async fn detail(
         expires_at: fmt_time(&r.expires_at),
         ended_at: fmt_opt_time(&r.ended_at),
         remaining_text: fmt_remaining(m.remaining),
-        held: r.state == "held",
-        overdue: r.state == "held" && m.remaining <= 0,
+        held: r.state.is_held(),
+        overdue: r.state.is_held() && m.remaining <= 0,
         can_act: staff.can_act(),
         replaced: events
             .iter()
             .rev()
-            .find(|e| e.kind == "machine_replaced")
+            .find(|e| e.kind == EventKind::MachineReplaced)
             .map(|e| {
                 (
                     fmt_time(&e.at),
@@ -104,9 +98,9 @@ pub(crate) async fn detail(
             .into_iter()
             .map(|e| EventView {
                 at: fmt_time(&e.at),
-                kind: e.kind,
-                from_state: e.from_state.unwrap_or_default(),
-                to_state: e.to_state,
+                kind: e.kind.to_string(),
+                from_state: e.from_state.map(|s| s.to_string()).unwrap_or_default(),
+                to_state: e.to_state.to_string(),
                 actor: e.actor,
                 detail: e.detail.unwrap_or_default(),
                 replica: match (e.replica, e.lease_fence) {

@@ -11,7 +11,7 @@ use super::super::error::DashError;
 use super::super::session::Staff;
 use super::super::view::{Chrome, Select, fmt_remaining, fmt_time, non_blank, page, url_with};
 use crate::domain::{CustomerRef, Site};
-use crate::holds::{self, Cursor, HeldRow, LiveFilter};
+use crate::holds::{self, Cursor, HeldLine, LiveFilter};
 use crate::inventory;
 
 /// One compact row: the frozen reason is on the reservation's own page.
@@ -84,20 +84,23 @@ fn bad_cursor() -> DashError {
 }
 
 /// One row of the list as the page shows it.
-fn live_view(r: HeldRow) -> LiveView {
+fn live_view(line: HeldLine) -> LiveView {
+    let r = line.reservation;
     LiveView {
         id: r.id,
         order_ref: r.order_ref,
-        asset_tag: r.asset_tag,
-        site: r.site,
+        asset_tag: line.asset_tag,
+        site: line.site,
         fence: r.fence,
         quantity: r.quantity,
         slot: r.slot,
-        remaining: r.remaining.max(0),
-        remaining_text: fmt_remaining(r.remaining),
-        overdue: r.remaining <= 0,
-        soon: r.remaining > 0 && r.remaining < SOON_SECONDS,
-        replaced: r.replaced_tag.zip(r.replaced_at.as_ref().map(fmt_time)),
+        remaining: line.remaining.max(0),
+        remaining_text: fmt_remaining(line.remaining),
+        overdue: line.remaining <= 0,
+        soon: line.remaining > 0 && line.remaining < SOON_SECONDS,
+        replaced: line
+            .replaced_tag
+            .zip(line.replaced_at.as_ref().map(fmt_time)),
         customer_ref: r.customer_ref.unwrap_or_default(),
         segment: r.segment.unwrap_or_default(),
     }
@@ -191,10 +194,10 @@ pub(crate) async fn list(
     let sites = facets.sites;
     let site_text = site.as_ref().map_or("", |s| s.as_str());
     let customer_text = f.customer.as_ref().map_or("", |c| c.as_str());
-    let link = |key: &str, c: &HeldRow| {
+    let link = |key: &str, c: &HeldLine| {
         let c = Cursor {
-            expires_at: c.expires_at,
-            id: c.id,
+            expires_at: c.reservation.expires_at,
+            id: c.reservation.id,
         }
         .encode();
         url_with(
@@ -256,14 +259,15 @@ pub(crate) async fn export(
             "customer_ref",
             "segment",
         ],
-        rows.into_iter().map(|r| {
+        rows.into_iter().map(|line| {
+            let r = line.reservation;
             vec![
                 r.id.to_string(),
                 r.order_ref,
-                r.asset_tag,
-                r.site,
+                line.asset_tag,
+                line.site,
                 fmt_time(&r.expires_at),
-                r.remaining.max(0).to_string(),
+                line.remaining.max(0).to_string(),
                 r.customer_ref.unwrap_or_default(),
                 r.segment.unwrap_or_default(),
             ]

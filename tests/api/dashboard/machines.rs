@@ -64,7 +64,7 @@ async fn the_machines_page_and_the_allocator_agree_on_every_reason() {
                 assert!(reason.is_none());
             }
             Some(e) => {
-                assert_eq!(kind, e.key(), "{}", v.machine.asset_tag);
+                assert_eq!(kind, e.key().as_str(), "{}", v.machine.asset_tag);
                 assert_eq!(
                     reason.as_deref(),
                     Some(e.describe().as_str()),
