@@ -30,7 +30,10 @@ pub use orders::{
 };
 pub use reads::{by_order_ref, events, get, order_of, service_of, services_of_order};
 pub(crate) use rows::MaybeReservation;
-pub use rows::{Event, MachineSnapshot, RESERVATION_COLUMNS, Reservation, ServiceLink};
+pub use rows::{
+    Event, MachineSnapshot, RESERVATION_COLUMNS, Reservation, ServiceLink, event_kind_schema,
+    from_state_schema, state_schema,
+};
 pub use services::{EndServiceError, end_service, end_service_on};
 pub use transitions::{
     MAX_REASON_CHARS, Transition, TransitionError, cancel, cancel_on, check_reason, convert,
