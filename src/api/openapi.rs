@@ -23,9 +23,16 @@ use crate::api::schemas::{
 /// `POOLKEEPER_HOLD_MAX_SECONDS`), and above it is `400`, so the published
 /// maximum is the configured cap.
 pub fn document(hold_max_seconds: u32) -> Value {
-    let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
-    let webhooks = serde_json::to_value(WebhookDoc::openapi()).unwrap_or(Value::Null);
-    finish(&mut doc, webhooks["paths"].clone());
+    // Built once per process: the types do not change while it runs.
+    static GENERATED: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    let mut doc = GENERATED
+        .get_or_init(|| {
+            let mut doc = serde_json::to_value(ApiDoc::openapi()).unwrap_or(Value::Null);
+            let webhooks = serde_json::to_value(WebhookDoc::openapi()).unwrap_or(Value::Null);
+            finish(&mut doc, webhooks["paths"].clone());
+            doc
+        })
+        .clone();
     if let Some(max) =
         doc.pointer_mut("/components/schemas/ReserveBody/properties/hold_seconds/maximum")
     {
@@ -162,7 +169,31 @@ fn finish(doc: &mut Value, webhooks: Value) {
         if let Some(v) = doc.get_mut(part) {
             close_objects(v);
             hoist_descriptions(v);
+            unwrap_descriptions(v);
         }
+    }
+}
+
+/// Doc comments wrap at the source's width; a description is one
+/// paragraph per blank line, as Markdown reads it.
+fn unwrap_descriptions(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map.iter_mut() {
+                match child {
+                    Value::String(text) if k == "description" => {
+                        *text = text
+                            .split("\n\n")
+                            .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                            .collect::<Vec<_>>()
+                            .join("\n\n");
+                    }
+                    _ => unwrap_descriptions(child),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(unwrap_descriptions),
+        _ => {}
     }
 }
 
@@ -487,6 +518,41 @@ mod tests {
         for part in text.split("\"#/components/schemas/").skip(1) {
             let name = part.split('"').next().unwrap_or_default();
             assert!(schemas.contains_key(name), "{name} is referred to");
+        }
+    }
+
+    #[test]
+    fn every_added_example_and_link_lands_on_a_field_or_answer_of_the_document() {
+        let doc = serde_json::to_value(ApiDoc::openapi()).expect("a document");
+        for (schema, property, examples) in FIELD_EXAMPLES {
+            let pointer = format!("/components/schemas/{schema}/properties/{property}");
+            assert!(doc.pointer(&pointer).is_some(), "{pointer} exists");
+            assert!(
+                serde_json::from_str::<Vec<Value>>(examples).is_ok(),
+                "{pointer}: examples are a JSON list"
+            );
+        }
+        let links = links();
+        let ops: Vec<&str> = doc["paths"]
+            .as_object()
+            .expect("paths")
+            .values()
+            .flat_map(|item| item.as_object().into_iter().flatten())
+            .filter_map(|(_, op)| op["operationId"].as_str())
+            .collect();
+        for (name, link) in links.as_object().expect("links") {
+            let target = link["operationId"].as_str().unwrap_or_default();
+            assert!(ops.contains(&target), "{name} links to {target}");
+        }
+        for (path, method, status, names) in RESPONSE_LINKS {
+            let pointer = format!(
+                "/paths/{}/{method}/responses/{status}",
+                path.replace('~', "~0").replace('/', "~1")
+            );
+            assert!(doc.pointer(&pointer).is_some(), "{pointer} exists");
+            for n in *names {
+                assert!(links.get(n).is_some(), "{pointer}: link {n} is defined");
+            }
         }
     }
 

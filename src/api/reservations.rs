@@ -1039,7 +1039,7 @@ struct ExtendOrderBodyUntil {
 #[serde(untagged)]
 #[allow(dead_code)]
 pub(crate) enum ReserveAnswer {
-    Reservation(Reservation),
+    Reservation(Box<Reservation>),
     Order(Order),
 }
 
