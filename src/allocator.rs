@@ -270,13 +270,20 @@ async fn candidates(
 
 /// The `excluded` counts of docs/api.md: how many machines of the organization are
 /// excluded for each reason, plus how many are candidates.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(description = "machines of the organization excluded from the order, by reason")]
 pub struct ExcludedCounts {
+    #[schema(minimum = 0)]
     pub wrong_site: i64,
+    #[schema(minimum = 0)]
     pub wrong_vendor: i64,
+    #[schema(minimum = 0)]
     pub wrong_profile: i64,
+    #[schema(minimum = 0)]
     pub not_ready: i64,
+    #[schema(minimum = 0)]
     pub in_service: i64,
+    #[schema(minimum = 0)]
     pub held: i64,
     #[serde(skip)]
     pub candidates: i64,
@@ -509,9 +516,10 @@ pub enum ReserveOutcome {
 }
 
 /// R17: another site whose pool could fill the same order now.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Alternative {
     pub site: String,
+    #[schema(minimum = 0)]
     pub available: i64,
 }
 

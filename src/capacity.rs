@@ -74,18 +74,33 @@ pub async fn read(
 
 /// One pool of a capacity snapshot (`Snapshot::pools`), as the dashboard
 /// reads it.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
+#[schema(
+    as = CapacityPool,
+    description = "a pool (site and profile): what it holds and what an order may take now (R17)"
+)]
 pub struct Pool {
     pub site: String,
     pub profile: String,
+    /// sellable + held + sold + not_ready
+    #[schema(minimum = 1)]
     pub total: i64,
+    /// ready, with no live hold or service (an overdue hold's machine is sellable)
+    #[schema(minimum = 0)]
     pub sellable: i64,
+    /// with a live hold
+    #[schema(minimum = 0)]
     pub held: i64,
+    /// with a live service link
+    #[schema(minimum = 0)]
     pub sold: i64,
+    /// any other status
+    #[schema(minimum = 0)]
     pub not_ready: i64,
-    /// Machines kept per segment (R18).
+    #[schema(schema_with = reserved_counts)]
     pub reserved: std::collections::BTreeMap<String, i64>,
-    /// What an order without a segment could take now.
+    /// what an order of the asked segment could take now
+    #[schema(minimum = 0)]
     pub available: i64,
 }
 
@@ -240,15 +255,38 @@ fn lock(entries: &Mutex<Entries>) -> std::sync::MutexGuard<'_, Entries> {
 }
 
 /// R18: the machines of one pool kept for one segment.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Headroom {
     pub site: String,
     pub profile: String,
     pub segment: String,
+    #[schema(minimum = 0, maximum = 100000)]
     pub machines: i32,
-    /// Absent once removed (`machines` 0).
+    // Null once removed (`machines` 0).
+    #[schema(required = true)]
     pub updated_at: Option<DateTime<Utc>>,
+    /// the token's name
+    #[schema(required = true)]
     pub updated_by: Option<String>,
+}
+
+/// Machines kept per segment, as the API publishes them: each at least 1.
+pub fn segment_counts() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Schema, Type};
+    let count = ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(1))
+        .build();
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
+            count,
+        )))))
+}
+
+fn reserved_counts() -> utoipa::openapi::schema::ObjectBuilder {
+    segment_counts().description(Some("machines the pool keeps per segment (R18)"))
 }
 
 /// The most machines a headroom may keep (the table's check).

@@ -22,22 +22,29 @@ pub struct StatusChange<'a> {
 }
 
 /// What one hold went through.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, utoipa::ToSchema)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum HoldOutcome {
-    /// The hold kept its id, fence and deadline on an equivalent machine.
+    /// R15: the hold kept its id, fence, order ref and deadline on an
+    /// equivalent machine (event machine_replaced)
     Moved {
         reservation_id: i64,
+        #[schema(value_type = crate::domain::OrderRef)]
         order_ref: String,
+        /// the asset tag the hold left
         from: String,
+        /// the equivalent machine it now holds
         to: String,
     },
-    /// No equivalent machine for some member: the order was cancelled
-    /// whole (R13), this member with it.
+    /// R15 and R13: some member of the order had no equivalent machine, so
+    /// the order was cancelled whole, this member with it
     Cancelled {
         reservation_id: i64,
+        #[schema(value_type = crate::domain::OrderRef)]
         order_ref: String,
+        /// the asset tag the member held
         machine: String,
+        #[schema(examples("machine PK-00011 broken; no equivalent machine in par1"))]
         reason: String,
     },
 }

@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use crate::domain::{AssetTag, MachineStatus, Profile, Site, Vendor};
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Machine {
     #[serde(skip)]
     pub id: i64,
@@ -14,6 +14,7 @@ pub struct Machine {
     pub site: String,
     pub vendor: String,
     pub profile: String,
+    #[schema(value_type = MachineStatus)]
     pub status: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,

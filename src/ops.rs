@@ -120,27 +120,16 @@ pub async fn metrics_text(metrics: &Metrics, pool: &Db) -> HttpResponse {
         .body(metrics.scrape(pool).await)
 }
 
-/// The OpenAPI document of the JSON API, kept beside the handlers it
-/// describes; a test checks it against what the server answers.
-pub const OPENAPI: &str = include_str!("api/openapi.json");
-
+/// The OpenAPI document of the JSON API, generated from its types and
+/// handlers (`api::openapi`); tests check it against what the server
+/// answers.
 async fn openapi(settings: web::Data<crate::settings::Settings>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("application/json")
         .body(openapi_for(settings.hold_max_seconds))
 }
 
-/// The document as this deployment answers: a reserve's `hold_seconds`
-/// goes up to its cap on a hold (R14, `POOLKEEPER_HOLD_MAX_SECONDS`), and
-/// above it is `400`, so the published maximum is the configured cap.
+/// The document as this deployment answers (see `api::openapi::document`).
 pub fn openapi_for(hold_max_seconds: u32) -> String {
-    let Ok(mut doc) = serde_json::from_str::<serde_json::Value>(OPENAPI) else {
-        return OPENAPI.to_owned();
-    };
-    if let Some(max) =
-        doc.pointer_mut("/components/schemas/ReserveBody/properties/hold_seconds/maximum")
-    {
-        *max = serde_json::json!(hold_max_seconds.min(86_400));
-    }
-    doc.to_string()
+    crate::api::openapi::document(hold_max_seconds).to_string()
 }

@@ -4,12 +4,18 @@
 
 use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde::Deserialize;
-use serde_json::json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::api::caller::ApiClient;
 use crate::api::json::{self, integer_text};
 use crate::api::reservations::{json_body, read_body};
+use crate::api::schemas::{
+    CapacityAlternative, Forbidden, Invalid, LabelFilter, SegmentFilter, Unauthorized, Unavailable,
+    UnknownPoolError, WriteUnavailable,
+};
 use crate::api::write::{Shape, write};
 use crate::capacity::{self, Change, Filter, MAX_HEADROOM};
 use crate::db::Db;
@@ -30,14 +36,43 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// an order of several may (R13).
 const MAX_QUANTITY: i64 = 16;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
-struct CapacityQuery {
+#[into_params(parameter_in = Query)]
+pub(crate) struct CapacityQuery {
+    #[param(value_type = LabelFilter, required = false)]
     site: Option<String>,
+    #[param(value_type = LabelFilter, required = false)]
     profile: Option<String>,
+    /// count only this vendor's machines (the headroom stays the pool's, whatever the vendor)
+    #[param(value_type = LabelFilter, required = false)]
     vendor: Option<String>,
+    /// the segment of the order asking (R18); empty or absent: an order without a segment
+    #[param(value_type = SegmentFilter, required = false)]
     segment: Option<String>,
+    /// machines the order needs, written in digits: with site and profile, asks for alternatives
+    #[param(value_type = i64, required = false, minimum = 1, maximum = 16)]
     quantity: Option<String>,
+}
+
+// The answer of `GET /capacity`: the snapshot's JSON arrays as read.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Capacity)]
+pub(crate) struct CapacityAnswer {
+    /// the database's clock when it was read
+    as_of: DateTime<Utc>,
+    /// by site, then profile; pools without a machine (of the vendor asked) are absent
+    #[schema(value_type = Vec<capacity::Pool>)]
+    pools: Value,
+    /// most available first, then by site
+    #[schema(value_type = Vec<CapacityAlternative>)]
+    alternatives: Value,
+}
+
+// The answer of `GET /headroom`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct HeadroomList {
+    headroom: Vec<capacity::Headroom>,
 }
 
 /// Empty query values mean "no filter", as on `GET /machines`.
@@ -55,7 +90,25 @@ fn opt<T>(
 /// and alternatives (not `as_of`), so an unchanged capacity answers `304`
 /// to a client that sends it back. Weak: two answers with one tag differ
 /// in `as_of`.
-async fn get_capacity(
+#[utoipa::path(
+    get,
+    path = "/api/v1/capacity",
+    operation_id = "getCapacity",
+    summary = "Capacity of the organization's pools now: what each holds and what an order may take (scope orders)",
+    description = "R17: per pool (site and profile, of the vendor when asked), read in one snapshot: total = sellable + held + sold + not_ready; reserved is the headroom kept per segment (R18); available is what an order of the asked segment (none: an order without a segment) could take now, the sellable machines less what the pool keeps for other segments. With site, profile and quantity, alternatives lists the other sites whose pool of that profile (and vendor) has available >= quantity, most available first; otherwise it is empty. The answer carries a weak ETag over pools and alternatives (not as_of): send it back in If-None-Match and an unchanged capacity answers 304 with no body. A reserve decides in its own transaction; capacity read before it can differ only by what happened between the two.",
+    params(CapacityQuery),
+    responses(
+        (status = 200, description = "the pools now", body = CapacityAnswer,
+            headers(("ETag" = String, description = "weak; the same while pools and alternatives are"))),
+        (status = 304, description = "If-None-Match names the current ETag: capacity is unchanged (no body)",
+            headers(("ETag" = String))),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn get_capacity(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -106,11 +159,11 @@ async fn get_capacity(
     Ok(HttpResponse::Ok()
         .insert_header((header::ETAG, etag))
         .insert_header((header::CACHE_CONTROL, cache))
-        .json(json!({
-            "as_of": snap.as_of,
-            "pools": snap.pools,
-            "alternatives": snap.alternatives,
-        })))
+        .json(CapacityAnswer {
+            as_of: snap.as_of,
+            pools: snap.pools,
+            alternatives: snap.alternatives,
+        }))
 }
 
 /// True when If-None-Match names the tag whose opaque part (quotes
@@ -123,30 +176,60 @@ fn names(if_none_match: &str, opaque: &str) -> bool {
         .any(|t| t == "*" || t.strip_prefix("W/").unwrap_or(t) == opaque)
 }
 
-async fn list_headroom(
+#[utoipa::path(
+    get,
+    path = "/api/v1/headroom",
+    operation_id = "listHeadroom",
+    summary = "The headroom the organization keeps, by pool and segment (scope inventory)",
+    responses(
+        (status = 200, description = "every pool's headroom, by site, profile and segment", body = HeadroomList),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn list_headroom(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;
     let rows = capacity::list(pool.get_ref(), client.org_id).await?;
-    Ok(HttpResponse::Ok().json(json!({ "headroom": rows })))
+    Ok(HttpResponse::Ok().json(HeadroomList { headroom: rows }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct HeadroomBody {
+pub(crate) struct HeadroomBody {
     site: Site,
     profile: Profile,
     segment: Segment,
+    /// machines to keep; 0 removes the headroom
     #[serde(deserialize_with = "json::machines")]
+    #[schema(minimum = 0, maximum = 100000)]
     machines: i64,
 }
 
 /// R18: sets one pool's headroom for one segment, audited in the same
 /// transaction. The same PUT again answers `200` with the same row and
 /// writes nothing (F3's retry).
-async fn put_headroom(
+#[utoipa::path(
+    put,
+    path = "/api/v1/headroom",
+    operation_id = "putHeadroom",
+    summary = "Keep machines of a pool for a segment (scope inventory)",
+    description = "R18: an order outside the segment never takes one of the last `machines` sellable machines of the pool (site and profile, whatever the vendor); 0 removes the headroom. Decided under the pool's turn, so a change and the reserves into the pool take turns. Each change is audited. The same PUT again (a retry after 503 outcome_unknown) answers 200 with the same row and writes nothing.",
+    request_body = HeadroomBody,
+    responses(
+        (status = 200, description = "the pool's headroom for the segment now (machines 0, updated_at and updated_by null: removed)", body = capacity::Headroom),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 422, description = "no machine of the organization is of this site and profile (error unknown_pool): headroom there would keep nothing; nothing written", body = UnknownPoolError),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn put_headroom(
     req: HttpRequest,
     client: ApiClient,
     settings: web::Data<Settings>,

@@ -6,9 +6,11 @@ use crate::api::write::{Shape, write};
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, SubsecRound, Utc};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tracing::Instrument;
+use utoipa::openapi::RefOr;
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use std::collections::BTreeMap;
 
@@ -18,6 +20,10 @@ use crate::allocator::{
 };
 use crate::api::caller::{ApiClient, BearerToken};
 use crate::api::json;
+use crate::api::schemas::{
+    Forbidden, IdPath, Invalid, NotFound, OrderRefInPath, ReserveRefused,
+    TransitionError as TransitionRefused, Unauthorized, Unavailable, WriteUnavailable,
+};
 use crate::domain::{
     CustomerRef, OrderRef, Profile, ReservationState, Scope, Segment, ServiceRef, Site, Vendor,
     count_of,
@@ -42,38 +48,32 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     .service(web::resource("/reservations/{id}/cancel").route(web::post().to(cancel)))
     .service(web::resource("/reservations/{id}/extend").route(web::post().to(extend)))
     .service(web::resource("/orders/{order_ref}").route(web::get().to(get_order)))
-    .service(
-        web::resource("/orders/{order_ref}/convert")
-            .route(web::post().to(order_action::<ConvertOrder>)),
-    )
-    .service(
-        web::resource("/orders/{order_ref}/cancel")
-            .route(web::post().to(order_action::<CancelOrder>)),
-    )
-    .service(
-        web::resource("/orders/{order_ref}/extend")
-            .route(web::post().to(order_action::<ExtendOrder>)),
-    );
+    .service(web::resource("/orders/{order_ref}/convert").route(web::post().to(convert_order)))
+    .service(web::resource("/orders/{order_ref}/cancel").route(web::post().to(cancel_order)))
+    .service(web::resource("/orders/{order_ref}/extend").route(web::post().to(extend_order)));
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReserveBody {
     order_ref: OrderRef,
     site: Site,
     profile: Profile,
+    /// absent or null: any vendor
     #[serde(default)]
     vendor: Option<Vendor>,
-    /// 40121 or 40121.0 (see `json`); null is absent.
+    /// default POOLKEEPER_HOLD_SECONDS (900) when absent or null; 900 and 900.0 are the same integer. At most this deployment's cap on a hold, POOLKEEPER_HOLD_MAX_SECONDS (default 3600; the served document gives the deployment's value as maximum): above it, 400 naming the cap
     #[serde(default, deserialize_with = "json::hold_seconds")]
+    #[schema(minimum = 1, maximum = 3600)]
     hold_seconds: Option<i64>,
-    /// R13: how many machines, all or none (1 to 16; absent or null: 1).
+    /// R13: how many machines, reserved together or not at all (absent or null: 1). An order of one answers with a Reservation, an order of several with an Order
     #[serde(default, deserialize_with = "json::quantity")]
+    #[schema(minimum = 1, maximum = 16)]
     quantity: Option<i64>,
-    /// R18: the segment of the order (it may take that segment's headroom).
+    /// R18: the order's segment; it may take the headroom kept for it. Absent or null: no segment
     #[serde(default)]
     segment: Option<Segment>,
-    /// R19: the end customer (its live holds may be capped).
+    /// R19: the end customer, whose live holds the organization may cap. Absent or null: none
     #[serde(default)]
     customer_ref: Option<CustomerRef>,
 }
@@ -216,7 +216,25 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
 
 /// `POST /api/v1/reservations`: parse, reserve in one statement, count,
 /// answer (`Reserved` and `Refused` say how).
-async fn reserve(
+#[utoipa::path(
+    post,
+    path = "/api/v1/reservations",
+    operation_id = "reserve",
+    summary = "Reserve a machine for an order (scope orders)",
+    description = "order_ref is the idempotency key of the whole order, unique per organization: replaying it returns the existing order (200), whatever its state. quantity (1 to 16) reserves that many machines together, or none (R13).",
+    request_body = ReserveBody,
+    responses(
+        (status = 200, description = "the order was already written: a Reservation for an order of one, an Order (every reservation, one deadline) for an order of several", body = inline(ReserveAnswer)),
+        (status = 201, description = "a new order: a Reservation for an order of one, an Order (every reservation, one deadline) for an order of several", body = inline(ReserveAnswer)),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 409, description = "contended (at least quantity machines match but fewer could be taken now; has Retry-After), unavailable (fewer than quantity match: buy hardware; has excluded counts and candidates, no Retry-After), reserved (they match, but the sellable ones left are kept for other segments, R18) or customer_limit (the customer is at the organization's cap, R19). Nothing is held in any case; all but customer_limit carry alternatives", body = inline(ReserveRefused),
+            headers(("Retry-After" = i64, description = "only with error contended"))),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn reserve(
     token: BearerToken,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -459,23 +477,50 @@ async fn read_order(pool: &Db, org_id: i64, order_ref: &str) -> Result<OrderAfte
         .collect())
 }
 
+/// an order of several machines (R13): every reservation of it, in slot order, with one deadline
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Order {
+    order_ref: String,
+    #[schema(minimum = 1, maximum = 16)]
+    quantity: i16,
+    /// the order's one deadline
+    expires_at: DateTime<Utc>,
+    #[schema(value_type = Vec<Reservation>, min_items = 1, max_items = 16)]
+    reservations: Vec<Value>,
+}
+
 /// The API's view of an order (R13): its ref, its size, its one deadline
 /// and every reservation (each with its id, fence and machine).
-fn order_body(order: &OrderAfter) -> Result<Value, ApiError> {
+fn order_body(order: &OrderAfter) -> Result<Order, ApiError> {
     let first = order.first().map(|(r, _)| r).ok_or(not_found("order"))?;
     let reservations = order
         .iter()
         .map(|(r, link)| body_with(r, link.clone()))
         .collect::<Result<Vec<Value>, ApiError>>()?;
-    Ok(json!({
-        "order_ref": first.order_ref,
-        "quantity": first.quantity,
-        "expires_at": first.expires_at,
-        "reservations": reservations,
-    }))
+    Ok(Order {
+        order_ref: first.order_ref.clone(),
+        quantity: first.quantity,
+        expires_at: first.expires_at,
+        reservations,
+    })
 }
 
-async fn get(
+#[utoipa::path(
+    get,
+    path = "/api/v1/reservations/{id}",
+    operation_id = "getReservation",
+    summary = "One reservation (scope orders)",
+    params(IdPath),
+    responses(
+        (status = 200, description = "the reservation", body = Reservation),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn get(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -488,13 +533,30 @@ async fn get(
     Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ByOrderRef {
+    #[param(value_type = OrderRef, required = true)]
     order_ref: Option<String>,
 }
 
-async fn by_order_ref(
+#[utoipa::path(
+    get,
+    path = "/api/v1/reservations",
+    operation_id = "findReservation",
+    summary = "Find the reservation of an order (scope orders)",
+    params(ByOrderRef),
+    responses(
+        (status = 200, description = "the reservation", body = Reservation),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn by_order_ref(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -516,7 +578,28 @@ async fn by_order_ref(
     Ok(HttpResponse::Ok().json(body(&pool, client.org_id, &r).await?))
 }
 
-async fn events(
+// A reservation's history.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct EventList {
+    events: Vec<reservations::Event>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/reservations/{id}/events",
+    operation_id = "reservationEvents",
+    summary = "A reservation's history, oldest first: who did what (scope orders)",
+    params(IdPath),
+    responses(
+        (status = 200, description = "the events", body = inline(EventList)),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn events(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -528,7 +611,7 @@ async fn events(
         .await?
         .ok_or(not_found("reservation"))?;
     let events = reservations::events(&pool, client.org_id, id).await?;
-    Ok(HttpResponse::Ok().json(json!({ "events": events })))
+    Ok(HttpResponse::Ok().json(EventList { events }))
 }
 
 /// A refused transition, in docs/api.md's codes.
@@ -572,10 +655,11 @@ fn refusal(e: TransitionError) -> ApiError {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConvertBody {
     #[serde(deserialize_with = "json::fence")]
+    #[schema(schema_with = crate::api::schemas::fence)]
     fence: i64,
     service_ref: ServiceRef,
 }
@@ -607,7 +691,25 @@ async fn transition(
     Ok(HttpResponse::Ok().json(body_with(&r, link)?))
 }
 
-async fn convert(
+#[utoipa::path(
+    post,
+    path = "/api/v1/reservations/{id}/convert",
+    operation_id = "convert",
+    summary = "Convert a held reservation into a service link (scope orders)",
+    description = "",
+    params(IdPath),
+    request_body = ConvertBody,
+    responses(
+        (status = 200, description = "converted, with its service link; also the answer to this convert replayed unchanged (same fence and service_ref) after it took effect: the reservation as it left it", body = Reservation),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, description = "expired (past its deadline; the reservation is then expired), stale_fence (the fence is not this reservation's), not_held (it has already ended by another action than this one; state says how), or machine_not_ready (the machine under it is not ready at the commit; asset_tag names it, nothing is written)", body = TransitionRefused),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn convert(
     token: BearerToken,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -631,16 +733,35 @@ async fn convert(
     .await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelBody {
     #[serde(deserialize_with = "json::fence")]
+    #[schema(schema_with = crate::api::schemas::fence)]
     fence: i64,
     #[serde(deserialize_with = "json::reason")]
+    #[schema(schema_with = crate::api::schemas::reason)]
     reason: String,
 }
 
-async fn cancel(
+#[utoipa::path(
+    post,
+    path = "/api/v1/reservations/{id}/cancel",
+    operation_id = "cancel",
+    summary = "Cancel a held reservation (scope orders)",
+    params(IdPath),
+    request_body = CancelBody,
+    responses(
+        (status = 200, description = "cancelled; also the answer to this cancel replayed unchanged (same fence, same token) after it took effect: the reservation as it left it", body = Reservation),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, description = "expired (past its deadline; the reservation is then expired), stale_fence (the fence is not this reservation's), or not_held (it has already ended by another action than this one; state says how)", body = TransitionRefused),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn cancel(
     token: BearerToken,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -748,7 +869,25 @@ async fn order_transition(
 
 /// `POST /reservations/{id}/extend` (R14): the reservation of an order of
 /// one; a reservation of an order of several is `409 part_of_order`.
-async fn extend(
+#[utoipa::path(
+    post,
+    path = "/api/v1/reservations/{id}/extend",
+    operation_id = "extend",
+    summary = "Extend a held reservation's deadline (scope orders, R14)",
+    description = "",
+    params(IdPath),
+    request_body = ExtendBody,
+    responses(
+        (status = 200, description = "extended: the reservation with its new expires_at and the same fence", body = Reservation),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, description = "expired (past its deadline: it is then recorded expired, state expired), stale_fence, not_held (state says how it ended), hold_cap_exceeded (the new deadline would pass POOLKEEPER_HOLD_MAX_SECONDS from creation: cap_seconds and latest_expires_at say so), or part_of_order (it is one machine of an order of several: extend the order)", body = TransitionRefused),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn extend(
     token: BearerToken,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -793,7 +932,22 @@ fn path_order_ref(raw: &str) -> Result<OrderRef, ApiError> {
     OrderRef::parse(raw).map_err(|e| invalid(e.to_string()))
 }
 
-async fn get_order(
+#[utoipa::path(
+    get,
+    path = "/api/v1/orders/{order_ref}",
+    operation_id = "getOrder",
+    summary = "Read an order, every reservation of it (scope orders)",
+    params(OrderRefInPath),
+    responses(
+        (status = 200, description = "the order: every reservation of it, in slot order", body = Order),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn get_order(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -808,38 +962,50 @@ async fn get_order(
     Ok(HttpResponse::Ok().json(order_body(&order)?))
 }
 
-/// A reservation named in an order's body: its id and its fence.
-#[derive(Debug, Deserialize)]
+// A reservation named in an order's body: its id and its fence.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = NamedReservation)]
 pub struct NamedBody {
+    /// a reservation of the order
     #[serde(deserialize_with = "json::id")]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     id: i64,
     #[serde(deserialize_with = "json::fence")]
+    #[schema(schema_with = crate::api::schemas::fence)]
     fence: i64,
 }
 
-/// A reservation named in an order's conversion, with its service.
-#[derive(Debug, Deserialize)]
+// A reservation named in an order's conversion, with its service.
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConvertItem {
+    /// a reservation of the order
     #[serde(deserialize_with = "json::id")]
+    #[schema(minimum = 1, maximum = 9223372036854775807_i64)]
     id: i64,
     #[serde(deserialize_with = "json::fence")]
+    #[schema(schema_with = crate::api::schemas::fence)]
     fence: i64,
     service_ref: ServiceRef,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConvertOrderBody {
+    /// every reservation of the order, each once (otherwise 409 order_mismatch), each with its own service_ref
+    #[schema(min_items = 1, max_items = 16)]
     reservations: Vec<ConvertItem>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CancelOrderBody {
+    /// every reservation of the order, each once (otherwise 409 order_mismatch)
+    #[schema(min_items = 1, max_items = 16)]
     reservations: Vec<NamedBody>,
     #[serde(deserialize_with = "json::reason")]
+    #[schema(schema_with = crate::api::schemas::reason)]
     reason: String,
 }
 
@@ -853,6 +1019,115 @@ pub struct ExtendOrderBody {
     until: Option<String>,
     #[serde(default, deserialize_with = "json::optional_reason")]
     reason: Option<String>,
+}
+
+impl utoipa::PartialSchema for ExtendBody {
+    fn schema() -> RefOr<utoipa::openapi::Schema> {
+        either("ExtendBodyUntil", "ExtendBodySeconds")
+    }
+}
+impl ToSchema for ExtendBody {
+    fn schemas(schemas: &mut Vec<(String, RefOr<utoipa::openapi::Schema>)>) {
+        schemas.push(("ExtendBodyUntil".into(), ExtendBodyUntil::schema()));
+        schemas.push(("ExtendBodySeconds".into(), ExtendBodySeconds::schema()));
+    }
+}
+
+impl utoipa::PartialSchema for ExtendOrderBody {
+    fn schema() -> RefOr<utoipa::openapi::Schema> {
+        either("ExtendOrderBodyUntil", "ExtendOrderBodySeconds")
+    }
+}
+impl ToSchema for ExtendOrderBody {
+    fn schemas(schemas: &mut Vec<(String, RefOr<utoipa::openapi::Schema>)>) {
+        schemas.push((
+            "ExtendOrderBodyUntil".into(),
+            ExtendOrderBodyUntil::schema(),
+        ));
+        schemas.push((
+            "ExtendOrderBodySeconds".into(),
+            ExtendOrderBodySeconds::schema(),
+        ));
+        <NamedBody as ToSchema>::schemas(schemas);
+        schemas.push((NamedBody::name().into(), NamedBody::schema()));
+    }
+}
+
+/// An extension names its deadline one way: `until` or `seconds`.
+fn either(until: &str, seconds: &str) -> RefOr<utoipa::openapi::Schema> {
+    use utoipa::openapi::schema::{OneOfBuilder, Ref, Schema};
+    Schema::OneOf(
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name(until))
+            .item(Ref::from_schema_name(seconds))
+            .description(Some("either until (the deadline asked for: safe to retry) or seconds (from now: not idempotent), not both"))
+            .build(),
+    )
+    .into()
+}
+
+// `ExtendBody` and `ExtendOrderBody` read `until` and `seconds` as options
+// and `extend_to` refuses both or neither; the document says it with two
+// shapes each.
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ExtendBodySeconds {
+    #[schema(schema_with = crate::api::schemas::fence)]
+    fence: i64,
+    #[schema(schema_with = crate::api::schemas::seconds)]
+    seconds: i64,
+    #[schema(schema_with = crate::api::schemas::optional_reason, required = false)]
+    reason: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ExtendBodyUntil {
+    #[schema(schema_with = crate::api::schemas::fence)]
+    fence: i64,
+    #[schema(schema_with = crate::api::schemas::until)]
+    until: String,
+    #[schema(schema_with = crate::api::schemas::optional_reason, required = false)]
+    reason: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ExtendOrderBodySeconds {
+    /// every reservation of the order, each once (otherwise 409 order_mismatch)
+    #[schema(min_items = 1, max_items = 16)]
+    reservations: Vec<NamedBody>,
+    #[schema(schema_with = crate::api::schemas::seconds)]
+    seconds: i64,
+    #[schema(schema_with = crate::api::schemas::optional_reason, required = false)]
+    reason: Option<String>,
+}
+
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct ExtendOrderBodyUntil {
+    /// every reservation of the order, each once (otherwise 409 order_mismatch)
+    #[schema(min_items = 1, max_items = 16)]
+    reservations: Vec<NamedBody>,
+    #[schema(schema_with = crate::api::schemas::until)]
+    until: String,
+    #[schema(schema_with = crate::api::schemas::optional_reason, required = false)]
+    reason: Option<String>,
+}
+
+// A reserve's answer: a Reservation for an order of one, an Order for an
+// order of several.
+#[derive(ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub(crate) enum ReserveAnswer {
+    Reservation(Box<Reservation>),
+    Order(Order),
 }
 
 /// The reservations an order's body names: 1 to 16 (an order's size), ids
@@ -938,6 +1213,87 @@ impl OrderRequest for ExtendOrder {
             reason: self.reason.as_deref(),
         }
     }
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/orders/{order_ref}/convert",
+    operation_id = "convertOrder",
+    summary = "Convert every reservation of an order, or none (scope orders, R13)",
+    params(OrderRefInPath),
+    request_body = ConvertOrderBody,
+    responses(
+        (status = 200, description = "converted: every reservation with its service link", body = Order),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, description = "order_mismatch (the body does not name every reservation of the order once), stale_fence (a fence is not its reservation's), not_held (one has ended; state says how), expired (past the order's deadline: every reservation of it is then recorded expired). Nothing else is written. Or machine_not_ready (a machine under the order is not ready at the commit; asset_tag names it), and nothing is written", body = TransitionRefused),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn convert_order(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    order_action::<ConvertOrder>(token, settings, pool, path, payload).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/orders/{order_ref}/cancel",
+    operation_id = "cancelOrder",
+    summary = "Cancel every reservation of an order, or none (scope orders, R13)",
+    params(OrderRefInPath),
+    request_body = CancelOrderBody,
+    responses(
+        (status = 200, description = "cancelled, all of it", body = Order),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, description = "order_mismatch (the body does not name every reservation of the order once), stale_fence (a fence is not its reservation's), not_held (one has ended; state says how), or expired (past the order's deadline: every reservation of it is then recorded expired). Nothing else is written", body = TransitionRefused),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn cancel_order(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    order_action::<CancelOrder>(token, settings, pool, path, payload).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/api/v1/orders/{order_ref}/extend",
+    operation_id = "extendOrder",
+    summary = "Extend an order's one deadline (scope orders, R13, R14)",
+    params(OrderRefInPath),
+    request_body = ExtendOrderBody,
+    responses(
+        (status = 200, description = "extended: every reservation with the new expires_at and its same fence", body = Order),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, description = "order_mismatch (the body does not name every reservation of the order once), stale_fence (a fence is not its reservation's), not_held (one has ended; state says how), or expired (past the order's deadline: every reservation of it is then recorded expired). Nothing else is written; or hold_cap_exceeded", body = TransitionRefused),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn extend_order(
+    token: BearerToken,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    order_action::<ExtendOrder>(token, settings, pool, path, payload).await
 }
 
 /// `POST /orders/{order_ref}/convert|cancel|extend` (R13): the whole order

@@ -6,6 +6,9 @@ use actix_web::{HttpResponse, web};
 
 use crate::api::caller::ApiClient;
 use crate::api::reservations::path_id;
+use crate::api::schemas::{
+    Forbidden, IdPath, Invalid, NotFound, NotLiveError, Unauthorized, WriteUnavailable,
+};
 use crate::api::write::{Shape, write};
 use crate::domain::Scope;
 use crate::error::{ApiError, conflict, not_found};
@@ -16,7 +19,23 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     cfg.service(web::resource("/services/{id}/end").route(web::post().to(end)));
 }
 
-async fn end(
+#[utoipa::path(
+    post,
+    path = "/api/v1/services/{id}/end",
+    operation_id = "endService",
+    summary = "End a service link; the machine goes to provisioning (scope orders)",
+    params(IdPath),
+    responses(
+        (status = 200, description = "the ended service link", body = reservations::ServiceLink),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 409, description = "not_live: the link has already ended", body = NotLiveError),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn end(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,

@@ -6,11 +6,14 @@
 
 use crate::db::Db;
 use actix_web::{HttpRequest, HttpResponse, web};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use crate::api::caller::ApiClient;
 use crate::api::reservations::{json_body, read_body};
+use crate::api::schemas::{
+    Forbidden, Invalid, NotFound, Unauthorized, Unavailable, UrlRefusedError, WriteUnavailable,
+};
 use crate::api::write::{Shape, write};
 use crate::domain::Scope;
 use crate::error::{ApiError, not_found};
@@ -26,15 +29,48 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
     );
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct WebhookBody {
+pub(crate) struct WebhookBody {
+    /// http:// or https://; a loopback or private address (the second example) only where the deployment sets POOLKEEPER_WEBHOOK_ALLOW_PRIVATE
+    #[schema(
+        max_length = 2048,
+        format = "uri",
+        examples(
+            "https://orders.example.com/hooks/poolkeeper",
+            "http://127.0.0.1:8081/hooks/poolkeeper"
+        )
+    )]
     url: String,
+    /// make a new signing secret
     #[serde(default)]
+    #[schema(default = false)]
     rotate_secret: bool,
 }
 
-async fn get(
+// The answer of removing the webhook.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct WebhookRemoved {
+    #[schema(schema_with = crate::api::schemas::const_true)]
+    removed: bool,
+    #[schema(minimum = 0)]
+    dropped_deliveries: i64,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/webhook",
+    operation_id = "getWebhook",
+    summary = "The organization's webhook, with its signing secret (scope orders)",
+    responses(
+        (status = 200, description = "the webhook", body = webhooks::Webhook),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn get(
     client: ApiClient,
     settings: web::Data<Settings>,
     pool: web::Data<Db>,
@@ -46,7 +82,24 @@ async fn get(
     Ok(HttpResponse::Ok().json(hook))
 }
 
-async fn put(
+#[utoipa::path(
+    put,
+    path = "/api/v1/webhook",
+    operation_id = "putWebhook",
+    summary = "Set or change the organization's webhook URL (scope orders)",
+    description = "A new webhook gets a server-generated signing secret; changing the URL keeps the secret unless rotate_secret is true. The URL must be http or https, without credentials; a host that is or resolves to a loopback, private, link-local or unspecified address is refused (422 url_refused) unless the deployment sets POOLKEEPER_WEBHOOK_ALLOW_PRIVATE. Pending deliveries go to the new URL. Every event of the organization's reservations is then POSTed there: see webhooks.reservationEvent.",
+    request_body = WebhookBody,
+    responses(
+        (status = 200, description = "changed", body = webhooks::Webhook),
+        (status = 201, description = "created, with a new secret", body = webhooks::Webhook),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 422, description = "the URL is refused (error url_refused); nothing written", body = UrlRefusedError),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn put(
     req: HttpRequest,
     client: ApiClient,
     settings: web::Data<Settings>,
@@ -96,7 +149,20 @@ async fn put(
     })
 }
 
-async fn delete(
+#[utoipa::path(
+    delete,
+    path = "/api/v1/webhook",
+    operation_id = "deleteWebhook",
+    summary = "Remove the organization's webhook; its pending deliveries are dropped (scope orders)",
+    responses(
+        (status = 200, description = "removed", body = WebhookRemoved),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 404, response = NotFound),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn delete(
     req: HttpRequest,
     client: ApiClient,
     settings: web::Data<Settings>,
@@ -119,7 +185,10 @@ async fn delete(
     })
     .await?
     .ok_or(not_found("webhook"))?;
-    Ok(HttpResponse::Ok().json(json!({"removed": true, "dropped_deliveries": dropped})))
+    Ok(HttpResponse::Ok().json(WebhookRemoved {
+        removed: true,
+        dropped_deliveries: dropped,
+    }))
 }
 
 /// The audit row of an API change, in the change's transaction: the actor

@@ -30,7 +30,8 @@ pub use orders::{
 };
 pub use reads::{by_order_ref, events, get, of_machine, order_of, service_of, services_of_order};
 pub use rows::{
-    Event, MachineSnapshot, RESERVATION_FIELDS, Reservation, ServiceLink, reservation_columns,
+    Event, MachineSnapshot, RESERVATION_FIELDS, Reservation, ServiceLink, event_kind_schema,
+    from_state_schema, reservation_columns, state_schema,
 };
 pub use services::{EndServiceError, end_service, end_service_on};
 pub use transitions::{

@@ -11,7 +11,7 @@ use crate::domain::{EventKind, ReservationState};
 /// webhooks' reads, the answers of reserve and of the transitions, the
 /// test fixtures): a new column is a field here, and `query_as!` points at
 /// each read that must select it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Reservation {
     pub id: i64,
     #[serde(skip)]
@@ -19,25 +19,32 @@ pub struct Reservation {
     pub order_ref: String,
     #[serde(skip)]
     pub machine_id: i64,
+    #[schema(schema_with = state_schema)]
     pub state: ReservationState,
     pub fence: i64,
+    /// the frozen account of why that machine was chosen (R8)
     pub reason: String,
+    /// the hold this reservation was given
+    #[schema(minimum = 1, maximum = 86400)]
     pub hold_seconds: i32,
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<DateTime<Utc>>,
+    /// a staff email, a token name, sweep, conversion or allocator
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ended_by: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end_reason: Option<String>,
-    /// R8: the machine as it was when it was chosen (the `machine_snapshot`
-    /// column), not as it is now.
+    // R8: the machine as it was when it was chosen (the `machine_snapshot`
+    // column), not as it is now.
     #[sqlx(rename = "machine_snapshot")]
     pub machine: MachineSnapshot,
-    /// R13: how many machines its order holds, and which of them this is
-    /// (1 of 1 for an order of one).
+    /// how many machines its order holds (R13); 1 for an order of one
+    #[schema(minimum = 1, maximum = 16)]
     pub quantity: i16,
+    /// which machine of its order this is, from 1
+    #[schema(minimum = 1, maximum = 16)]
     pub slot: i16,
     /// R18: the segment the order named, frozen with it. Staff see it; the
     /// API's answer shows what its document lists.
@@ -64,13 +71,23 @@ impl Reservation {
 /// The frozen attributes of the chosen machine (R8).
 /// Every field defaults: a row written by other means (an import, a test)
 /// still reads.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
+#[schema(
+    as = MachineRef,
+    description = "the machine as it was when it was reserved (R8)"
+)]
 pub struct MachineSnapshot {
+    #[schema(required = true)]
     pub asset_tag: String,
+    #[schema(required = true)]
     pub site: String,
+    #[schema(required = true)]
     pub vendor: String,
+    #[schema(required = true)]
     pub profile: String,
+    /// the machine's status when it was reserved (frozen, R8)
+    #[schema(required = true, value_type = crate::domain::MachineStatus)]
     pub status: String,
 }
 
@@ -92,7 +109,7 @@ impl<'r> sqlx::Decode<'r, sqlx::Postgres> for MachineSnapshot {
     }
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ServiceLink {
     pub id: i64,
     #[serde(skip)]
@@ -104,16 +121,27 @@ pub struct ServiceLink {
     pub ended_by: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = ReservationEvent)]
 pub struct Event {
     pub id: i64,
+    /// database clock (clock_timestamp())
     pub at: DateTime<Utc>,
+    #[schema(schema_with = event_kind_schema)]
     pub kind: EventKind,
+    #[schema(schema_with = from_state_schema, required = true)]
     pub from_state: Option<ReservationState>,
+    #[schema(schema_with = state_schema)]
     pub to_state: ReservationState,
+    /// a token name, a staff email, sweep, allocator, conversion, cancellation or extension
     pub actor: String,
+    #[schema(required = true)]
     pub detail: Option<String>,
+    /// set when the sweep wrote it
+    #[schema(required = true)]
     pub replica: Option<String>,
+    /// the sweep lease's fence, when the sweep wrote it
+    #[schema(required = true)]
     pub lease_fence: Option<i64>,
 }
 
@@ -151,6 +179,39 @@ pub fn reservation_columns(of: &str) -> String {
         .map(|c| format!("{of}.{c}"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The states of a reservation, as the API publishes them (the column's
+/// check).
+pub fn state_schema() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["held", "converted", "expired", "cancelled"]))
+}
+
+/// The kinds of a reservation event, as the API publishes them.
+pub fn event_kind_schema() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some([
+            "created",
+            "converted",
+            "cancelled",
+            "expired",
+            "extended",
+            "machine_replaced",
+            "expiring",
+        ]))
+}
+
+/// An event's `from_state`: every event but the first leaves `held`.
+pub fn from_state_schema() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::String, Type::Null]))
+        .enum_values(Some([serde_json::json!("held"), serde_json::Value::Null]))
 }
 
 pub(super) const LINK_COLUMNS: &str =

@@ -8,12 +8,16 @@ use super::signatures::generate_secret;
 
 /// An organization's webhook, with its secret (admins and `orders` tokens of
 /// the organization see it; docs/webhooks.md says why).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(description = "the organization's webhook, with its signing secret")]
 pub struct Webhook {
     pub url: String,
+    /// the HMAC-SHA256 key of the Poolkeeper-Signature header
+    #[schema(pattern = "^whsec_")]
     pub secret: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// a token name or a staff email
     pub updated_by: String,
 }
 
