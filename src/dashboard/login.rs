@@ -88,14 +88,6 @@ struct UserRow {
 /// Recorded instead of whatever was typed when it is not an email.
 const NOT_AN_EMAIL: &str = "(not an email)";
 
-/// Failed logins allowed in the last 15 minutes, shared across replicas
-/// through login_attempts: per account (10: the 11th attempt is refused even
-/// with the right password), and per source address (50: higher, since many
-/// people may share an office address, yet it stops spraying many accounts
-/// from one address; SECURITY.md says what a reverse proxy changes).
-const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
-const MAX_FAILURES_PER_ADDRESS: i64 = 50;
-
 pub(crate) async fn login(
     req: HttpRequest,
     pool: web::Data<Db>,
@@ -122,17 +114,8 @@ pub(crate) async fn login(
         Ok(e) => e.as_str().to_owned(),
         Err(_) => NOT_AN_EMAIL.to_owned(),
     };
-    let (by_account, by_address): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
-           FROM login_attempts
-          WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
-            AND (email = $1 OR source_addr = $2)",
-    )
-    .bind(&account)
-    .bind(&addr)
-    .fetch_one(pool.get_ref())
-    .await?;
-    if by_account >= MAX_FAILURES_PER_ACCOUNT || by_address >= MAX_FAILURES_PER_ADDRESS {
+    // Failures count per account and address together (`throttle`).
+    if super::throttle::refused(&pool, &account, &addr).await? {
         // Filed under the account's organization when it exists, so that
         // its admins see the refusals on /audit.
         let org_id: Option<i64> = sqlx::query_scalar("SELECT org_id FROM users WHERE email = $1")
@@ -200,6 +183,21 @@ pub(crate) async fn login(
             return Ok(resp);
         }
     };
+    // S2: an organization that signs in through its provider may keep
+    // passwords for its admins only.
+    if let Some(why) = super::sso::password_refused(&pool, user.id).await? {
+        record_attempt(
+            &pool,
+            Some(user.org_id),
+            &account,
+            &addr,
+            false,
+            "login_refused_sso",
+            None,
+        )
+        .await?;
+        return Err(DashError::forbidden(why));
+    }
     // Renew the session id at login: a cookie planted before login is
     // revoked, never promoted.
     let old = req.cookie(cookie_name(&settings));
@@ -328,6 +326,12 @@ pub(crate) async fn logout(
         ),
     )
     .await?;
+    // S3: and the provider's session, for a user who signed in there.
+    // The session here has ended whatever happens there.
+    let provider = super::sso::end_provider_session(&pool, &settings, &staff)
+        .await
+        .ok()
+        .flatten();
     let mut gone = Cookie::build(cookie_name(&settings), "")
         .path("/")
         .http_only(true)
@@ -335,7 +339,7 @@ pub(crate) async fn logout(
         .secure(settings.secure_cookies)
         .finish();
     gone.make_removal();
-    let mut resp = see_other("/login?flash=logged_out");
+    let mut resp = provider.unwrap_or_else(|| see_other("/login?flash=logged_out"));
     resp.add_cookie(&gone)
         .map_err(|e| DashError::Internal(e.into()))?;
     Ok(resp)

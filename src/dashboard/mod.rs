@@ -21,7 +21,9 @@ pub mod reasons;
 pub mod reservations;
 pub mod search;
 pub mod session;
+pub mod sso;
 pub mod status_changes;
+pub mod throttle;
 pub mod view;
 pub mod why_not;
 
@@ -58,6 +60,8 @@ macro_rules! routes {
 routes! {
     "/" => [get => overview::overview],
     "/login" => [get => login::login_form, post => login::login],
+    "/login/sso" => [get => sso::start],
+    "/login/sso/callback" => [get => sso::callback],
     "/logout" => [post => login::logout],
     "/machines" => [get => machines::list],
     "/machines.csv" => [get => machines::export],

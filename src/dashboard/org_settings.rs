@@ -49,6 +49,9 @@ struct SettingsPage {
     allow_private: bool,
     backlog: BacklogView,
     failures: Vec<FailureView>,
+    /// S1: the single sign-on, read-only (set with `poolkeeper org sso`).
+    sso: Option<crate::sso::Config>,
+    sso_redirect: String,
 }
 
 #[derive(sqlx::FromRow)]
@@ -127,7 +130,16 @@ async fn settings_page(
     .bind(staff.org_id)
     .fetch_all(pool)
     .await?;
+    let sso = crate::sso::config(pool, staff.org_id).await?;
     let body = SettingsPage {
+        sso,
+        sso_redirect: format!(
+            "{}/login/sso/callback",
+            settings
+                .public_url
+                .as_deref()
+                .unwrap_or("<POOLKEEPER_PUBLIC_URL, unset>")
+        ),
         chrome: Chrome::new(req, staff, "Settings", "settings"),
         org_enabled: staff.datacenter_enabled,
         expiry_warning_seconds,

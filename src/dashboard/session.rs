@@ -174,11 +174,18 @@ impl FromRequest for Staff {
     }
 }
 
+/// The client's address: the TCP peer, or, when the peer is one of
+/// `POOLKEEPER_TRUSTED_PROXIES`, the address its forwarding headers name
+/// (never a header from anyone else, which a client could write).
 pub fn source_addr(req: &HttpRequest) -> String {
-    // The peer address, not a header a client could write.
-    req.peer_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|| "unknown".into())
+    let Some(peer) = req.peer_addr().map(|a| a.ip()) else {
+        return "unknown".into();
+    };
+    let trusted = req
+        .app_data::<web::Data<Settings>>()
+        .map(|s| s.trusted_proxies.as_slice())
+        .unwrap_or(&[]);
+    super::throttle::client_addr(peer, trusted, req.headers()).to_string()
 }
 
 /// A staff action's audit row, on the caller's transaction: the row commits
