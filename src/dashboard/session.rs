@@ -199,6 +199,30 @@ pub async fn audit_on(
     detail: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     let addr = source_addr(req);
+    // S1: a single sign-on user's entries name the provider's subject
+    // beside the email, which the provider may reassign.
+    let subject: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT u.sso_subject, s.issuer FROM users u LEFT JOIN org_sso s ON s.org_id = u.org_id
+          WHERE u.id = $1 AND u.sso_subject IS NOT NULL",
+    )
+    .bind(staff.user_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let detail = match subject {
+        Some((subject, issuer)) => {
+            let who = format!(
+                "subject {subject:?} of {}",
+                issuer
+                    .as_deref()
+                    .unwrap_or("a provider no longer configured")
+            );
+            Some(match detail {
+                Some(d) => format!("{d} ({who})"),
+                None => who,
+            })
+        }
+        None => detail.map(str::to_owned),
+    };
     crate::audit::record(
         conn,
         &crate::audit::Entry {
@@ -207,7 +231,7 @@ pub async fn audit_on(
             action,
             object,
             source_addr: &addr,
-            detail,
+            detail: detail.as_deref(),
         },
     )
     .await

@@ -193,6 +193,15 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
         .expect("POST");
     assert_eq!(r.status().as_u16(), 303);
     assert_eq!(app.state_of(hold).await, "cancelled");
+    // Its audit entry names the provider's subject beside the email.
+    let (actor, detail): (String, String) =
+        sqlx::query_as("SELECT actor, detail FROM audit_log WHERE action = 'reservation.cancel'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("the cancellation's audit row");
+    assert_eq!(actor, "ana@corp.example");
+    assert!(detail.contains("customer changed plan"), "{detail}");
+    assert!(detail.contains("subject \"ana\""), "{detail}");
     // A second sign-in finds the same user.
     signed_in(&app, "ana").await;
     assert_eq!(
@@ -458,4 +467,111 @@ async fn the_secret_is_stored_nowhere_but_its_file() {
     .expect("dump");
     assert!(dump.contains(&provider.secret_file().to_string_lossy().into_owned()));
     assert!(!dump.contains(oidc::CLIENT_SECRET));
+}
+
+#[tokio::test]
+async fn the_command_line_sets_shows_and_removes_single_sign_on() {
+    let (app, provider) = setup().await;
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    let run = |args: &[&str]| {
+        std::process::Command::new(crate::helpers::binary())
+            .args(args)
+            .env("DATABASE_URL", app.db.url())
+            .env("POOLKEEPER_PUBLIC_URL", &app.address)
+            .output()
+            .expect("run poolkeeper")
+    };
+    let out = run(&[
+        "org",
+        "sso",
+        "acme",
+        "--issuer",
+        &provider.issuer,
+        "--client-id",
+        oidc::CLIENT_ID,
+        "--client-secret-file",
+        &secret,
+        "--claim",
+        "roles",
+        "--role",
+        "admin=ops",
+        "--role",
+        "viewer=staff",
+        "--passwords",
+        "admins",
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("{}/login/sso/callback", app.address)),
+        "{said}"
+    );
+    assert!(!said.contains("warning"), "discovery worked: {said}");
+    assert!(!said.contains(oidc::CLIENT_SECRET), "{said}");
+    let stored: (String, Option<String>, Option<String>, String) = sqlx::query_as(
+        "SELECT claim, admin_value, support_value, passwords FROM org_sso WHERE org_id = $1",
+    )
+    .bind(app.org.id)
+    .fetch_one(&app.pool)
+    .await
+    .expect("stored");
+    assert_eq!(
+        stored,
+        ("roles".into(), Some("ops".into()), None, "admins".into())
+    );
+    // Refused, and nothing changed: a plain http issuer, a role twice, no role.
+    for bad in [
+        vec!["--issuer", "http://idp.example", "--role", "admin=x"],
+        vec![
+            "--issuer",
+            provider.issuer.as_str(),
+            "--role",
+            "admin=x",
+            "--role",
+            "admin=y",
+        ],
+        vec!["--issuer", provider.issuer.as_str()],
+    ] {
+        let mut args = vec![
+            "org",
+            "sso",
+            "acme",
+            "--client-id",
+            "c",
+            "--client-secret-file",
+            &secret,
+        ];
+        args.extend(bad.iter().copied());
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM org_sso WHERE claim = 'roles'")
+            .await,
+        1
+    );
+    let out = run(&["org", "sso", "acme", "--off"]);
+    assert!(out.status.success());
+    assert_eq!(app.count("SELECT count(*) FROM org_sso").await, 0);
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM audit_log WHERE action IN ('org.sso_set', 'org.sso_removed')"
+        )
+        .await,
+        // setup's own set, the command line's, its removal
+        3
+    );
+    let help = run(&["org", "sso", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--issuer",
+        "--client-id",
+        "--client-secret-file",
+        "--claim",
+        "--role",
+        "--passwords",
+        "--off",
+    ] {
+        assert!(text.contains(flag), "{flag} in {text}");
+    }
 }
