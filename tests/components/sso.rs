@@ -436,6 +436,17 @@ async fn unknown_organizations_and_missing_settings_are_refused_clearly() {
         assert!(r.text().await.expect("body").contains("no single sign-on"));
     }
     assert_eq!(c.get("/login/sso").await.status().as_u16(), 400);
+    // A long authorization code (Entra ID's run past a kilobyte) passes the
+    // input guard and meets the state check.
+    let r = c
+        .get(&format!(
+            "/login/sso/callback?code={}&state=abc",
+            "A".repeat(1500)
+        ))
+        .await;
+    assert_eq!(r.status().as_u16(), 400);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("does not match a sign-in"), "{body}");
     // The login page's form ends on our page, which moves on by itself
     // (the CSP's form-action governs a form's redirects).
     let r = c.get("/login/sso?org=acme&via=form").await;
