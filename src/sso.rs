@@ -688,9 +688,13 @@ pub async fn account_on(
         };
         // A password no one knows: the table wants an argon2id hash, and
         // password sign-in must never open this account.
-        let unknowable = crate::staff::hash_password(&random_secret())
-            .map_err(|e| SsoError::Invalid(e.to_string()))?;
-        let id: i64 = sqlx::query_scalar(
+        // argon2 is deliberately slow: off the async workers.
+        let unknowable =
+            tokio::task::spawn_blocking(|| crate::staff::hash_password(&random_secret()))
+                .await
+                .map_err(|e| SsoError::Invalid(e.to_string()))?
+                .map_err(|e| SsoError::Invalid(e.to_string()))?;
+        let id: Result<i64, sqlx::Error> = sqlx::query_scalar(
             "INSERT INTO users (org_id, email, role, password_hash, sso_subject)
              VALUES ($1, $2, $3, $4, $5) RETURNING id",
         )
@@ -700,7 +704,13 @@ pub async fn account_on(
         .bind(unknowable)
         .bind(&identity.subject)
         .fetch_one(&mut *conn)
-        .await?;
+        .await;
+        let id = match id {
+            Ok(id) => id,
+            // Two first sign-ins of one person at once: the other made it.
+            Err(e) if crate::db::violated_unique(&e).is_some() => return Ok(raced()),
+            Err(e) => return Err(e.into()),
+        };
         return Ok(Account::Ready {
             user_id: id,
             email: email.as_str().to_owned(),
@@ -732,18 +742,33 @@ pub async fn account_on(
         }
         _ => known.email.clone(),
     };
-    sqlx::query("UPDATE users SET role = $2, email = $3 WHERE id = $1")
+    let updated = sqlx::query("UPDATE users SET role = $2, email = $3 WHERE id = $1")
         .bind(known.id)
         .bind(role.as_str())
         .bind(&new_email)
         .execute(&mut *conn)
-        .await?;
+        .await;
+    match updated {
+        Ok(_) => {}
+        Err(e) if crate::db::violated_unique(&e).is_some() => return Ok(raced()),
+        Err(e) => return Err(e.into()),
+    }
     Ok(Account::Ready {
         user_id: known.id,
         email: new_email,
         created: false,
         previous_role: (known.role != role.as_str()).then_some(known.role),
     })
+}
+
+/// A unique index refused the write because another sign-in wrote first:
+/// nothing of this one is kept, and signing in again finds that user.
+fn raced() -> Account {
+    Account::Refused(
+        "Another sign-in with this account was completed at the same moment; nothing of this \
+         one was kept: sign in again."
+            .to_owned(),
+    )
 }
 
 fn random_secret() -> String {

@@ -586,3 +586,49 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
         assert!(text.contains(flag), "{flag} in {text}");
     }
 }
+
+/// Four first sign-ins of one person completed at once (every callback
+/// fetched first, then all released together): one user, never a 5xx; a
+/// sign-in that loses the race to create the user is refused and signing
+/// in again works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn first_sign_ins_at_once_make_one_user() {
+    let (app, _provider) = setup().await;
+    let mut ready = Vec::new();
+    for _ in 0..4 {
+        let c = StaffClient::new(&app.address);
+        let callback = callback_for(&app, &c, "ana").await;
+        ready.push((c, callback));
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(ready.len()));
+    let tasks: Vec<_> = ready
+        .into_iter()
+        .map(|(c, callback)| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                finish(&c, &callback).await.0
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 403),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&200), "{statuses:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM users WHERE sso_subject = 'ana'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE action = 'user.add'")
+            .await,
+        1
+    );
+    signed_in(&app, "ana").await;
+}
