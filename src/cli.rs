@@ -74,6 +74,39 @@ enum OrgCommand {
         #[arg(long)]
         repairs_segment: Option<String>,
     },
+    /// Sign the organization's staff in through its OpenID Connect provider
+    /// (docs/rules.md S1-S3, docs/configuration.md); or `--off`.
+    Sso(SsoArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SsoArgs {
+    slug: String,
+    /// The provider's issuer URL, exactly as its discovery document names it
+    /// (https; Entra ID: https://login.microsoftonline.com/<tenant id>/v2.0).
+    #[arg(long, required_unless_present = "off")]
+    issuer: Option<String>,
+    /// The client id the provider gave poolkeeper.
+    #[arg(long, required_unless_present = "off")]
+    client_id: Option<String>,
+    /// A file whose first line is the client secret; the server reads it at
+    /// each sign-in (only the path is stored).
+    #[arg(long, required_unless_present = "off")]
+    client_secret_file: Option<String>,
+    /// The ID token claim whose values map to roles.
+    #[arg(long, default_value = "groups")]
+    claim: String,
+    /// ROLE=VALUE: the claim value that gives admin, support or viewer; one
+    /// per role, at least one; the highest mapped role wins.
+    #[arg(long = "role", value_name = "ROLE=VALUE")]
+    roles: Vec<String>,
+    /// on: password sign-in as before; admins: only admins may still use a
+    /// password (break-glass, for when the provider is down).
+    #[arg(long, default_value = "on", value_parser = ["on", "admins"])]
+    passwords: String,
+    /// Remove the organization's single sign-on.
+    #[arg(long, conflicts_with_all = ["issuer", "client_id", "client_secret_file", "roles"])]
+    off: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -180,6 +213,9 @@ async fn run_command(
                     repairs_segment,
                 },
         } => org_set(&pool, &slug, customer_hold_limit, repairs_segment).await?,
+        Command::Org {
+            command: OrgCommand::Sso(args),
+        } => org_sso(&pool, &settings.public_url, args).await?,
         Command::User {
             command:
                 UserCommand::Add {
@@ -347,6 +383,81 @@ fn log_schema_report(report: crate::db::MigrationReport) {
             "purged leases expired for more than 24 h"
         );
     }
+}
+
+/// `poolkeeper org sso`: stores (or with `--off` removes) the organization's
+/// single sign-on, then says what the provider must be told.
+async fn org_sso(
+    pool: &crate::db::Db,
+    public_url: &Option<String>,
+    args: SsoArgs,
+) -> anyhow::Result<()> {
+    let org = crate::orgs::by_slug(pool, &args.slug).await?;
+    if args.off {
+        if crate::sso::remove(pool, org.id, "command line").await? {
+            eprintln!("{}: single sign-on removed", org.slug);
+        } else {
+            eprintln!("{}: had no single sign-on, nothing changed", org.slug);
+        }
+        return Ok(());
+    }
+    let mut values: [Option<&str>; 3] = [None; 3];
+    for pair in &args.roles {
+        let Some((role, value)) = pair.split_once('=') else {
+            bail!("--role {pair:?}: write ROLE=VALUE, e.g. --role admin=pk-admins");
+        };
+        let i = match Role::parse(role.trim())? {
+            Role::Admin => 0,
+            Role::Support => 1,
+            Role::Viewer => 2,
+        };
+        if value.is_empty() {
+            bail!("--role {pair:?}: the value is empty");
+        }
+        if values[i].replace(value).is_some() {
+            bail!("--role {role} is given twice");
+        }
+    }
+    let setting = crate::sso::Setting {
+        issuer: args.issuer.as_deref().unwrap_or(""),
+        client_id: args.client_id.as_deref().unwrap_or(""),
+        client_secret_file: args.client_secret_file.as_deref().unwrap_or(""),
+        claim: &args.claim,
+        admin_value: values[0],
+        support_value: values[1],
+        viewer_value: values[2],
+        passwords: crate::sso::Passwords::parse(&args.passwords)?,
+    };
+    crate::sso::set(pool, org.id, &setting, "command line").await?;
+    let Some(config) = crate::sso::config(pool, org.id).await? else {
+        bail!("the configuration was stored but cannot be read back");
+    };
+    eprintln!(
+        "{}: single sign-on through {} (client {}, secret read from {}); claim {:?} gives {}; passwords {}",
+        org.slug,
+        config.issuer,
+        config.client_id,
+        config.client_secret_file,
+        config.claim,
+        config.expected(),
+        config.passwords
+    );
+    match public_url {
+        Some(url) => eprintln!(
+            "register the redirect URI {url}/login/sso/callback and the post-logout redirect URI {url}/login?flash=logged_out with the provider"
+        ),
+        None => eprintln!(
+            "warning: set POOLKEEPER_PUBLIC_URL for `serve`: the redirect URI is <POOLKEEPER_PUBLIC_URL>/login/sso/callback"
+        ),
+    }
+    let redirect = format!(
+        "{}/login/sso/callback",
+        public_url.as_deref().unwrap_or("http://localhost")
+    );
+    if let Err(e) = crate::sso::discover(&config, &redirect).await {
+        eprintln!("warning: {e} (stored anyway; sign-in fails until it answers)");
+    }
+    Ok(())
 }
 
 fn on_off(b: bool) -> &'static str {

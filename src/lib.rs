@@ -26,6 +26,7 @@ pub mod reservations;
 pub mod security_headers;
 pub mod serve;
 pub mod settings;
+pub mod sso;
 pub mod staff;
 pub mod startup;
 pub mod sweep;

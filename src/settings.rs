@@ -1,6 +1,6 @@
 //! Configuration, from the environment (docs/configuration.md). A `.env` file may add to it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 /// Everything `serve` needs to know. Tests build one directly. Each
@@ -33,6 +33,13 @@ pub struct Settings {
     /// `POOLKEEPER_SECURE_COOKIES`: served behind TLS, so cookies get
     /// `Secure` and the `__Host-` prefix.
     pub secure_cookies: bool,
+    /// `POOLKEEPER_PUBLIC_URL`: the dashboard's address as browsers reach
+    /// it, without a trailing slash (single sign-on's redirect URI is
+    /// `<public URL>/login/sso/callback`).
+    pub public_url: Option<String>,
+    /// `POOLKEEPER_TRUSTED_PROXIES`: the reverse proxies whose
+    /// `Forwarded`/`X-Forwarded-For` name the client (throttling, audit).
+    pub trusted_proxies: Vec<Cidr>,
     /// `POOLKEEPER_SESSION_IDLE_SECONDS`.
     pub session_idle: Duration,
     /// `POOLKEEPER_SESSION_MAX_SECONDS`.
@@ -146,6 +153,8 @@ impl Settings {
             lease_duration: Duration::ZERO,
             replica: default_replica_name(),
             secure_cookies: false,
+            public_url: None,
+            trusted_proxies: Vec::new(),
             session_idle: Duration::ZERO,
             session_max: Duration::ZERO,
             db_acquire_timeout: Duration::ZERO,
@@ -331,6 +340,48 @@ pub const VARIABLES: &[Variable] = &[
         help: "served behind TLS: Secure cookies with the __Host- prefix (on/off)",
         apply: |s, name, v| {
             s.secure_cookies = parse_switch(name, &v)?;
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_PUBLIC_URL",
+        when_unset: WhenUnset::Described("unset"),
+        help: "the dashboard's URL as browsers reach it (single sign-on's redirect URI is <URL>/login/sso/callback)",
+        apply: |s, name, v| {
+            let trimmed = v.trim().trim_end_matches('/').to_owned();
+            let ok = url::Url::parse(&trimmed).is_ok_and(|u| {
+                matches!(u.scheme(), "http" | "https")
+                    && u.host().is_some()
+                    && u.query().is_none()
+                    && u.fragment().is_none()
+            });
+            if !ok {
+                return Err(SettingsError {
+                    name,
+                    value: v,
+                    expected: "an http or https URL such as https://pool.example.com",
+                });
+            }
+            s.public_url = Some(trimmed);
+            Ok(())
+        },
+    },
+    Variable {
+        name: "POOLKEEPER_TRUSTED_PROXIES",
+        when_unset: WhenUnset::Described("none"),
+        help: "reverse proxies (addresses or CIDR ranges, comma-separated) whose Forwarded/X-Forwarded-For name the client",
+        apply: |s, name, v| {
+            s.trusted_proxies = v
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .map(Cidr::parse)
+                .collect::<Option<Vec<_>>>()
+                .ok_or(SettingsError {
+                    name,
+                    value: v.clone(),
+                    expected: "addresses or CIDR ranges separated by commas, such as 10.0.0.5,192.168.1.0/24",
+                })?;
             Ok(())
         },
     },
@@ -533,6 +584,49 @@ pub const VARIABLES: &[Variable] = &[
     },
 ];
 
+/// An address range of `POOLKEEPER_TRUSTED_PROXIES`: an address alone is
+/// a range of one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(text: &str) -> Option<Cidr> {
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
+            None => (text.parse::<IpAddr>().ok()?, None),
+        };
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = prefix.unwrap_or(max);
+        (prefix <= max).then_some(Cidr { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        // An IPv4 peer may arrive as an IPv4-mapped IPv6 address.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The declared default value of variable `name` (`WhenUnset::Value`), for
 /// the code that reads it outside `Settings` (the logger).
 pub fn declared_default(name: &str) -> Option<&'static str> {
@@ -638,6 +732,45 @@ fn hostname() -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trusted_proxies_are_addresses_or_ranges() {
+        let s = Settings::from_lookup(|n| {
+            (n == "POOLKEEPER_TRUSTED_PROXIES").then(|| "10.0.0.5, 192.168.1.0/24,::1".to_owned())
+        })
+        .expect("parses");
+        let has = |ip: &str| {
+            s.trusted_proxies
+                .iter()
+                .any(|c| c.contains(ip.parse().expect("ip")))
+        };
+        assert!(has("10.0.0.5") && !has("10.0.0.6"));
+        assert!(has("192.168.1.200") && !has("192.168.2.1"));
+        assert!(has("::1") && has("::ffff:192.168.1.7"));
+        assert!(
+            Cidr::parse("0.0.0.0/0").is_some_and(|c| c.contains("8.8.8.8".parse().expect("ip")))
+        );
+        for bad in ["10.0.0.0/33", "example.com", "10.0.0.1/x"] {
+            assert!(
+                Settings::from_lookup(
+                    |n| (n == "POOLKEEPER_TRUSTED_PROXIES").then(|| bad.to_owned())
+                )
+                .is_err(),
+                "{bad}"
+            );
+        }
+        let url = Settings::from_lookup(|n| {
+            (n == "POOLKEEPER_PUBLIC_URL").then(|| "https://pool.example.com/".to_owned())
+        })
+        .expect("parses");
+        assert_eq!(url.public_url.as_deref(), Some("https://pool.example.com"));
+        assert!(
+            Settings::from_lookup(
+                |n| (n == "POOLKEEPER_PUBLIC_URL").then(|| "pool.example.com".to_owned())
+            )
+            .is_err()
+        );
+    }
 
     #[test]
     fn every_declared_default_parses_and_is_the_default() {

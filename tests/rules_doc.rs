@@ -13,12 +13,12 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A rule name: R1-R99, L1-L9 or F1-F9, as a whole word.
+/// A rule name: R1-R99, L1-L9, F1-F9 or S1-S9, as a whole word.
 fn rule_names(text: &str) -> BTreeSet<String> {
     let bytes = text.as_bytes();
     let mut found = BTreeSet::new();
     for (i, &b) in bytes.iter().enumerate() {
-        if !matches!(b, b'R' | b'L' | b'F') {
+        if !matches!(b, b'R' | b'L' | b'F' | b'S') {
             continue;
         }
         let before_ok = i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == b'_');
@@ -43,6 +43,7 @@ fn rule_names(text: &str) -> BTreeSet<String> {
         let known = match b {
             b'R' => (1..=19).contains(&n),
             b'L' => (1..=6).contains(&n),
+            b'S' => (1..=3).contains(&n),
             _ => (1..=5).contains(&n),
         };
         if known {
@@ -199,7 +200,7 @@ fn every_rule_the_code_cites_is_defined_in_the_rules_doc() {
 #[test]
 fn every_rule_names_tests_that_exist() {
     let rules = doc_rules();
-    for expected in ["R1", "R16", "L1", "L6", "F1", "F4"] {
+    for expected in ["R1", "R16", "L1", "L6", "F1", "F4", "S1", "S3"] {
         assert!(
             rules.contains_key(expected),
             "{DOC} does not define {expected}"

@@ -29,6 +29,10 @@ const FIELD_MAX: &[(&str, usize)] = &[
     ("reason", crate::reservations::MAX_REASON_CHARS),
     // A password is hashed, never stored; long passphrases are welcome.
     ("password", 1024),
+    // An identity provider's answer at /login/sso/callback (S1): some
+    // providers' authorization codes run to well over a kilobyte.
+    ("code", 4096),
+    ("error_description", 1024),
 ];
 
 /// Fields typed in a <textarea>: line breaks and tabs are text there.

@@ -88,14 +88,6 @@ struct UserRow {
 /// Recorded instead of whatever was typed when it is not an email.
 const NOT_AN_EMAIL: &str = "(not an email)";
 
-/// Failed logins allowed in the last 15 minutes, shared across replicas
-/// through login_attempts: per account (10: the 11th attempt is refused even
-/// with the right password), and per source address (50: higher, since many
-/// people may share an office address, yet it stops spraying many accounts
-/// from one address; SECURITY.md says what a reverse proxy changes).
-const MAX_FAILURES_PER_ACCOUNT: i64 = 10;
-const MAX_FAILURES_PER_ADDRESS: i64 = 50;
-
 pub(crate) async fn login(
     req: HttpRequest,
     pool: web::Data<Db>,
@@ -116,6 +108,21 @@ pub(crate) async fn login(
     let ok = password_matches(user.as_ref(), form.password.clone()).await?;
     match user {
         Some(u) if ok && !u.disabled => {
+            // S2: an organization that signs in through its provider may
+            // keep passwords for its admins only.
+            if let Some(why) = super::sso::password_refused(&pool, u.id).await? {
+                record_attempt(
+                    &pool,
+                    Some(u.org_id),
+                    &account,
+                    &addr,
+                    false,
+                    "login_refused_sso",
+                    None,
+                )
+                .await?;
+                return Err(DashError::forbidden(why));
+            }
             logged_in(&req, &pool, &settings, &u, &account, &addr).await
         }
         other => {
@@ -152,17 +159,8 @@ fn check_login_csrf(req: &HttpRequest, settings: &Settings, sent: &str) -> Resul
 /// Too many failures of the account or from the address lately: refused
 /// (even with the right password), and the refusal recorded.
 async fn refuse_if_throttled(pool: &Db, account: &str, addr: &str) -> Result<(), DashError> {
-    let (by_account, by_address): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE email = $1), count(*) FILTER (WHERE source_addr = $2)
-           FROM login_attempts
-          WHERE NOT succeeded AND at > clock_timestamp() - interval '15 minutes'
-            AND (email = $1 OR source_addr = $2)",
-    )
-    .bind(account)
-    .bind(addr)
-    .fetch_one(pool)
-    .await?;
-    if by_account < MAX_FAILURES_PER_ACCOUNT && by_address < MAX_FAILURES_PER_ADDRESS {
+    // Failures count per account and address together (`throttle`).
+    if !super::throttle::refused(pool, account, addr).await? {
         return Ok(());
     }
     // Filed under the account's organization when it exists, so that
@@ -347,6 +345,12 @@ pub(crate) async fn logout(
         ),
     )
     .await?;
+    // S3: and the provider's session, for a user who signed in there.
+    // The session here has ended whatever happens there.
+    let provider = super::sso::end_provider_session(&pool, &settings, &staff)
+        .await
+        .ok()
+        .flatten();
     let mut gone = Cookie::build(cookie_name(&settings), "")
         .path("/")
         .http_only(true)
@@ -354,7 +358,7 @@ pub(crate) async fn logout(
         .secure(settings.secure_cookies)
         .finish();
     gone.make_removal();
-    let mut resp = see_other("/login?flash=logged_out");
+    let mut resp = provider.unwrap_or_else(|| see_other("/login?flash=logged_out"));
     resp.add_cookie(&gone)
         .map_err(|e| DashError::Internal(e.into()))?;
     Ok(resp)

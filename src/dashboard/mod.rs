@@ -21,7 +21,9 @@ pub mod reasons;
 pub mod reservations;
 pub mod search;
 pub mod session;
+pub mod sso;
 pub mod status_changes;
+pub mod throttle;
 pub mod view;
 pub mod why_not;
 
@@ -73,6 +75,8 @@ macro_rules! routes {
 routes! {
     "/" => Staff [get => overview::overview],
     "/login" => Public [get => login::login_form, post => login::login],
+    "/login/sso" => Public [get => sso::start],
+    "/login/sso/callback" => Public [get => sso::callback],
     "/logout" => Staff [post => login::logout],
     "/machines" => Datacenter [get => machines::list],
     "/machines.csv" => Datacenter [get => machines::export],

@@ -41,6 +41,9 @@ struct SettingsPage {
     allow_private: bool,
     backlog: BacklogView,
     failures: Vec<FailureView>,
+    /// S1: the single sign-on, read-only (set with `poolkeeper org sso`).
+    sso: Option<crate::sso::Config>,
+    sso_redirect: String,
 }
 
 #[derive(sqlx::FromRow)]
@@ -119,7 +122,16 @@ async fn settings_page(
     .fetch_all(pool)
     .await?;
     let facets = crate::inventory::facets(pool, staff.org_id).await?;
+    let sso = crate::sso::config(pool, staff.org_id).await?;
     let body = SettingsPage {
+        sso,
+        sso_redirect: format!(
+            "{}/login/sso/callback",
+            settings
+                .public_url
+                .as_deref()
+                .unwrap_or("<POOLKEEPER_PUBLIC_URL, unset>")
+        ),
         headroom_pool: vec![
             Select::of("headroom-site", "site", "Site", &facets.sites, None).required(),
             Select::of(

@@ -158,11 +158,18 @@ impl FromRequest for Staff {
     }
 }
 
+/// The client's address: the TCP peer, or, when the peer is one of
+/// `POOLKEEPER_TRUSTED_PROXIES`, the address its forwarding headers name
+/// (never a header from anyone else, which a client could write).
 pub fn source_addr(req: &HttpRequest) -> String {
-    // The peer address, not a header a client could write.
-    req.peer_addr()
-        .map(|a| a.ip().to_string())
-        .unwrap_or_else(|| "unknown".into())
+    let Some(peer) = req.peer_addr().map(|a| a.ip()) else {
+        return "unknown".into();
+    };
+    let trusted = req
+        .app_data::<web::Data<Settings>>()
+        .map(|s| s.trusted_proxies.as_slice())
+        .unwrap_or(&[]);
+    super::throttle::client_addr(peer, trusted, req.headers()).to_string()
 }
 
 /// A staff action's audit row, on the caller's transaction: the row commits
@@ -176,6 +183,30 @@ pub async fn audit_on(
     detail: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     let addr = source_addr(req);
+    // S1: a single sign-on user's entries name the provider's subject
+    // beside the email, which the provider may reassign.
+    let subject: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT u.sso_subject, s.issuer FROM users u LEFT JOIN org_sso s ON s.org_id = u.org_id
+          WHERE u.id = $1 AND u.sso_subject IS NOT NULL",
+    )
+    .bind(staff.user_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let detail = match subject {
+        Some((subject, issuer)) => {
+            let who = format!(
+                "subject {subject:?} of {}",
+                issuer
+                    .as_deref()
+                    .unwrap_or("a provider no longer configured")
+            );
+            Some(match detail {
+                Some(d) => format!("{d} ({who})"),
+                None => who,
+            })
+        }
+        None => detail.map(str::to_owned),
+    };
     crate::audit::record(
         conn,
         &crate::audit::Entry {
@@ -184,7 +215,7 @@ pub async fn audit_on(
             action,
             object,
             source_addr: &addr,
-            detail,
+            detail: detail.as_deref(),
         },
     )
     .await

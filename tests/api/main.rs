@@ -24,6 +24,7 @@ mod in_service;
 mod inventory;
 mod lease;
 mod lock_order;
+mod login_throttle;
 mod lost_commits;
 mod machines_list;
 mod metrics;

@@ -1067,3 +1067,68 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         problems.join("\n")
     );
 }
+
+/// S1 and S3 in a real browser against a real provider (oidc-provider):
+/// the login page's single sign-on form, the provider's login page, back
+/// to the overview signed in (the `SameSite=Strict` session cookie after
+/// the provider's cross-site redirect), then sign-out through the
+/// provider's end-session page, after which the provider asks for the
+/// login again. The pages of ours on the way are checked by axe-core.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_sign_on_through_the_browser_and_out_through_the_provider() {
+    require_browser();
+    let app = crate::sso::app_with(|_| {}).await;
+    let provider = crate::helpers::oidc::Provider::start(
+        &app.address,
+        &json!({"ana": {"email": "ana@corp.example", "name": "Ana", "groups": ["pk-support"]}}),
+    );
+    crate::sso::configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    let axe = axe_source();
+    let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
+    std::fs::create_dir_all(&shots).expect("screenshots dir");
+    let mut problems = Vec::new();
+    let d = Driver::start().await;
+    let at_provider = |u: &str| u.starts_with(&provider.issuer);
+
+    d.goto(&app.url("/login")).await;
+    check_page(&d, &shots, "login-sso", &axe, &mut problems).await;
+    d.type_into("#sso-org", "acme").await;
+    d.click("form[action='/login/sso'] button").await;
+    d.wait_url("the provider's login page", at_provider).await;
+    d.type_into("input[name=login]", "ana").await;
+    d.type_into("input[name=password]", "any password").await;
+    d.click("button[type=submit]").await;
+    let overview = format!("{}/", app.address);
+    d.wait_url("the overview, signed in", |u| u == overview)
+        .await;
+    let who = d.text("header .who").await;
+    assert!(
+        who.contains("ana@corp.example") && who.contains("support"),
+        "{who}"
+    );
+
+    // Sign-out: our session ends, then the provider's end-session page.
+    d.click("header .who button").await;
+    d.wait_url("the provider's end-session page", |u| {
+        u.starts_with(&format!("{}/session/end", provider.issuer))
+    })
+    .await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM sessions WHERE revoked_at IS NULL")
+            .await,
+        0
+    );
+    d.click("button[value=yes]").await;
+    let back = d
+        .wait_url("back on the login page", |u| u.contains("/login"))
+        .await;
+    assert!(back.starts_with(&app.address), "{back}");
+    assert_eq!(d.texts(".flash").await, ["You are logged out."]);
+    // Signed out at the provider too: a new sign-in asks for the login.
+    d.type_into("#sso-org", "acme").await;
+    d.click("form[action='/login/sso'] button").await;
+    d.wait_url("the provider's login page again", at_provider)
+        .await;
+    d.find("input[name=login]").await;
+    assert!(problems.is_empty(), "{problems:#?}");
+}

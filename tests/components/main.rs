@@ -18,4 +18,5 @@ mod failover;
 mod pgbouncer;
 mod rolling;
 mod soak;
+mod sso;
 mod tls;

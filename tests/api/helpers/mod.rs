@@ -8,6 +8,7 @@ pub mod conformance;
 mod fake;
 mod fixtures;
 mod http;
+pub mod oidc;
 pub mod receiver;
 pub mod replicas;
 pub use fake::*;

@@ -1,0 +1,634 @@
+//! Single sign-on (docs/rules.md S1-S3) against a real OpenID Connect
+//! provider started on loopback (tests/api/helpers/oidc.rs: oidc-provider
+//! under Node.js, installed by scripts/test), through HTTP: sign-in and
+//! roles, the refusals, key rotation, the provider down with a break-glass
+//! admin, sign-out. The ID token refusals a real provider will not produce
+//! on request (another audience, expired, a wrong nonce, `alg: none`, an
+//! unknown key) are the unit tests of `src/sso.rs`; the browser's walk
+//! through the redirects is `browser::single_sign_on_through_the_browser`.
+
+use serde_json::{Value, json};
+
+use crate::helpers::oidc::{self, Provider};
+use crate::helpers::{FakeHold, FakeMachine, STAFF_PASSWORD, StaffClient, TestApp, spawn_app_with};
+
+/// The app on a port chosen first, so that its public URL (the redirect
+/// URI the provider must know) can be set before it starts.
+pub async fn app_with(adjust: impl FnOnce(&mut poolkeeper::settings::Settings)) -> TestApp {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    spawn_app_with(|s| {
+        s.bind = format!("127.0.0.1:{port}").parse().expect("address");
+        s.public_url = Some(format!("http://127.0.0.1:{port}"));
+        adjust(s);
+    })
+    .await
+}
+
+fn accounts() -> Value {
+    json!({
+        "ana": {"email": "ana@corp.example", "name": "Ana", "groups": ["everyone", "pk-support"]},
+        "bo": {"email": "bo@corp.example", "name": "Bo", "groups": ["everyone"]},
+        "cy": {"email": "cy@corp.example", "name": "Cy"},
+        "di": {"email": "di@corp.example", "name": "Di", "groups": ["pk-admins"]},
+    })
+}
+
+/// The app with acme's single sign-on through `provider`.
+pub async fn configure(app: &TestApp, provider: &Provider, passwords: poolkeeper::sso::Passwords) {
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    poolkeeper::sso::set(
+        &app.pool,
+        app.org.id,
+        &poolkeeper::sso::Setting {
+            issuer: &provider.issuer,
+            client_id: oidc::CLIENT_ID,
+            client_secret_file: &secret,
+            claim: "groups",
+            admin_value: Some("pk-admins"),
+            support_value: Some("pk-support"),
+            viewer_value: Some("pk-viewers"),
+            passwords,
+        },
+        "test",
+    )
+    .await
+    .expect("configure single sign-on");
+}
+
+async fn setup() -> (TestApp, Provider) {
+    let app = app_with(|_| {}).await;
+    let provider = Provider::start(&app.address, &accounts());
+    configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    (app, provider)
+}
+
+/// Starts a sign-in at `/login/sso?org=acme`: the URL of the provider it
+/// redirects to.
+async fn start(c: &StaffClient) -> String {
+    let r = c.get("/login/sso?org=acme").await;
+    assert_eq!(r.status().as_u16(), 303, "to the provider");
+    let to = r.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    for part in [
+        "code_challenge_method=S256",
+        "code_challenge=",
+        "state=",
+        "nonce=",
+        "scope=openid",
+    ] {
+        assert!(to.contains(part), "{part} in {to}");
+    }
+    to
+}
+
+/// The callback URL the provider sends `account` back with.
+async fn callback_for(app: &TestApp, c: &StaffClient, account: &str) -> String {
+    let to = start(c).await;
+    oidc::sign_in_at_provider(c, &app.address, &to, account).await
+}
+
+/// Requests `callback` (a full URL of the app): status and body.
+async fn finish(c: &StaffClient, callback: &str) -> (u16, String) {
+    let r = c.http.get(callback).send().await.expect("callback");
+    let status = r.status().as_u16();
+    (status, r.text().await.expect("body"))
+}
+
+/// Signs `account` in with a new client; asserts it worked.
+async fn signed_in(app: &TestApp, account: &str) -> StaffClient {
+    let c = StaffClient::new(&app.address);
+    let callback = callback_for(app, &c, account).await;
+    let (status, body) = finish(&c, &callback).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("http-equiv=\"refresh\""),
+        "moves on to /: {body}"
+    );
+    assert!(c.session_cookie().is_some(), "a session");
+    c
+}
+
+/// What a refusal must leave alone: users, sessions, audit rows.
+async fn written(app: &TestApp) -> (i64, i64, i64) {
+    (
+        app.count("SELECT count(*) FROM users").await,
+        app.count("SELECT count(*) FROM sessions").await,
+        app.count("SELECT count(*) FROM audit_log").await,
+    )
+}
+
+async fn role_of(app: &TestApp, email: &str) -> String {
+    sqlx::query_scalar("SELECT role FROM users WHERE email = $1")
+        .bind(email)
+        .fetch_one(&app.pool)
+        .await
+        .expect("a user")
+}
+
+#[tokio::test]
+async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
+    let (app, _provider) = setup().await;
+    FakeMachine::new()
+        .tag("PK-1")
+        .create(&app.pool, app.org.id)
+        .await;
+    let hold = FakeHold::on("PK-1")
+        .order("ORD-A")
+        .create(&app.pool, app.org.id)
+        .await;
+    let c = signed_in(&app, "ana").await;
+    let (status, body) = c.page("/").await;
+    assert_eq!(status, 200);
+    assert!(body.contains("ana@corp.example"), "{body}");
+    // S1: made at the first sign-in, with the provider's subject, audited.
+    let (role, subject): (String, Option<String>) =
+        sqlx::query_as("SELECT role, sso_subject FROM users WHERE email = 'ana@corp.example'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("the user");
+    assert_eq!(
+        (role.as_str(), subject.as_deref()),
+        ("support", Some("ana"))
+    );
+    let audited: Vec<(String, String)> = sqlx::query_as(
+        "SELECT action, detail FROM audit_log WHERE actor = 'ana@corp.example' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("audit");
+    assert_eq!(audited.len(), 2, "{audited:?}");
+    assert_eq!(audited[0].0, "user.add");
+    assert_eq!(audited[1].0, "login");
+    for (_, detail) in &audited {
+        assert!(detail.contains("subject \"ana\""), "{detail}");
+        assert!(detail.contains(&_provider.issuer), "{detail}");
+    }
+    // The password no one knows opens nothing.
+    let other = StaffClient::new(&app.address);
+    assert_eq!(
+        other
+            .login("ana@corp.example", STAFF_PASSWORD)
+            .await
+            .status()
+            .as_u16(),
+        401
+    );
+    // Support acts: cancels the hold.
+    let (status, page) = c.page(&format!("/reservations/{hold}/cancel")).await;
+    assert_eq!(status, 200, "{page}");
+    let (action, mut fields) =
+        oidc::form(&page[page.find("<main").expect("main")..]).expect("the cancel form");
+    fields.push(("reason".into(), "customer changed plan".into()));
+    let r = c
+        .http
+        .post(c.url(&action))
+        .form(&fields)
+        .send()
+        .await
+        .expect("POST");
+    assert_eq!(r.status().as_u16(), 303);
+    assert_eq!(app.state_of(hold).await, "cancelled");
+    // Its audit entry names the provider's subject beside the email.
+    let (actor, detail): (String, String) =
+        sqlx::query_as("SELECT actor, detail FROM audit_log WHERE action = 'reservation.cancel'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("the cancellation's audit row");
+    assert_eq!(actor, "ana@corp.example");
+    assert!(detail.contains("customer changed plan"), "{detail}");
+    assert!(detail.contains("subject \"ana\""), "{detail}");
+    // A second sign-in finds the same user.
+    signed_in(&app, "ana").await;
+    assert_eq!(
+        app.count("SELECT count(*) FROM users WHERE email = 'ana@corp.example'")
+            .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn no_mapped_group_is_a_403_that_says_what_was_seen_and_expected() {
+    let (app, _provider) = setup().await;
+    let before = written(&app).await;
+    for (account, seen) in [
+        ("bo", "claim held: \"everyone\""),
+        ("cy", "carried no \"groups\" claim"),
+    ] {
+        let c = StaffClient::new(&app.address);
+        let callback = callback_for(&app, &c, account).await;
+        let (status, body) = finish(&c, &callback).await;
+        let body = body.replace("&quot;", "\"").replace("&#34;", "\"");
+        assert_eq!(status, 403, "{account}: {body}");
+        assert!(body.contains(seen), "{account}: {body}");
+        assert!(
+            body.contains(r#"admin: "pk-admins", support: "pk-support", viewer: "pk-viewers""#),
+            "what the organization expects: {body}"
+        );
+        assert!(c.session_cookie().is_none());
+    }
+    assert_eq!(written(&app).await, before, "nothing written");
+}
+
+#[tokio::test]
+async fn roles_are_recomputed_at_every_sign_in() {
+    let (app, provider) = setup().await;
+    let first = signed_in(&app, "di").await;
+    assert_eq!(role_of(&app, "di@corp.example").await, "admin");
+    assert_eq!(first.page("/settings").await.0, 200);
+    // Moved from the admin group to the viewer group at the provider.
+    let mut moved = accounts();
+    moved["di"]["groups"] = json!(["pk-viewers"]);
+    provider.set_accounts(&moved);
+    let second = signed_in(&app, "di").await;
+    assert_eq!(role_of(&app, "di@corp.example").await, "viewer");
+    assert_eq!(second.page("/settings").await.0, 403);
+    // The role is the user's: the earlier session is a viewer's too.
+    assert_eq!(first.page("/settings").await.0, 403);
+    let change: String =
+        sqlx::query_scalar("SELECT detail FROM audit_log WHERE action = 'user.role_changed'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("the change is audited");
+    assert!(change.starts_with("admin to viewer"), "{change}");
+    // Removed from every mapped group: refused at the next sign-in.
+    moved["di"]["groups"] = json!([]);
+    provider.set_accounts(&moved);
+    let c = StaffClient::new(&app.address);
+    let callback = callback_for(&app, &c, "di").await;
+    assert_eq!(finish(&c, &callback).await.0, 403);
+}
+
+#[tokio::test]
+async fn a_tampered_state_a_foreign_browser_and_a_replayed_code_are_refused() {
+    let (app, _provider) = setup().await;
+    let c = StaffClient::new(&app.address);
+    let callback = callback_for(&app, &c, "ana").await;
+    let before = written(&app).await;
+    // The state changed by one character.
+    let state = reqwest::Url::parse(&callback)
+        .expect("url")
+        .query_pairs()
+        .find(|(k, _)| k == "state")
+        .map(|(_, v)| v.into_owned())
+        .expect("a state");
+    let mut tampered_state = state.clone();
+    tampered_state.push('x');
+    let tampered = callback.replace(
+        &format!("state={state}"),
+        &format!("state={tampered_state}"),
+    );
+    assert_ne!(tampered, callback);
+    let (status, body) = finish(&c, &tampered).await;
+    assert_eq!(status, 400, "{body}");
+    // The right state from another browser (no binding cookie).
+    let stranger = StaffClient::new(&app.address);
+    assert_eq!(finish(&stranger, &callback).await.0, 400);
+    assert_eq!(written(&app).await, before, "nothing written");
+    // The genuine answer still works, once.
+    assert_eq!(finish(&c, &callback).await.0, 200);
+    let after = written(&app).await;
+    let (status, body) = finish(&c, &callback).await;
+    assert_eq!(status, 400, "the same callback again: {body}");
+    assert!(body.contains("already used"), "{body}");
+    assert_eq!(written(&app).await, after);
+    // The used code under a fresh sign-in's own state: our state is good,
+    // and the provider refuses the code (used, and another PKCE verifier).
+    let fresh = callback_for(&app, &c, "ana").await;
+    let code = |url: &str| {
+        reqwest::Url::parse(url)
+            .expect("url")
+            .query_pairs()
+            .find(|(k, _)| k == "code")
+            .map(|(_, v)| v.into_owned())
+            .expect("a code")
+    };
+    let replayed = fresh.replace(&code(&fresh), &code(&callback));
+    assert_ne!(replayed, fresh);
+    let (status, body) = finish(&c, &replayed).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("refused"), "{body}");
+    assert_eq!(written(&app).await, after, "nothing written");
+}
+
+#[tokio::test]
+async fn the_next_sign_in_works_after_the_provider_rotates_its_key() {
+    let (app, mut provider) = setup().await;
+    let kid = |issuer: String| async move {
+        let jwks: Value = reqwest::get(format!("{issuer}/jwks"))
+            .await
+            .expect("jwks")
+            .json()
+            .await
+            .expect("json");
+        jwks["keys"][0]["kid"].as_str().expect("a kid").to_owned()
+    };
+    signed_in(&app, "ana").await;
+    let before = kid(provider.issuer.clone()).await;
+    provider.restart();
+    let after = kid(provider.issuer.clone()).await;
+    assert_ne!(before, after, "a new signing key");
+    signed_in(&app, "ana").await;
+}
+
+#[tokio::test]
+async fn provider_down_is_a_clear_page_and_the_break_glass_admin_signs_in() {
+    let app = app_with(|_| {}).await;
+    let mut provider = Provider::start(&app.address, &accounts());
+    configure(&app, &provider, poolkeeper::sso::Passwords::Admins).await;
+    app.create_staff(app.org.id, "root@acme.example", "admin")
+        .await;
+    app.create_staff(app.org.id, "sam@acme.example", "support")
+        .await;
+    provider.stop();
+    let c = StaffClient::new(&app.address);
+    let r = c.get("/login/sso?org=acme").await;
+    assert_eq!(r.status().as_u16(), 503);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("cannot be reached"), "{body}");
+    assert!(body.contains("password"), "says what still works: {body}");
+    // S2: the admin's password still works; support's does not.
+    assert_eq!(
+        c.login("root@acme.example", STAFF_PASSWORD)
+            .await
+            .status()
+            .as_u16(),
+        303
+    );
+    let s = StaffClient::new(&app.address);
+    let r = s.login("sam@acme.example", STAFF_PASSWORD).await;
+    assert_eq!(r.status().as_u16(), 403);
+    assert!(
+        r.text().await.expect("body").contains("admins only"),
+        "says why"
+    );
+    assert!(s.session_cookie().is_none());
+    // With passwords on for everyone, support's works again.
+    configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    assert_eq!(
+        s.login("sam@acme.example", STAFF_PASSWORD)
+            .await
+            .status()
+            .as_u16(),
+        303
+    );
+}
+
+#[tokio::test]
+async fn sign_out_ends_the_session_and_reaches_the_end_session_endpoint() {
+    let (app, provider) = setup().await;
+    let c = signed_in(&app, "ana").await;
+    let csrf = c.csrf().await;
+    let r = c.post_form("/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.text().await.expect("body");
+    let doc = scraper::Html::parse_document(&body);
+    let link = doc
+        .select(&scraper::Selector::parse("main a").expect("selector"))
+        .next()
+        .and_then(|a| a.value().attr("href"))
+        .expect("a link to the provider")
+        .to_owned();
+    assert!(
+        link.starts_with(&format!("{}/session/end?", provider.issuer)),
+        "{link}"
+    );
+    assert!(link.contains("client_id=poolkeeper"), "{link}");
+    // Logged out here already.
+    assert_eq!(c.get("/").await.status().as_u16(), 303);
+    // The provider's end-session endpoint asks to confirm; confirming sends
+    // the browser back to the login page.
+    let r = c.http.get(&link).send().await.expect("end session");
+    assert_eq!(r.status().as_u16(), 200);
+    let page = r.text().await.expect("body");
+    let (action, mut fields) = oidc::form(&page).expect("the provider's logout form");
+    fields.push(("logout".into(), "yes".into()));
+    let r = c
+        .http
+        .post(oidc::join(&link, &action))
+        .form(&fields)
+        .send()
+        .await
+        .expect("confirm");
+    let back = r.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    assert_eq!(back, format!("{}/login?flash=logged_out", app.address));
+    // A password user's logout stays here.
+    let local = app.staff("root@acme.example", "admin").await;
+    let csrf = local.csrf().await;
+    let r = local.post_form("/logout", &[("csrf", &csrf)]).await;
+    assert_eq!(r.status().as_u16(), 303);
+}
+
+#[tokio::test]
+async fn unknown_organizations_and_missing_settings_are_refused_clearly() {
+    let (app, _provider) = setup().await;
+    let c = StaffClient::new(&app.address);
+    for path in ["/login/sso?org=nobody", "/login/sso?org=other"] {
+        let r = c.get(path).await;
+        assert_eq!(r.status().as_u16(), 404, "{path}");
+        assert!(r.text().await.expect("body").contains("no single sign-on"));
+    }
+    assert_eq!(c.get("/login/sso").await.status().as_u16(), 400);
+    // A long authorization code (Entra ID's run past a kilobyte) passes the
+    // input guard and meets the state check.
+    let r = c
+        .get(&format!(
+            "/login/sso/callback?code={}&state=abc",
+            "A".repeat(1500)
+        ))
+        .await;
+    assert_eq!(r.status().as_u16(), 400);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("does not match a sign-in"), "{body}");
+    // The login page's form ends on our page, which moves on by itself
+    // (the CSP's form-action governs a form's redirects).
+    let r = c.get("/login/sso?org=acme&via=form").await;
+    assert_eq!(r.status().as_u16(), 200);
+    let body = r.text().await.expect("body");
+    assert!(body.contains("http-equiv=\"refresh\""), "{body}");
+    assert_eq!(app.count("SELECT count(*) FROM sso_pending").await, 1);
+    // /settings shows it to admins, read-only, never the secret.
+    let admin = app.staff("root@acme.example", "admin").await;
+    let (status, page) = admin.page("/settings").await;
+    assert_eq!(status, 200);
+    assert!(page.contains(&_provider.issuer));
+    assert!(page.contains("pk-support"));
+    assert!(page.contains("/login/sso/callback"));
+    assert!(!page.contains(oidc::CLIENT_SECRET));
+}
+
+#[tokio::test]
+async fn the_secret_is_stored_nowhere_but_its_file() {
+    let (app, provider) = setup().await;
+    signed_in(&app, "ana").await;
+    let dump: String = sqlx::query_scalar(
+        "SELECT string_agg(t::text, ' ') FROM (
+             SELECT row_to_json(s)::text AS t FROM org_sso s
+             UNION ALL SELECT row_to_json(a)::text FROM audit_log a) x",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("dump");
+    assert!(dump.contains(&provider.secret_file().to_string_lossy().into_owned()));
+    assert!(!dump.contains(oidc::CLIENT_SECRET));
+}
+
+#[tokio::test]
+async fn the_command_line_sets_shows_and_removes_single_sign_on() {
+    let (app, provider) = setup().await;
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    let run = |args: &[&str]| {
+        std::process::Command::new(crate::helpers::binary())
+            .args(args)
+            .env("DATABASE_URL", app.db.url())
+            .env("POOLKEEPER_PUBLIC_URL", &app.address)
+            .output()
+            .expect("run poolkeeper")
+    };
+    let out = run(&[
+        "org",
+        "sso",
+        "acme",
+        "--issuer",
+        &provider.issuer,
+        "--client-id",
+        oidc::CLIENT_ID,
+        "--client-secret-file",
+        &secret,
+        "--claim",
+        "roles",
+        "--role",
+        "admin=ops",
+        "--role",
+        "viewer=staff",
+        "--passwords",
+        "admins",
+    ]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("{}/login/sso/callback", app.address)),
+        "{said}"
+    );
+    assert!(!said.contains("warning"), "discovery worked: {said}");
+    assert!(!said.contains(oidc::CLIENT_SECRET), "{said}");
+    let stored: (String, Option<String>, Option<String>, String) = sqlx::query_as(
+        "SELECT claim, admin_value, support_value, passwords FROM org_sso WHERE org_id = $1",
+    )
+    .bind(app.org.id)
+    .fetch_one(&app.pool)
+    .await
+    .expect("stored");
+    assert_eq!(
+        stored,
+        ("roles".into(), Some("ops".into()), None, "admins".into())
+    );
+    // Refused, and nothing changed: a plain http issuer, a role twice, no role.
+    for bad in [
+        vec!["--issuer", "http://idp.example", "--role", "admin=x"],
+        vec![
+            "--issuer",
+            provider.issuer.as_str(),
+            "--role",
+            "admin=x",
+            "--role",
+            "admin=y",
+        ],
+        vec!["--issuer", provider.issuer.as_str()],
+    ] {
+        let mut args = vec![
+            "org",
+            "sso",
+            "acme",
+            "--client-id",
+            "c",
+            "--client-secret-file",
+            &secret,
+        ];
+        args.extend(bad.iter().copied());
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?}");
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM org_sso WHERE claim = 'roles'")
+            .await,
+        1
+    );
+    let out = run(&["org", "sso", "acme", "--off"]);
+    assert!(out.status.success());
+    assert_eq!(app.count("SELECT count(*) FROM org_sso").await, 0);
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM audit_log WHERE action IN ('org.sso_set', 'org.sso_removed')"
+        )
+        .await,
+        // setup's own set, the command line's, its removal
+        3
+    );
+    let help = run(&["org", "sso", "--help"]);
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--issuer",
+        "--client-id",
+        "--client-secret-file",
+        "--claim",
+        "--role",
+        "--passwords",
+        "--off",
+    ] {
+        assert!(text.contains(flag), "{flag} in {text}");
+    }
+}
+
+/// Four first sign-ins of one person completed at once (every callback
+/// fetched first, then all released together): one user, never a 5xx; a
+/// sign-in that loses the race to create the user is refused and signing
+/// in again works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn first_sign_ins_at_once_make_one_user() {
+    let (app, _provider) = setup().await;
+    let mut ready = Vec::new();
+    for _ in 0..4 {
+        let c = StaffClient::new(&app.address);
+        let callback = callback_for(&app, &c, "ana").await;
+        ready.push((c, callback));
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(ready.len()));
+    let tasks: Vec<_> = ready
+        .into_iter()
+        .map(|(c, callback)| {
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                finish(&c, &callback).await.0
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 403),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&200), "{statuses:?}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM users WHERE sso_subject = 'ana'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_log WHERE action = 'user.add'")
+            .await,
+        1
+    );
+    signed_in(&app, "ana").await;
+}
