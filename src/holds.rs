@@ -214,22 +214,6 @@ pub async fn order_lines(
     .await
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_cursor_survives_its_link() {
-        let c = Cursor {
-            expires_at: DateTime::from_timestamp_micros(1_796_000_000_123_456).expect("time"),
-            id: 42,
-        };
-        assert_eq!(Cursor::parse(&c.encode()), Some(c));
-        assert_eq!(Cursor::parse("12_x"), None);
-        assert_eq!(Cursor::parse("nonsense"), None);
-    }
-}
-
 /// R19 as support reads it: the live holds of one end customer (a hold
 /// past its deadline no longer counts, as for the cap) and the
 /// organization's cap on them (0: none), on the customer's index.
@@ -248,4 +232,20 @@ pub async fn customer_against_cap(
     .bind(customer.as_str())
     .fetch_one(pool)
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_survives_its_link() {
+        let c = Cursor {
+            expires_at: DateTime::from_timestamp_micros(1_796_000_000_123_456).expect("time"),
+            id: 42,
+        };
+        assert_eq!(Cursor::parse(&c.encode()), Some(c));
+        assert_eq!(Cursor::parse("12_x"), None);
+        assert_eq!(Cursor::parse("nonsense"), None);
+    }
 }
