@@ -31,6 +31,7 @@ mod migrations;
 mod openapi;
 mod orders;
 mod orders_of_several;
+mod pool_figures;
 mod privilege;
 mod schema;
 mod status_changes;
