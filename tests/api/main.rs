@@ -34,6 +34,7 @@ mod orders_of_several;
 mod pool_figures;
 mod privilege;
 mod schema;
+mod search;
 mod status_changes;
 mod sweep;
 mod traces;
