@@ -522,3 +522,51 @@ async fn attaching_the_triggers_fills_the_figures_from_the_machines() {
         .expect("rows");
     assert_eq!(rows, 3, "one row per vendor of the one pool");
 }
+
+/// The sweep worker's holder folds the deltas every period: after a load of
+/// machines and a status change, the deltas drain into the figures, which
+/// still equal a recount.
+#[tokio::test]
+async fn the_sweep_worker_folds_the_deltas() {
+    let app = spawn_app().await;
+    for i in 0..6 {
+        machine(&app, &format!("W-{i}"), SITE, PROFILE, VENDORS[i % 3]).await;
+    }
+    let (code, body) = change_status(&app, &["W-1".to_owned()], "maintenance").await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    let mut settings = app.settings.clone();
+    settings.sweep_period = std::time::Duration::from_secs(1);
+    settings.lease_duration = std::time::Duration::from_secs(5);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = {
+        let (pool, settings) = (app.pool.clone(), settings.clone());
+        let metrics = poolkeeper::metrics::Metrics::new();
+        tokio::spawn(
+            async move { poolkeeper::sweep::run(&pool, &settings, metrics, stopped).await },
+        )
+    };
+    crate::helpers::until(
+        "the sweep to fold the deltas",
+        crate::helpers::POLL_BOUND,
+        || async {
+            let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pool_figure_deltas")
+                .fetch_one(&app.pool)
+                .await
+                .expect("deltas");
+            (left == 0).then_some(())
+        },
+    )
+    .await;
+    let _ = stop.send(true);
+    tokio::time::timeout(std::time::Duration::from_secs(15), worker)
+        .await
+        .expect("the worker stops")
+        .expect("the worker ends cleanly");
+    let folded: i64 =
+        sqlx::query_scalar("SELECT coalesce(sum(machines), 0)::bigint FROM pool_figures")
+            .fetch_one(&app.pool)
+            .await
+            .expect("figures");
+    assert_eq!(folded, 6);
+    check(&app, "after the worker folded").await;
+}
