@@ -58,24 +58,27 @@ CREATE OR REPLACE FUNCTION capacity_pools(p_org bigint, p_site text, p_profile t
 RETURNS TABLE (site text, profile text, total bigint, sellable bigint, held bigint, sold bigint,
                not_ready bigint, reserved jsonb, available bigint)
 LANGUAGE sql STABLE AS $$
-    -- Counted by pool, not probed per machine: the machines by status, and
-    -- those in service (the machine's copy of its live link,
-    -- sql/services.sql), in one index-only scan of machines_pool_counts_idx;
-    -- then the few live holds joined to their machines, each subtracted
-    -- from what its machine's status counted. `_any` counts every vendor
-    -- (what the headroom is kept from), the others the vendor asked.
+    -- Counted by pool, not per machine: the machines by vendor, status and
+    -- in service (the machine's copy of its live link, sql/services.sql)
+    -- come from the figures kept per pool (pool_machines,
+    -- sql/pool_figures.sql), a few rows per pool; then the few live holds
+    -- joined to their machines, each subtracted from what its machine's
+    -- status counted. Both in this statement's one snapshot, and the
+    -- figures are written in the transaction of every change of a machine,
+    -- so the counts add up. `_any` counts every vendor (what the headroom
+    -- is kept from), the others the vendor asked.
     WITH pools AS (
-        SELECT m.site, m.profile,
-               count(*) FILTER (WHERE p_vendor IS NULL OR m.vendor = p_vendor) AS total,
-               count(*) FILTER (WHERE m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS ready,
-               count(*) FILTER (WHERE m.status = 'ready') AS ready_any,
-               count(*) FILTER (WHERE m.in_service AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS sold,
-               count(*) FILTER (WHERE m.in_service AND m.status = 'ready' AND (p_vendor IS NULL OR m.vendor = p_vendor)) AS sold_ready,
-               count(*) FILTER (WHERE m.in_service AND m.status = 'ready') AS sold_ready_any
-          FROM machines m
-         WHERE m.org_id = p_org AND (p_site IS NULL OR m.site = p_site)
-           AND (p_profile IS NULL OR m.profile = p_profile)
-         GROUP BY m.site, m.profile
+        SELECT f.site, f.profile,
+               coalesce(sum(f.machines) FILTER (WHERE p_vendor IS NULL OR f.vendor = p_vendor), 0)::bigint AS total,
+               coalesce(sum(f.machines) FILTER (WHERE f.status = 'ready' AND (p_vendor IS NULL OR f.vendor = p_vendor)), 0)::bigint AS ready,
+               coalesce(sum(f.machines) FILTER (WHERE f.status = 'ready'), 0)::bigint AS ready_any,
+               coalesce(sum(f.machines) FILTER (WHERE f.in_service AND (p_vendor IS NULL OR f.vendor = p_vendor)), 0)::bigint AS sold,
+               coalesce(sum(f.machines) FILTER (WHERE f.in_service AND f.status = 'ready' AND (p_vendor IS NULL OR f.vendor = p_vendor)), 0)::bigint AS sold_ready,
+               coalesce(sum(f.machines) FILTER (WHERE f.in_service AND f.status = 'ready'), 0)::bigint AS sold_ready_any
+          FROM pool_machines f
+         WHERE f.org_id = p_org AND (p_site IS NULL OR f.site = p_site)
+           AND (p_profile IS NULL OR f.profile = p_profile)
+         GROUP BY f.site, f.profile
     ), held AS (
         SELECT m.site, m.profile,
                count(*) FILTER (WHERE p_vendor IS NULL OR m.vendor = p_vendor) AS n,

@@ -1,9 +1,9 @@
 -- A machine's copy of whether it is in service (`machines.in_service`,
 -- migrations/20261207100001_machines_in_service.sql): true exactly when
 -- the machine has a live service link. service_links is the truth; the
--- copy lets the counts per pool state read what is sold in the index-only
--- scan that counts the machines, instead of one probe per live service,
--- and lets pass one walk only the machines not in service
+-- copy lets the figures per pool (sql/pool_figures.sql, whose triggers
+-- count this column's changes) say what is sold, instead of one probe per
+-- live service, and lets pass one walk only the machines not in service
 -- (`machines_sellable_idx`, sql/allocator.sql), which still probes each
 -- candidate's link.
 --

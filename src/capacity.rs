@@ -14,6 +14,18 @@ use sqlx::{PgConnection, PgExecutor};
 use crate::db::Db;
 use crate::domain::{Profile, Segment, Site, Vendor};
 
+/// R17: folds the changes of machines committed so far into the figures
+/// per pool (`pool_figures_fold`, sql/pool_figures.sql), so that a read of
+/// them sums a few rows per pool; returns how many delta rows it folded.
+/// The sweep's holder calls it every period. Safe at any time and from any
+/// session: another fold running skips, and a read is exact before and
+/// after.
+pub async fn fold_figures<'c>(db: impl PgExecutor<'c>) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT pool_figures_fold()")
+        .fetch_one(db)
+        .await
+}
+
 /// The filters of a capacity read; `None` is "any" (for `segment`: an order
 /// without a segment).
 #[derive(Debug, Default, Clone, PartialEq, Eq, Hash)]

@@ -463,6 +463,7 @@ impl Worker {
                     self.sweep().await;
                     self.purge_refusals().await;
                     self.count_activity().await;
+                    self.fold_figures().await;
                 }
                 next_warning = self.plan_warnings().await;
             } else if next_warning.is_some_and(|at| now >= at) {
@@ -627,6 +628,30 @@ impl Worker {
         .await;
         if let Err(e) = counted {
             self.sweep_failed("count activity", fence, e);
+        }
+    }
+
+    /// R17: the changes of machines since the last period into the figures
+    /// per pool, so that their reads stay a few rows per pool. The fold is
+    /// exact whoever runs it, so it needs no fence; only the holder runs it
+    /// to keep it to one replica.
+    async fn fold_figures(&mut self) {
+        if self.stop_requested() || !self.lease.trusted() {
+            return;
+        }
+        let limit = self.config.lease.call_timeout;
+        let folded = bounded(limit, async {
+            Ok(crate::capacity::fold_figures(&self.pool).await?)
+        })
+        .await;
+        match folded {
+            Ok(n) => {
+                tracing::debug!(replica = %self.config.replica, folded = n, "sweep folded the pool figures")
+            }
+            Err(e) => {
+                let fence = self.lease.fence().unwrap_or(0);
+                self.sweep_failed("fold pool figures", fence, e);
+            }
         }
     }
 

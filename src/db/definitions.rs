@@ -32,6 +32,10 @@ pub const FILES: &[(&str, &str)] = &[
     ("api_callers.sql", include_str!("../../sql/api_callers.sql")),
     ("locks.sql", include_str!("../../sql/locks.sql")),
     ("services.sql", include_str!("../../sql/services.sql")),
+    (
+        "pool_figures.sql",
+        include_str!("../../sql/pool_figures.sql"),
+    ),
     ("capacity.sql", include_str!("../../sql/capacity.sql")),
     ("allocator.sql", include_str!("../../sql/allocator.sql")),
     ("transitions.sql", include_str!("../../sql/transitions.sql")),
