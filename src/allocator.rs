@@ -511,6 +511,74 @@ pub struct WalkStats {
     pub attempts: usize,
 }
 
+/// R6/R9: what an order was first asked with, as stored with its first
+/// reservation (its spec, as asked; its size, hold, segment and customer).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AskedWith {
+    pub site: String,
+    pub profile: String,
+    pub vendor: Option<String>,
+    pub quantity: i16,
+    pub hold_seconds: i32,
+    pub segment: Option<String>,
+    pub customer_ref: Option<String>,
+}
+
+impl ReserveRequest {
+    /// R6: the fields in which this request differs from the one that first
+    /// used its `order_ref` (empty: the same request, a replay). The hold is
+    /// compared as resolved (a default counts as asked).
+    pub fn differs_from(&self, first: &AskedWith) -> Vec<&'static str> {
+        let mut fields = Vec::new();
+        let mut differ = |field: &'static str, same: bool| {
+            if !same {
+                fields.push(field);
+            }
+        };
+        differ("site", self.spec.site.as_str() == first.site);
+        differ("profile", self.spec.profile.as_str() == first.profile);
+        differ(
+            "vendor",
+            self.spec.vendor.as_ref().map(Vendor::as_str) == first.vendor.as_deref(),
+        );
+        differ("quantity", i16::from(self.quantity.get()) == first.quantity);
+        differ(
+            "hold_seconds",
+            i64::from(self.hold.get()) == i64::from(first.hold_seconds),
+        );
+        differ(
+            "segment",
+            self.segment.as_ref().map(Segment::as_str) == first.segment.as_deref(),
+        );
+        differ(
+            "customer_ref",
+            self.customer_ref.as_ref().map(CustomerRef::as_str) == first.customer_ref.as_deref(),
+        );
+        fields
+    }
+}
+
+/// What order `order_ref` of `org_id` was first asked with; `None` when no
+/// reservation carries it. Read only on a replay, never on a new order.
+pub async fn asked_with(
+    db: impl sqlx::PgExecutor<'_>,
+    org_id: i64,
+    order_ref: &str,
+) -> Result<Option<AskedWith>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT r.spec->>'site' AS site, r.spec->>'profile' AS profile, r.spec->>'vendor' AS vendor,
+                r.quantity, r.hold_seconds, r.segment, r.customer_ref
+           FROM reservations r
+          WHERE r.org_id = $1 AND r.order_ref = $2
+          ORDER BY r.slot
+          LIMIT 1",
+    )
+    .bind(org_id)
+    .bind(order_ref)
+    .fetch_optional(db)
+    .await
+}
+
 #[derive(Debug, Clone)]
 pub enum ReserveOutcome {
     /// A new order (201): `reservation` is its first machine (slot 1),

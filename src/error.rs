@@ -30,6 +30,15 @@ pub enum ApiError {
     /// internal address, say). Nothing was written.
     #[error("{message}")]
     Unprocessable { code: &'static str, message: String },
+    /// 422 `idempotency_mismatch`: the key (an `order_ref`) was used before
+    /// by a request that differs in `fields`; the original stands, nothing
+    /// was written.
+    #[error(
+        "this order_ref was first used with another request (it differs in {}); \
+         the original order stands and nothing was written: use a new order_ref for a new order",
+        .fields.join(", ")
+    )]
+    Mismatch { fields: Vec<&'static str> },
     /// 409 with a machine-readable code and extra fields.
     #[error("{message}")]
     Conflict {
@@ -81,6 +90,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict { code, .. } => code,
             ApiError::Unprocessable { code, .. } => code,
+            ApiError::Mismatch { .. } => "idempotency_mismatch",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::OutcomeUnknown(_) => "outcome_unknown",
             ApiError::Internal(_) => "internal",
@@ -163,7 +173,9 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unprocessable { .. } | ApiError::Mismatch { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::ModuleDisabled(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -194,6 +206,9 @@ impl ResponseError for ApiError {
             } => {
                 body.extend(extra.clone());
                 retry = *retry_after;
+            }
+            ApiError::Mismatch { fields } => {
+                body.insert("fields".into(), json!(fields));
             }
             ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => {
                 crate::metrics::count_unavailable(self.code());

@@ -21,7 +21,7 @@ use crate::allocator::{
 use crate::api::caller::{ApiClient, BearerToken};
 use crate::api::json;
 use crate::api::schemas::{
-    Forbidden, IdPath, Invalid, NotFound, OrderRefInPath, ReserveRefused,
+    Forbidden, IdPath, IdempotencyMismatchError, Invalid, NotFound, OrderRefInPath, ReserveRefused,
     TransitionError as TransitionRefused, Unauthorized, Unavailable, WriteUnavailable,
 };
 use crate::domain::{
@@ -231,6 +231,7 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
         (status = 403, response = Forbidden),
         (status = 409, description = "contended (at least quantity machines match but fewer could be taken now; has Retry-After), unavailable (fewer than quantity match: buy hardware; has excluded counts and candidates, no Retry-After), reserved (they match, but the sellable ones left are kept for other segments, R18) or customer_limit (the customer is at the organization's cap, R19). Nothing is held in any case; all but customer_limit carry alternatives", body = inline(ReserveRefused),
             headers(("Retry-After" = i64, description = "only with error contended"))),
+        (status = 422, description = "idempotency_mismatch: this order_ref was first used with another request; fields names what differs (site, profile, vendor, quantity, hold_seconds, segment, customer_ref). The original order stands; nothing written", body = IdempotencyMismatchError),
         (status = 503, response = WriteUnavailable),
     )
 )]
@@ -267,6 +268,7 @@ pub(crate) async fn reserve(
     if let Some((org_id, alternatives)) = outcome.alternatives_mut() {
         *alternatives = allocator::alternatives(&**pool, org_id, &req).await?;
     }
+    refuse_another_request(&pool, &outcome, &req).await?;
     record_outcome(&span, &outcome);
     metrics
         .reservations
@@ -280,6 +282,31 @@ pub(crate) async fn reserve(
     })?
     .respond(&pool)
     .await
+}
+
+/// R6: a replay answers the original order only when it is the same
+/// request; the same `order_ref` with another one (an order service whose
+/// reference scheme repeats) is `422 idempotency_mismatch` naming the
+/// fields, and the original stands. Read only on a replay.
+async fn refuse_another_request(
+    pool: &Db,
+    outcome: &ReserveOutcome,
+    req: &ReserveRequest,
+) -> Result<(), ApiError> {
+    let ReserveOutcome::Existing { reservation, .. } = outcome else {
+        return Ok(());
+    };
+    let Some(first) =
+        allocator::asked_with(pool, reservation.org_id, req.order_ref.as_str()).await?
+    else {
+        return Ok(());
+    };
+    let fields = req.differs_from(&first);
+    if fields.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::Mismatch { fields })
+    }
 }
 
 /// The span's fields of what came of a reserve.

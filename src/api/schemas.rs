@@ -268,6 +268,7 @@ codes!(
     code_url_refused = "url_refused",
     code_unknown_machines = "unknown_machines",
     code_unknown_pool = "unknown_pool",
+    code_idempotency_mismatch = "idempotency_mismatch",
     const_true = true,
 );
 
@@ -565,3 +566,32 @@ shared_response!(
     "the database cannot answer right now (error unavailable: nothing was written), or the connection was lost once this write's commit was sent (error outcome_unknown: it may or may not have taken effect); retry the same request, unchanged, after Retry-After seconds: it then answers what happened",
     retry_after()
 );
+
+/// the order_ref was first used with another request: the fields that differ; the original order stands, nothing written
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct IdempotencyMismatchError {
+    #[schema(schema_with = code_idempotency_mismatch)]
+    error: String,
+    message: String,
+    #[schema(schema_with = mismatch_fields)]
+    fields: Vec<String>,
+}
+
+fn mismatch_fields() -> utoipa::openapi::schema::ArrayBuilder {
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([
+                    "site",
+                    "profile",
+                    "vendor",
+                    "quantity",
+                    "hold_seconds",
+                    "segment",
+                    "customer_ref",
+                ])),
+        )
+        .min_items(Some(1))
+}

@@ -46,12 +46,11 @@ pub struct Reservation {
     /// which machine of its order this is, from 1
     #[schema(minimum = 1, maximum = 16)]
     pub slot: i16,
-    /// R18: the segment the order named, frozen with it. Staff see it; the
-    /// API's answer shows what its document lists.
-    #[serde(skip)]
+    /// the segment the order named (R18), frozen with it; null: none
+    #[schema(required = true)]
     pub segment: Option<String>,
-    /// R19: the end customer the order named, frozen with it.
-    #[serde(skip)]
+    /// the end customer the order named (R19), frozen with it; null: none
+    #[schema(required = true)]
     pub customer_ref: Option<String>,
 }
 

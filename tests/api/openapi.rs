@@ -185,6 +185,9 @@ async fn real_answers_validate_against_the_documented_schemas() {
         .await;
     c.check(R, "post", reserve("ORD-A", "epyc").await.expect("replay"))
         .await;
+    // The same order_ref with another request: 422 idempotency_mismatch.
+    c.check(R, "post", reserve("ORD-A", "xeon").await.expect("mismatch"))
+        .await;
     c.check(
         R,
         "post",

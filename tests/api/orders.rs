@@ -824,3 +824,61 @@ async fn five_concurrent_http_requests_with_one_order_ref() {
         }
     }
 }
+
+/// R6: the same order_ref with the same request replays the original; with
+/// another request (a reference scheme that repeats) it is `422
+/// idempotency_mismatch` naming the fields that differ, the original
+/// stands, and nothing is written.
+#[tokio::test]
+async fn a_reused_order_ref_with_another_request_is_refused_naming_the_fields() {
+    let app = spawn_app().await;
+    for (tag, site, profile) in [("IM-1", "par1", "epyc"), ("IM-2", "ams1", "xeon")] {
+        FakeMachine::new()
+            .tag(tag)
+            .site(site)
+            .profile(profile)
+            .create(&app.pool, app.org.id)
+            .await;
+    }
+    let first =
+        json!({"order_ref": "IDEM-1", "site": "par1", "profile": "epyc", "customer_ref": "C1"});
+    let (status, held) = app.reserve(&app.org.token, first.clone()).await;
+    assert_eq!(status, 201, "{held}");
+    // The same request again: the original answer.
+    let (status, again) = app.reserve(&app.org.token, first.clone()).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["id"], held["id"]);
+    let written = async || {
+        app.count(
+            "SELECT (SELECT count(*) FROM reservations) + (SELECT count(*) FROM reservation_events)
+                  + (SELECT count(*) FROM reservation_refusals)",
+        )
+        .await
+    };
+    let before = written().await;
+    for (other, fields) in [
+        (
+            json!({"order_ref": "IDEM-1", "site": "ams1", "profile": "xeon", "customer_ref": "C2"}),
+            json!(["site", "profile", "customer_ref"]),
+        ),
+        (
+            json!({"order_ref": "IDEM-1", "site": "par1", "profile": "epyc", "customer_ref": "C1",
+                   "quantity": 2, "hold_seconds": 600, "vendor": "dell"}),
+            json!(["vendor", "quantity", "hold_seconds"]),
+        ),
+        (
+            json!({"order_ref": "IDEM-1", "site": "par1", "profile": "epyc", "customer_ref": "C1",
+                   "segment": "enterprise"}),
+            json!(["segment"]),
+        ),
+    ] {
+        let (status, answer) = app.reserve(&app.org.token, other.clone()).await;
+        assert_eq!(status, 422, "{other}: {answer}");
+        assert_eq!(answer["error"], "idempotency_mismatch", "{answer}");
+        assert_eq!(answer["fields"], fields, "{other}: {answer}");
+    }
+    assert_eq!(written().await, before, "nothing written");
+    let (status, still) = app.reserve(&app.org.token, first).await;
+    assert_eq!((status, &still["id"]), (StatusCode::OK, &held["id"]), "{still}");
+    assert_eq!(still["machine"]["asset_tag"], "IM-1");
+}
