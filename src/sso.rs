@@ -626,6 +626,45 @@ pub async fn account_on(
         Some(Ok(e)) => Some(e),
         Some(Err(_)) | None => None,
     };
+    let known = match find_known(conn, org_id, identity, email.as_ref()).await? {
+        Lookup::Found(known) => known,
+        Lookup::Refused(why) => return Ok(Account::Refused(why)),
+        Lookup::Absent => {
+            let Some(email) = email else {
+                return Ok(Account::Refused(
+                    "Your identity provider sent no usable email address (the email claim), \
+                     which a new poolkeeper account needs; ask the provider's administrator."
+                        .to_owned(),
+                ));
+            };
+            return create_user(conn, org_id, identity, role, &email).await;
+        }
+    };
+    if known.disabled {
+        return Ok(Account::Refused(
+            "Your poolkeeper account is disabled; ask an admin of your organization.".to_owned(),
+        ));
+    }
+    refresh_user(conn, known, email.as_ref(), role).await
+}
+
+/// Where the search for an existing user ended.
+enum Lookup {
+    Found(Known),
+    /// No user yet: one may be created.
+    Absent,
+    /// The email is another account's: the reason for the person.
+    Refused(String),
+}
+
+/// The user the subject names, else one of `org_id` with the provider's
+/// email and no subject yet, which is linked to the subject here.
+async fn find_known(
+    conn: &mut PgConnection,
+    org_id: i64,
+    identity: &Identity,
+    email: Option<&Email>,
+) -> Result<Lookup, SsoError> {
     let by_subject: Option<Known> = sqlx::query_as(
         "SELECT id, email, role, disabled_at IS NOT NULL AS disabled FROM users
           WHERE org_id = $1 AND sso_subject = $2 FOR UPDATE",
@@ -634,98 +673,99 @@ pub async fn account_on(
     .bind(&identity.subject)
     .fetch_optional(&mut *conn)
     .await?;
-    let known = match by_subject {
-        Some(k) => Some(k),
-        None => match &email {
-            Some(email) => {
-                let by_email: Option<(Known, i64, Option<String>)> = sqlx::query_as::<_, (i64, String, String, bool, i64, Option<String>)>(
-                    "SELECT id, email, role, disabled_at IS NOT NULL, org_id, sso_subject FROM users
-                      WHERE email = $1 FOR UPDATE",
-                )
-                .bind(email.as_str())
-                .fetch_optional(&mut *conn)
-                .await?
-                .map(|(id, email, role, disabled, org, subject)| {
-                    (
-                        Known {
-                            id,
-                            email,
-                            role,
-                            disabled,
-                        },
-                        org,
-                        subject,
-                    )
-                });
-                match by_email {
-                    Some((k, org, None)) if org == org_id => {
-                        sqlx::query("UPDATE users SET sso_subject = $2 WHERE id = $1")
-                            .bind(k.id)
-                            .bind(&identity.subject)
-                            .execute(&mut *conn)
-                            .await?;
-                        Some(k)
-                    }
-                    Some(_) => {
-                        return Ok(Account::Refused(format!(
-                            "The email {} belongs to another poolkeeper account; ask an admin.",
-                            email.as_str()
-                        )));
-                    }
-                    None => None,
-                }
-            }
-            None => None,
-        },
-    };
-    let Some(known) = known else {
-        let Some(email) = email else {
-            return Ok(Account::Refused(
-                "Your identity provider sent no usable email address (the email claim), \
-                 which a new poolkeeper account needs; ask the provider's administrator."
-                    .to_owned(),
-            ));
-        };
-        // A password no one knows: the table wants an argon2id hash, and
-        // password sign-in must never open this account.
-        // argon2 is deliberately slow: off the async workers.
-        let unknowable =
-            tokio::task::spawn_blocking(|| crate::staff::hash_password(&random_secret()))
-                .await
-                .map_err(|e| SsoError::Invalid(e.to_string()))?
-                .map_err(|e| SsoError::Invalid(e.to_string()))?;
-        let id: Result<i64, sqlx::Error> = sqlx::query_scalar(
-            "INSERT INTO users (org_id, email, role, password_hash, sso_subject)
-             VALUES ($1, $2, $3, $4, $5) RETURNING id",
-        )
-        .bind(org_id)
-        .bind(email.as_str())
-        .bind(role.as_str())
-        .bind(unknowable)
-        .bind(&identity.subject)
-        .fetch_one(&mut *conn)
-        .await;
-        let id = match id {
-            Ok(id) => id,
-            // Two first sign-ins of one person at once: the other made it.
-            Err(e) if crate::db::violated_unique(&e).is_some() => return Ok(raced()),
-            Err(e) => return Err(e.into()),
-        };
-        return Ok(Account::Ready {
-            user_id: id,
-            email: email.as_str().to_owned(),
-            created: true,
-            previous_role: None,
-        });
-    };
-    if known.disabled {
-        return Ok(Account::Refused(
-            "Your poolkeeper account is disabled; ask an admin of your organization.".to_owned(),
-        ));
+    if let Some(k) = by_subject {
+        return Ok(Lookup::Found(k));
     }
+    let Some(email) = email else {
+        return Ok(Lookup::Absent);
+    };
+    let by_email: Option<(Known, i64, Option<String>)> =
+        sqlx::query_as::<_, (i64, String, String, bool, i64, Option<String>)>(
+            "SELECT id, email, role, disabled_at IS NOT NULL, org_id, sso_subject FROM users
+          WHERE email = $1 FOR UPDATE",
+        )
+        .bind(email.as_str())
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|(id, email, role, disabled, org, subject)| {
+            (
+                Known {
+                    id,
+                    email,
+                    role,
+                    disabled,
+                },
+                org,
+                subject,
+            )
+        });
+    match by_email {
+        Some((k, org, None)) if org == org_id => {
+            sqlx::query("UPDATE users SET sso_subject = $2 WHERE id = $1")
+                .bind(k.id)
+                .bind(&identity.subject)
+                .execute(&mut *conn)
+                .await?;
+            Ok(Lookup::Found(k))
+        }
+        Some(_) => Ok(Lookup::Refused(format!(
+            "The email {} belongs to another poolkeeper account; ask an admin.",
+            email.as_str()
+        ))),
+        None => Ok(Lookup::Absent),
+    }
+}
+
+/// A new user of `org_id` for the subject, with the provider's email.
+async fn create_user(
+    conn: &mut PgConnection,
+    org_id: i64,
+    identity: &Identity,
+    role: Role,
+    email: &Email,
+) -> Result<Account, SsoError> {
+    // A password no one knows: the table wants an argon2id hash, and
+    // password sign-in must never open this account.
+    // argon2 is deliberately slow: off the async workers.
+    let unknowable = tokio::task::spawn_blocking(|| crate::staff::hash_password(&random_secret()))
+        .await
+        .map_err(|e| SsoError::Invalid(e.to_string()))?
+        .map_err(|e| SsoError::Invalid(e.to_string()))?;
+    let id: Result<i64, sqlx::Error> = sqlx::query_scalar(
+        "INSERT INTO users (org_id, email, role, password_hash, sso_subject)
+         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+    )
+    .bind(org_id)
+    .bind(email.as_str())
+    .bind(role.as_str())
+    .bind(unknowable)
+    .bind(&identity.subject)
+    .fetch_one(&mut *conn)
+    .await;
+    let id = match id {
+        Ok(id) => id,
+        // Two first sign-ins of one person at once: the other made it.
+        Err(e) if crate::db::violated_unique(&e).is_some() => return Ok(raced()),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(Account::Ready {
+        user_id: id,
+        email: email.as_str().to_owned(),
+        created: true,
+        previous_role: None,
+    })
+}
+
+/// An existing, enabled user brought in line with this sign-in.
+async fn refresh_user(
+    conn: &mut PgConnection,
+    known: Known,
+    email: Option<&Email>,
+    role: Role,
+) -> Result<Account, SsoError> {
     // Recomputed at every sign-in: the role, and the email when the
     // provider's changed (unless another account has it).
-    let new_email = match &email {
+    let new_email = match email {
         Some(e) if e.as_str() != known.email => {
             let taken: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM users WHERE email = $1)")

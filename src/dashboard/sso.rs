@@ -16,11 +16,13 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use askama::Template;
 use serde::Deserialize;
+use sqlx::PgConnection;
 
 use super::error::{DashError, Written, commit};
 use super::session::{Staff, cookie_name, hash_token, random_token, source_addr};
 use super::view::{Chrome, html_response};
 use crate::db::Db;
+use crate::domain::Role;
 use crate::settings::Settings;
 use crate::sso::{self, Account, SsoError};
 
@@ -195,27 +197,55 @@ pub(crate) async fn callback(
     query: web::Query<CallbackQuery>,
 ) -> Result<HttpResponse, DashError> {
     let public = public_url(&settings)?;
+    let pending = take_pending(&req, &pool, &settings, &query).await?;
+    if let Some(page) = provider_refusal(&query)? {
+        return Ok(page);
+    }
+    let Some(config) = sso::config(pool.get_ref(), pending.org_id).await? else {
+        return Err(DashError::bad_request(
+            "Single sign-on was turned off for your organization while you were signing in.",
+        ));
+    };
+    let identity = match identify(&config, public, &query, &pending).await? {
+        Ok(identity) => identity,
+        Err(page) => return Ok(page),
+    };
+    // S1: no mapped role, no access; say what was seen and what is expected.
+    let Some(role) = identity.values.as_deref().and_then(|v| config.role_for(v)) else {
+        return no_role(&config, &identity);
+    };
+    sign_in(&req, &pool, &settings, &config, &identity, role).await
+}
+
+/// The sign-in under way that this answer's state names, consumed, if this
+/// browser (its cookie) started it; else the answer is refused.
+async fn take_pending(
+    req: &HttpRequest,
+    pool: &Db,
+    settings: &Settings,
+    query: &CallbackQuery,
+) -> Result<sso::Pending, DashError> {
     let browser = req
-        .cookie(browser_cookie_name(&settings))
+        .cookie(browser_cookie_name(settings))
         .map(|c| c.value().to_owned())
         .unwrap_or_default();
     let pending = if query.state.is_empty() || browser.is_empty() {
         None
     } else {
-        sso::take(
-            pool.get_ref(),
-            &hash_token(&query.state),
-            &hash_token(&browser),
-        )
-        .await?
+        sso::take(pool, &hash_token(&query.state), &hash_token(&browser)).await?
     };
-    let Some(pending) = pending else {
-        return Err(DashError::bad_request(
+    pending.ok_or_else(|| {
+        DashError::bad_request(
             "This sign-in answer does not match a sign-in this browser started, or it was \
              already used, or it is older than 10 minutes. Nothing was changed: start again \
              from the log in page.",
-        ));
-    };
+        )
+    })
+}
+
+/// The provider's answer is an error, or carries no code: the page that
+/// says so (or the refusal), `None` when there is a code to exchange.
+fn provider_refusal(query: &CallbackQuery) -> Result<Option<HttpResponse>, DashError> {
     if !query.error.is_empty() {
         return sso_page(
             StatusCode::FORBIDDEN,
@@ -230,7 +260,8 @@ pub(crate) async fn callback(
                 }
             )],
             None,
-        );
+        )
+        .map(Some);
     }
     if query.code.is_empty() {
         return Err(DashError::bad_request(
@@ -238,16 +269,22 @@ pub(crate) async fn callback(
              the log in page.",
         ));
     }
-    let Some(config) = sso::config(pool.get_ref(), pending.org_id).await? else {
-        return Err(DashError::bad_request(
-            "Single sign-on was turned off for your organization while you were signing in.",
-        ));
-    };
-    let provider = match sso::discover(&config, &redirect_uri(public)).await {
+    Ok(None)
+}
+
+/// Exchanges the code and verifies the ID token: the identity, or
+/// (`Err` inside) the page that says why there is none.
+async fn identify(
+    config: &sso::Config,
+    public: &str,
+    query: &CallbackQuery,
+    pending: &sso::Pending,
+) -> Result<Result<sso::Identity, HttpResponse>, DashError> {
+    let provider = match sso::discover(config, &redirect_uri(public)).await {
         Ok(p) => p,
-        Err(e) => return provider_down(&e),
+        Err(e) => return provider_down(&e).map(Err),
     };
-    let identity = match provider
+    match provider
         .sign_in(
             &query.code,
             &pending.pkce_verifier,
@@ -256,11 +293,11 @@ pub(crate) async fn callback(
         )
         .await
     {
-        Ok(identity) => identity,
-        Err(e @ SsoError::Unreachable { .. }) => return provider_down(&e),
+        Ok(identity) => Ok(Ok(identity)),
+        Err(e @ SsoError::Unreachable { .. }) => provider_down(&e).map(Err),
         Err(e @ (SsoError::Exchange(_) | SsoError::Token(_))) => {
             tracing::warn!(error = %e, "single sign-on refused");
-            return sso_page(
+            sso_page(
                 StatusCode::FORBIDDEN,
                 "The sign-in was refused",
                 vec![
@@ -268,57 +305,84 @@ pub(crate) async fn callback(
                     "Nothing was changed: start again from the log in page.".to_owned(),
                 ],
                 None,
-            );
+            )
+            .map(Err)
         }
-        Err(e) => return Err(DashError::Internal(e.into())),
+        Err(e) => Err(DashError::Internal(e.into())),
+    }
+}
+
+/// S1: the refusal when no value of the role claim maps to a role.
+fn no_role(config: &sso::Config, identity: &sso::Identity) -> Result<HttpResponse, DashError> {
+    let seen = match &identity.values {
+        None => format!("Your sign-in carried no {:?} claim.", config.claim),
+        Some(v) if v.is_empty() => {
+            format!("Your sign-in's {:?} claim was empty.", config.claim)
+        }
+        Some(v) => format!(
+            "Your sign-in's {:?} claim held: {}.",
+            config.claim,
+            v.iter()
+                .map(|s| format!("{s:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
-    // S1: no mapped role, no access; say what was seen and what is expected.
-    let Some(role) = identity.values.as_deref().and_then(|v| config.role_for(v)) else {
-        let seen = match &identity.values {
-            None => format!("Your sign-in carried no {:?} claim.", config.claim),
-            Some(v) if v.is_empty() => {
-                format!("Your sign-in's {:?} claim was empty.", config.claim)
-            }
-            Some(v) => format!(
-                "Your sign-in's {:?} claim held: {}.",
+    sso_page(
+        StatusCode::FORBIDDEN,
+        "No poolkeeper role for you",
+        vec![
+            seen,
+            format!(
+                "Your organization gives a role to these values of {:?}: {}. \
+                 Ask your identity provider's administrator to add you to one of them.",
                 config.claim,
-                v.iter()
-                    .map(|s| format!("{s:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                config.expected()
             ),
-        };
-        return sso_page(
-            StatusCode::FORBIDDEN,
-            "No poolkeeper role for you",
-            vec![
-                seen,
-                format!(
-                    "Your organization gives a role to these values of {:?}: {}. \
-                     Ask your identity provider's administrator to add you to one of them.",
-                    config.claim,
-                    config.expected()
-                ),
-                "Nothing was changed.".to_owned(),
-            ],
-            None,
-        );
-    };
-    let addr = source_addr(&req);
+            "Nothing was changed.".to_owned(),
+        ],
+        None,
+    )
+}
+
+/// The user a sign-in landed on, as `sso::Account::Ready` holds it.
+struct Landed {
+    user_id: i64,
+    email: String,
+    created: bool,
+    previous_role: Option<String>,
+}
+
+/// In one transaction: the user found, linked or created, the audit rows,
+/// and a new session; then the page that sets its cookie.
+async fn sign_in(
+    req: &HttpRequest,
+    pool: &Db,
+    settings: &Settings,
+    config: &sso::Config,
+    identity: &sso::Identity,
+    role: Role,
+) -> Result<HttpResponse, DashError> {
+    let addr = source_addr(req);
     let mut tx = pool.begin().await?;
-    let account = sso::account_on(&mut tx, config.org_id, &identity, role)
+    let account = sso::account_on(&mut tx, config.org_id, identity, role)
         .await
         .map_err(|e| match e {
             SsoError::Database(e) => DashError::from(e),
             other => DashError::Internal(other.into()),
         })?;
-    let (user_id, email, created, previous_role) = match account {
+    let landed = match account {
         Account::Ready {
             user_id,
             email,
             created,
             previous_role,
-        } => (user_id, email, created, previous_role),
+        } => Landed {
+            user_id,
+            email,
+            created,
+            previous_role,
+        },
         Account::Refused(why) => {
             return sso_page(
                 StatusCode::FORBIDDEN,
@@ -328,16 +392,40 @@ pub(crate) async fn callback(
             );
         }
     };
+    record_sign_in(&mut tx, config, identity, role, &landed, &addr).await?;
+    let token = open_session(&mut tx, req, settings, landed.user_id).await?;
+    commit(
+        tx,
+        Written::new(
+            "your sign-in",
+            "Either way this browser is not signed in: start again from the log in page.",
+            ("/login", "Log in"),
+        ),
+    )
+    .await?;
+    signed_in_page(settings, token, &landed.email, role)
+}
+
+/// The audit rows of a sign-in: the user made, the role changed by the
+/// provider's claim, and the login itself, in that order.
+async fn record_sign_in(
+    conn: &mut PgConnection,
+    config: &sso::Config,
+    identity: &sso::Identity,
+    role: Role,
+    landed: &Landed,
+    addr: &str,
+) -> Result<(), DashError> {
     let subject = format!("subject {:?} of {}", identity.subject, config.issuer);
-    let object = format!("user:{email}");
+    let object = format!("user:{}", landed.email);
     let mut audit = vec![];
-    if created {
+    if landed.created {
         audit.push((
             "user.add",
             format!("{} by single sign-on, {subject}", role.as_str()),
         ));
     }
-    if let Some(before) = previous_role {
+    if let Some(before) = &landed.previous_role {
         audit.push((
             "user.role_changed",
             format!(
@@ -350,23 +438,33 @@ pub(crate) async fn callback(
     audit.push(("login", format!("single sign-on, {subject}")));
     for (action, detail) in &audit {
         crate::audit::record(
-            &mut tx,
+            &mut *conn,
             &crate::audit::Entry {
                 org_id: Some(config.org_id),
-                actor: &email,
+                actor: &landed.email,
                 action,
                 object: &object,
-                source_addr: &addr,
+                source_addr: addr,
                 detail: Some(detail),
             },
         )
         .await?;
     }
+    Ok(())
+}
+
+/// A new session for `user_id`; its token, for the cookie.
+async fn open_session(
+    conn: &mut PgConnection,
+    req: &HttpRequest,
+    settings: &Settings,
+    user_id: i64,
+) -> Result<String, DashError> {
     // A new session id at every sign-in: one the browser held is revoked.
-    if let Some(old) = req.cookie(cookie_name(&settings)) {
+    if let Some(old) = req.cookie(cookie_name(settings)) {
         sqlx::query("UPDATE sessions SET revoked_at = clock_timestamp() WHERE token_hash = $1 AND revoked_at IS NULL")
             .bind(hash_token(old.value()))
-            .execute(&mut *tx)
+            .execute(&mut *conn)
             .await?;
     }
     let token = random_token();
@@ -374,18 +472,20 @@ pub(crate) async fn callback(
         .bind(hash_token(&token))
         .bind(user_id)
         .bind(random_token())
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    commit(
-        tx,
-        Written::new(
-            "your sign-in",
-            "Either way this browser is not signed in: start again from the log in page.",
-            ("/login", "Log in"),
-        ),
-    )
-    .await?;
-    let session = Cookie::build(cookie_name(&settings), token)
+    Ok(token)
+}
+
+/// The page after a sign-in: it sets the session cookie and removes the
+/// sign-in-under-way one.
+fn signed_in_page(
+    settings: &Settings,
+    token: String,
+    email: &str,
+    role: Role,
+) -> Result<HttpResponse, DashError> {
+    let session = Cookie::build(cookie_name(settings), token)
         .path("/")
         .http_only(true)
         .same_site(SameSite::Strict)
@@ -394,7 +494,7 @@ pub(crate) async fn callback(
             settings.session_max.as_secs() as i64
         ))
         .finish();
-    let mut done = browser_cookie(&settings, String::new());
+    let mut done = browser_cookie(settings, String::new());
     done.make_removal();
     let mut resp = sso_page(
         StatusCode::OK,
