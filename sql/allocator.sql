@@ -406,7 +406,7 @@ $$;
 -- candidate at a time and skips what others hold (R3): orders of one never
 -- take the turn (the hot path is unchanged) and may still be faster, which
 -- makes an order of several 'contended', honestly.
-CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_request jsonb)
+CREATE OR REPLACE FUNCTION reserve_order_request(p_org bigint, p_actor text, p_request jsonb)
 RETURNS SETOF reserve_answer
 LANGUAGE plpgsql
 SET enable_seqscan = off
@@ -594,7 +594,7 @@ END
 $$;
 
 -- POST /api/v1/reservations in one statement: the caller, then reserve.
-CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boolean, p_request jsonb)
+CREATE OR REPLACE FUNCTION api_reserve_order_request(p_token_hash bytea, p_module_on boolean, p_request jsonb)
 RETURNS TABLE (caller text, answer reserve_answer)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -605,7 +605,7 @@ BEGIN
         RETURN QUERY SELECT v_caller.status, NULL::reserve_answer;
         RETURN;
     END IF;
-    RETURN QUERY SELECT 'ok'::text, o FROM reserve_order(v_caller.org_id, v_caller.actor, p_request) o;
+    RETURN QUERY SELECT 'ok'::text, o FROM reserve_order_request(v_caller.org_id, v_caller.actor, p_request) o;
 END
 $$;
 
@@ -634,7 +634,7 @@ CREATE OR REPLACE FUNCTION reserve_order(p_org bigint, p_actor text, p_order_ref
                               p_customer text)
 RETURNS SETOF reserve_result
 LANGUAGE sql AS $$
-    SELECT r.* FROM reserve_order(p_org, p_actor,
+    SELECT r.* FROM reserve_order_request(p_org, p_actor,
                                   jsonb_build_object('order_ref', p_order_ref, 'site', p_site, 'profile', p_profile,
                                                      'vendor', p_vendor, 'hold_seconds', p_hold,
                                                      'quantity', p_quantity, 'segment', p_segment,
@@ -648,7 +648,7 @@ CREATE OR REPLACE FUNCTION api_reserve_order(p_token_hash bytea, p_module_on boo
 RETURNS TABLE (caller text, result reserve_result)
 LANGUAGE sql AS $$
     SELECT c.caller, CASE WHEN c.caller = 'ok' THEN reserve_result_of_answer(c.answer, p_quantity) END
-      FROM api_reserve_order(p_token_hash, p_module_on,
+      FROM api_reserve_order_request(p_token_hash, p_module_on,
                              jsonb_build_object('order_ref', p_order_ref, 'site', p_site, 'profile', p_profile,
                                                 'vendor', p_vendor, 'hold_seconds', p_hold,
                                                 'quantity', p_quantity, 'segment', p_segment,
@@ -666,6 +666,10 @@ DROP FUNCTION IF EXISTS reserve_walk(bigint, text, text, text, text, text, integ
 -- from set 16 (sql/VERSIONS).
 DROP FUNCTION IF EXISTS api_reserve_order(bytea, boolean, text, text, text, text, integer, integer);
 DROP FUNCTION IF EXISTS reserve_order(bigint, text, text, text, text, text, integer, integer);
+-- The one-value entry points under the old names, as a development set
+-- named them before they were told apart from the wrappers above.
+DROP FUNCTION IF EXISTS api_reserve_order(bytea, boolean, jsonb);
+DROP FUNCTION IF EXISTS reserve_order(bigint, text, jsonb);
 -- The walks of the previous release, which took the request field by
 -- field: only its reserve_order called them.
 DROP FUNCTION IF EXISTS reserve_walk_slots(bigint, text, text, text, text, text, integer, bigint[], integer);

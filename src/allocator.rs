@@ -20,7 +20,7 @@
 //!   when fewer than N match, `contended` when N match but fewer could be
 //!   locked), R9, the idempotency key asked twice (for the whole order), and
 //!   the turn that orders of several machines of one site and profile take:
-//!   `reserve_order`, called by [`reserve_on`].
+//!   `reserve_order_request`, called by [`reserve_on`].
 //! - R7's one definition of why a machine is or is not a candidate:
 //!   `machine_verdicts`, a plain SQL function the planner inlines into every
 //!   caller: the dashboard's explanation ([`explain`]), the counts
@@ -28,7 +28,7 @@
 //!   re-check under the lock. The reasons staff see are the allocator's by
 //!   construction.
 //! - The API's token check folded into the same statement:
-//!   `api_reserve_order` ([`reserve_for_token`]).
+//!   `api_reserve_order_request` ([`reserve_for_token`]).
 //!
 //! This module turns the functions' rows into Rust values and keeps the
 //! parts that only read (the explanation, pass two on its own for why-not).
@@ -718,7 +718,7 @@ pub async fn reserve(
 }
 
 /// `reserve` on a given connection or transaction (tests run many of these
-/// on separate connections): one statement, `reserve_order` (R7, R9, R13;
+/// on separate connections): one statement, `reserve_order_request` (R7, R9, R13;
 /// pass two in `reserve_walk_slots`). A statement outside a transaction
 /// commits on its own (on the `Db`, pinned or not); inside the caller's, it
 /// is part of it.
@@ -736,7 +736,7 @@ pub async fn reserve_on(
     ReserveRow::into_outcome(rows)
 }
 
-/// `POST /api/v1/reservations` in one statement (`api_reserve_order`): the token
+/// `POST /api/v1/reservations` in one statement (`api_reserve_order_request`): the token
 /// (by its SHA-256), its scope and both module switches are checked in the
 /// same statement as the reserve, so a revoked token is refused from the
 /// very next request with no round trip of its own. `req.actor` is ignored:
@@ -755,7 +755,7 @@ pub async fn reserve_for_token(
         "db.statement",
         otel.kind = "client",
         db.system = "postgresql",
-        db.operation = "api_reserve_order"
+        db.operation = "api_reserve_order_request"
     );
     let rows: Vec<CallerRow<ReserveRow>> = async {
         let traced = crate::telemetry::sampled_traceparent();
@@ -773,10 +773,9 @@ pub async fn reserve_for_token(
     }
     .instrument(span)
     .await?;
-    let caller = rows
-        .first()
-        .map(|r| r.caller.clone())
-        .ok_or_else(|| sqlx::Error::Protocol("api_reserve_order answered no row".to_owned()))?;
+    let caller = rows.first().map(|r| r.caller.clone()).ok_or_else(|| {
+        sqlx::Error::Protocol("api_reserve_order_request answered no row".to_owned())
+    })?;
     match CallerRefusal::parse(&caller)? {
         Some(refusal) => Ok(Err(refusal)),
         None => ReserveRow::into_outcome(rows.into_iter().map(|r| r.result).collect()).map(Ok),
@@ -797,7 +796,7 @@ fn answer_columns(of: &str) -> String {
 /// `reserve_on`'s statement: `$1` org, `$2` actor, `$3` the request.
 static RESERVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT {} FROM reserve_order($1, $2, $3) x",
+        "SELECT {} FROM reserve_order_request($1, $2, $3) x",
         answer_columns("x")
     )
 });
@@ -806,7 +805,7 @@ static RESERVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 /// deployment's module switch, `$3` the request.
 static API_RESERVE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT c.caller, {} FROM api_reserve_order($1, $2, $3) c",
+        "SELECT c.caller, {} FROM api_reserve_order_request($1, $2, $3) c",
         answer_columns("(c.answer)")
     )
 });
@@ -899,7 +898,7 @@ impl ReserveRow {
     fn into_outcome(mut rows: Vec<ReserveRow>) -> Result<ReserveOutcome, sqlx::Error> {
         let Some(first) = rows.first_mut() else {
             return Err(sqlx::Error::Protocol(
-                "reserve_order answered no row".to_owned(),
+                "reserve_order_request answered no row".to_owned(),
             ));
         };
         let walk = first.walk();
@@ -962,7 +961,7 @@ impl ReserveRow {
                 }
                 Walked::Nothing => {
                     return Err(sqlx::Error::Protocol(
-                        "reserve_order ended without an answer".to_owned(),
+                        "reserve_order_request ended without an answer".to_owned(),
                     ));
                 }
             },

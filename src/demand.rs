@@ -44,7 +44,7 @@ impl RefusalReason {
     }
 }
 
-// Recording: the allocator's `reserve_order` (sql/allocator.sql, through
+// Recording: the allocator's `reserve_order_request` (sql/allocator.sql, through
 // `record_refusal`) inserts the refusal row in the statement that read the
 // counts: `excluded` holds docs/api.md's counts for `unavailable`,
 // `{"candidates": N}` for `contended`, the counts with what is kept for

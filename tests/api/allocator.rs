@@ -1326,7 +1326,7 @@ async fn plans_cached_on_an_empty_table_look_reservations_up_by_their_keys() {
     let mut conn = limited_connection(&db).await;
     let reserve = |order_ref: String| {
         format!(
-            "SELECT (x.reservation).id, (x.reservation).fence FROM reserve_order({}, 'test',
+            "SELECT (x.reservation).id, (x.reservation).fence FROM reserve_order_request({}, 'test',
                  '{{\"order_ref\": \"{order_ref}\", \"site\": \"{SITE}\", \"profile\": \"{PROFILE}\", \"hold_seconds\": 900}}') x",
             org.id
         )

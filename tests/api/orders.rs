@@ -879,6 +879,10 @@ async fn a_reused_order_ref_with_another_request_is_refused_naming_the_fields() 
     }
     assert_eq!(written().await, before, "nothing written");
     let (status, still) = app.reserve(&app.org.token, first).await;
-    assert_eq!((status, &still["id"]), (StatusCode::OK, &held["id"]), "{still}");
+    assert_eq!(
+        (status, &still["id"]),
+        (StatusCode::OK, &held["id"]),
+        "{still}"
+    );
     assert_eq!(still["machine"]["asset_tag"], "IM-1");
 }
