@@ -485,15 +485,7 @@ fn signed_in_page(
     email: &str,
     role: Role,
 ) -> Result<HttpResponse, DashError> {
-    let session = Cookie::build(cookie_name(settings), token)
-        .path("/")
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .secure(settings.secure_cookies)
-        .max_age(CookieDuration::seconds(
-            settings.session_max.as_secs() as i64
-        ))
-        .finish();
+    let session = super::login::session_cookie(settings, token);
     let mut done = browser_cookie(settings, String::new());
     done.make_removal();
     let mut resp = sso_page(
