@@ -243,7 +243,7 @@ async fn logged_in(
         }),
     )
     .await?;
-    let session = session_cookie(settings, token);
+    let session = super::session::session_cookie(settings, token);
     let mut clear_login = login_cookie(settings, String::new());
     clear_login.make_removal();
     let mut resp = see_other("/");
@@ -252,21 +252,6 @@ async fn logged_in(
     resp.add_cookie(&clear_login)
         .map_err(|e| DashError::Internal(e.into()))?;
     Ok(resp)
-}
-
-/// The session cookie of a new session, however it was signed in
-/// (password or the provider): strict, HTTP only, for the session's
-/// absolute lifetime.
-pub(crate) fn session_cookie(settings: &Settings, token: String) -> Cookie<'static> {
-    Cookie::build(cookie_name(settings), token)
-        .path("/")
-        .http_only(true)
-        .same_site(SameSite::Strict)
-        .secure(settings.secure_cookies)
-        .max_age(CookieDuration::seconds(
-            settings.session_max.as_secs() as i64
-        ))
-        .finish()
 }
 
 /// A successful login's session, and the one its browser held before.

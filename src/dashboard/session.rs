@@ -40,6 +40,24 @@ impl Staff {
     }
 }
 
+/// The session cookie of a new session, however it was signed in
+/// (password or the provider): strict, HTTP only, for the session's
+/// absolute lifetime.
+pub fn session_cookie(
+    settings: &crate::settings::Settings,
+    token: String,
+) -> actix_web::cookie::Cookie<'static> {
+    actix_web::cookie::Cookie::build(cookie_name(settings), token)
+        .path("/")
+        .http_only(true)
+        .same_site(actix_web::cookie::SameSite::Strict)
+        .secure(settings.secure_cookies)
+        .max_age(actix_web::cookie::time::Duration::seconds(
+            settings.session_max.as_secs() as i64,
+        ))
+        .finish()
+}
+
 pub fn cookie_name(settings: &Settings) -> &'static str {
     if settings.secure_cookies {
         "__Host-pk_session"

@@ -485,7 +485,7 @@ fn signed_in_page(
     email: &str,
     role: Role,
 ) -> Result<HttpResponse, DashError> {
-    let session = super::login::session_cookie(settings, token);
+    let session = super::session::session_cookie(settings, token);
     let mut done = browser_cookie(settings, String::new());
     done.make_removal();
     let mut resp = sso_page(
