@@ -801,7 +801,21 @@ async fn run(rounds: usize) {
                     detail = format!("{sync}'s postmaster (pid {pid})");
                 }
                 FaultKind::KillServe => {
-                    let holder = sweep_holder(&cluster).await.expect("a sweep holder");
+                    // The previous fault may have left the lease lapsed for a
+                    // moment (strict synchronous mode blocks its renewal until
+                    // a standby is back): the fault is on whoever holds it next.
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let holder = loop {
+                        if let Some(h) = sweep_holder(&cluster).await {
+                            break h;
+                        }
+                        assert!(
+                            Instant::now() < deadline,
+                            "no replica held the sweep lease within 60 s\n{}",
+                            cluster.logs()
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    };
                     let i = serves
                         .iter()
                         .position(|r| r.name == holder)
