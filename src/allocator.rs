@@ -42,7 +42,8 @@ use sqlx::{Connection, PgConnection, PgExecutor};
 use tracing::Instrument;
 
 use crate::domain::{
-    CustomerRef, MachineStatus, OrderRef, ParseError, Profile, Segment, Site, Vendor,
+    CustomerRef, MachineStatus, OrderRef, ParseError, Profile, Segment, Site, SubstitutesMode,
+    Vendor,
 };
 use crate::inventory::{Machine, MachineFilter};
 use crate::reservations::{self, Reservation};
@@ -496,6 +497,8 @@ pub struct ReserveRequest {
     pub segment: Option<Segment>,
     /// R19: the end customer, whose live holds the organization may cap.
     pub customer_ref: Option<CustomerRef>,
+    /// R20: whether the declared substitutes of the profile may serve.
+    pub substitutes: SubstitutesMode,
 }
 
 /// What pass two did.
@@ -522,6 +525,8 @@ pub struct AskedWith {
     pub hold_seconds: i32,
     pub segment: Option<String>,
     pub customer_ref: Option<String>,
+    /// R20: "allowed" or NULL (none).
+    pub substitutes: Option<String>,
 }
 
 impl ReserveRequest {
@@ -554,6 +559,10 @@ impl ReserveRequest {
             "customer_ref",
             self.customer_ref.as_ref().map(CustomerRef::as_str) == first.customer_ref.as_deref(),
         );
+        differ(
+            "substitutes",
+            self.substitutes.as_str() == first.substitutes.as_deref().unwrap_or("none"),
+        );
         fields
     }
 }
@@ -566,8 +575,9 @@ pub async fn asked_with(
     order_ref: &str,
 ) -> Result<Option<AskedWith>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT r.spec->>'site' AS site, r.spec->>'profile' AS profile, r.spec->>'vendor' AS vendor,
-                r.quantity, r.hold_seconds, r.segment, r.customer_ref
+        "SELECT r.spec->>'site' AS site, coalesce(r.profile_asked, r.spec->>'profile') AS profile,
+                r.spec->>'vendor' AS vendor, r.quantity, r.hold_seconds, r.segment, r.customer_ref,
+                r.spec->>'substitutes' AS substitutes
            FROM reservations r
           WHERE r.org_id = $1 AND r.order_ref = $2
           ORDER BY r.slot

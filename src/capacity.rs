@@ -450,3 +450,218 @@ pub async fn set(
     .await?;
     Ok((row, Change::Unchanged))
 }
+
+/// R20: the profiles staff declared may serve the orders of `profile`, in
+/// order of preference, for orders of `segments` only (empty: any segment
+/// or none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = SubstituteList)]
+pub struct Substitutes {
+    pub profile: String,
+    /// in order of preference, at most 8; empty once removed
+    #[schema(max_items = 8)]
+    pub substitutes: Vec<String>,
+    /// the segments whose orders they serve; empty: orders of any segment or none
+    pub segments: Vec<String>,
+    // Null once removed (an empty list).
+    #[schema(required = true)]
+    pub updated_at: Option<DateTime<Utc>>,
+    /// the token's name or the staff member's email
+    #[schema(required = true)]
+    pub updated_by: Option<String>,
+}
+
+/// The most substitutes one profile may declare (the table's check).
+pub const MAX_SUBSTITUTES: usize = 8;
+/// The most segments one declaration may name (the table's check).
+pub const MAX_SUBSTITUTE_SEGMENTS: usize = 16;
+
+/// R20: what is wrong with a declaration before anything is read: the
+/// profile listed as its own substitute, a duplicate, too many (`None`:
+/// nothing). The words are the `400`'s.
+pub fn substitutes_problem(
+    profile: &Profile,
+    substitutes: &[Profile],
+    segments: &[Segment],
+) -> Option<String> {
+    if substitutes.len() > MAX_SUBSTITUTES {
+        return Some(format!(
+            "substitutes: at most {MAX_SUBSTITUTES} profiles, not {}",
+            substitutes.len()
+        ));
+    }
+    if substitutes.iter().any(|s| s == profile) {
+        return Some(format!(
+            "substitutes: {profile} is the profile itself; list only other profiles"
+        ));
+    }
+    for (i, s) in substitutes.iter().enumerate() {
+        if substitutes[..i].contains(s) {
+            return Some(format!("substitutes: {s} is listed twice"));
+        }
+    }
+    if segments.len() > MAX_SUBSTITUTE_SEGMENTS {
+        return Some(format!(
+            "segments: at most {MAX_SUBSTITUTE_SEGMENTS}, not {}",
+            segments.len()
+        ));
+    }
+    for (i, s) in segments.iter().enumerate() {
+        if segments[..i].contains(s) {
+            return Some(format!("segments: {s} is listed twice"));
+        }
+    }
+    None
+}
+
+/// The organization's substitute declarations, by profile.
+pub async fn list_substitutes(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+) -> Result<Vec<Substitutes>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT profile, substitutes, segments, updated_at, updated_by
+           FROM substitutes WHERE org_id = $1 ORDER BY profile",
+    )
+    .bind(org_id)
+    .fetch_all(db)
+    .await
+}
+
+/// What `set_substitutes` did, or why it wrote nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubstitutesChange {
+    Set,
+    Removed,
+    /// The same declaration was already in force: nothing written (a retry).
+    Unchanged,
+    /// A bad declaration (the `400`'s words): nothing written.
+    Refused(String),
+    /// A profile named has no machine in the organization (the `422`'s
+    /// words): nothing written.
+    UnknownProfiles(String),
+}
+
+impl SubstitutesChange {
+    /// The audit log's action and detail of a change that wrote something.
+    pub fn audit(&self, row: &Substitutes) -> Option<(&'static str, String)> {
+        match self {
+            SubstitutesChange::Set => Some((
+                "substitutes.set",
+                format!(
+                    "served by {} for {}",
+                    row.substitutes.join(", then "),
+                    if row.segments.is_empty() {
+                        "orders of any segment".to_owned()
+                    } else {
+                        format!("segments {}", row.segments.join(", "))
+                    }
+                ),
+            )),
+            SubstitutesChange::Removed => {
+                Some(("substitutes.removed", "no substitutes declared".to_owned()))
+            }
+            SubstitutesChange::Unchanged
+            | SubstitutesChange::Refused(_)
+            | SubstitutesChange::UnknownProfiles(_) => None,
+        }
+    }
+}
+
+/// R20: declares `substitutes` (in order of preference) for `profile` of
+/// `org_id`, for orders of `segments` (empty: any); an empty list removes
+/// the declaration. A bad declaration is `Refused`, one naming a profile
+/// of which the organization has no machine `UnknownProfiles`; neither
+/// writes anything. The
+/// row's UPDATE or DELETE waits for every reserve that holds the
+/// declaration (sql/substitutes.sql reads it FOR SHARE), so a change never
+/// lands under a reserve that used the list before it. Runs on the
+/// caller's transaction (its audit row commits with it).
+pub async fn set_substitutes(
+    tx: &mut PgConnection,
+    org_id: i64,
+    profile: &Profile,
+    substitutes: &[Profile],
+    segments: &[Segment],
+    actor: &str,
+) -> Result<(Substitutes, SubstitutesChange), sqlx::Error> {
+    let removed = |profile: &Profile| Substitutes {
+        profile: profile.to_string(),
+        substitutes: Vec::new(),
+        segments: Vec::new(),
+        updated_at: None,
+        updated_by: None,
+    };
+    if let Some(problem) = substitutes_problem(profile, substitutes, segments) {
+        return Ok((removed(profile), SubstitutesChange::Refused(problem)));
+    }
+    if substitutes.is_empty() {
+        let gone = sqlx::query("DELETE FROM substitutes WHERE org_id = $1 AND profile = $2")
+            .bind(org_id)
+            .bind(profile.as_str())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let change = if gone > 0 {
+            SubstitutesChange::Removed
+        } else {
+            SubstitutesChange::Unchanged
+        };
+        return Ok((removed(profile), change));
+    }
+    let named: Vec<&str> = std::iter::once(profile)
+        .chain(substitutes)
+        .map(Profile::as_str)
+        .collect();
+    let unknown: Vec<String> = sqlx::query_scalar(
+        "SELECT p FROM unnest($2::text[]) WITH ORDINALITY AS n(p, i)
+          WHERE NOT EXISTS (SELECT 1 FROM pool_machines f
+                             WHERE f.org_id = $1 AND f.profile = n.p AND f.machines > 0)
+          ORDER BY n.i",
+    )
+    .bind(org_id)
+    .bind(&named)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !unknown.is_empty() {
+        return Ok((
+            removed(profile),
+            SubstitutesChange::UnknownProfiles(format!(
+                "no machine of this organization has profile {}: declare substitutes among the profiles it has",
+                unknown.join(", ")
+            )),
+        ));
+    }
+    let subs: Vec<&str> = substitutes.iter().map(Profile::as_str).collect();
+    let segs: Vec<&str> = segments.iter().map(Segment::as_str).collect();
+    let written: Option<Substitutes> = sqlx::query_as(
+        "INSERT INTO substitutes (org_id, profile, substitutes, segments, updated_by)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (org_id, profile) DO UPDATE
+            SET substitutes = EXCLUDED.substitutes, segments = EXCLUDED.segments,
+                updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+          WHERE (substitutes.substitutes, substitutes.segments)
+                IS DISTINCT FROM (EXCLUDED.substitutes, EXCLUDED.segments)
+         RETURNING profile, substitutes, segments, updated_at, updated_by",
+    )
+    .bind(org_id)
+    .bind(profile.as_str())
+    .bind(&subs)
+    .bind(&segs)
+    .bind(actor)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(row) = written {
+        return Ok((row, SubstitutesChange::Set));
+    }
+    // ON CONFLICT left the row locked: this read sees it as it stays.
+    let row = sqlx::query_as(
+        "SELECT profile, substitutes, segments, updated_at, updated_by
+           FROM substitutes WHERE org_id = $1 AND profile = $2",
+    )
+    .bind(org_id)
+    .bind(profile.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok((row, SubstitutesChange::Unchanged))
+}

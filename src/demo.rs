@@ -264,6 +264,7 @@ async fn order_of(
         actor: CHECKOUT.to_owned(),
         segment: segment.map(Segment::parse).transpose()?,
         customer_ref: customer.map(CustomerRef::parse).transpose()?,
+        substitutes: Default::default(),
     };
     Ok(allocator::reserve(pool, org_id, &req).await?)
 }
@@ -419,6 +420,7 @@ async fn reserve_order(
         actor: CHECKOUT.to_owned(),
         segment: None,
         customer_ref: None,
+        substitutes: Default::default(),
     };
     Ok(match allocator::reserve(pool, org_id, &req).await? {
         ReserveOutcome::Created {

@@ -73,6 +73,8 @@ pub fn document(hold_max_seconds: u32) -> Value {
         crate::api::capacity::get_capacity,
         crate::api::capacity::list_headroom,
         crate::api::capacity::put_headroom,
+        crate::api::capacity::list_substitutes,
+        crate::api::capacity::put_substitutes,
     ),
     components(
         schemas(
@@ -496,9 +498,13 @@ struct DeliveredReservation {
     state: String,
     fence: i64,
     expires_at: chrono::DateTime<chrono::Utc>,
-    /// the machine as it was when chosen (R8)
+    /// the machine as it was when chosen (R8); its profile is the one that serves
     #[schema(value_type = Object)]
     machine: Value,
+    /// the profile the order asked for (R20)
+    profile_asked: String,
+    /// whether a declared substitute of the asked profile serves the order (R20)
+    substituted: bool,
 }
 
 #[derive(ToSchema)]

@@ -268,6 +268,7 @@ codes!(
     code_url_refused = "url_refused",
     code_unknown_machines = "unknown_machines",
     code_unknown_pool = "unknown_pool",
+    code_unknown_profile = "unknown_profile",
     code_idempotency_mismatch = "idempotency_mismatch",
     const_true = true,
 );
@@ -366,6 +367,22 @@ error_body!(
     /// no machine of the organization is of the site and profile named; nothing written
     UnknownPoolError, code_unknown_pool
 );
+error_body!(
+    /// no machine of the organization is of a profile named (the message lists them); nothing written
+    UnknownProfileError, code_unknown_profile
+);
+
+/// R20: the substitutes of a profile, in order of preference: at most 8,
+/// none twice.
+pub fn substitute_profiles() -> utoipa::openapi::schema::ArrayBuilder {
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .items(label(64, LABEL_PATTERN))
+        .max_items(Some(8))
+        .unique_items(true)
+        .description(Some(
+            "in order of preference, at most 8, none twice and not the profile itself; empty removes the declaration",
+        ))
+}
 
 // `409` of a transition (`reservations::refusal`).
 #[derive(ToSchema)]
