@@ -228,3 +228,38 @@ BEGIN
     RETURN NEXT v_result;
 END
 $$;
+
+-- R17 with R20: what the substitutes of pool (p_site, p_profile) could
+-- serve now to an order of segment p_segment (and vendor p_vendor), in the
+-- declared order, as [{"profile", "available"}]; empty when the profile
+-- has no declaration for that segment. Each `available` is R17's for that
+-- pool (0 when it has no machine of the vendor).
+CREATE OR REPLACE FUNCTION capacity_substitutes(p_org bigint, p_site text, p_profile text, p_vendor text,
+                                                p_segment text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_agg(jsonb_build_object('profile', l.p, 'available', coalesce(c.available, 0))
+                              ORDER BY l.i), '[]'::jsonb)
+      FROM substitutes s
+     CROSS JOIN LATERAL unnest(s.substitutes) WITH ORDINALITY AS l(p, i)
+      LEFT JOIN LATERAL (SELECT c.available FROM capacity_pools(p_org, p_site, l.p, p_vendor, p_segment) c) c ON true
+     WHERE s.org_id = p_org AND s.profile = p_profile
+       AND (cardinality(s.segments) = 0 OR p_segment = ANY (s.segments))
+$$;
+
+-- R17 with R20: the alternatives of an order of p_quantity machines of
+-- (p_site, p_profile): first the substitutes at the same site that could
+-- fill it now, in the declared order, then the other sites whose pool of
+-- the profile could (capacity_alternatives), as [{"site", "profile",
+-- "available"}].
+CREATE OR REPLACE FUNCTION alternatives_with_substitutes(p_org bigint, p_site text, p_profile text, p_vendor text,
+                                                         p_segment text, p_quantity integer)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT jsonb_agg(jsonb_build_object('site', p_site, 'profile', e->>'profile',
+                                                         'available', (e->>'available')::bigint) ORDER BY t.o)
+                       FROM jsonb_array_elements(capacity_substitutes(p_org, p_site, p_profile, p_vendor, p_segment))
+                            WITH ORDINALITY AS t(e, o)
+                      WHERE (e->>'available')::bigint >= p_quantity), '[]'::jsonb)
+           || capacity_alternatives(p_org, p_site, p_profile, p_vendor, p_segment, p_quantity)
+$$;

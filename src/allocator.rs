@@ -630,10 +630,13 @@ pub enum ReserveOutcome {
     CustomerLimit { limit: i64, holds: i64, org_id: i64 },
 }
 
-/// R17: another site whose pool could fill the same order now.
+/// R17: another site whose pool could fill the same order now, or (R20) a
+/// declared substitute at the same site that could.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Alternative {
     pub site: String,
+    /// the profile that would serve: a substitute's at the same site (named first, in the declared order), else the one asked
+    pub profile: String,
     #[schema(minimum = 0)]
     pub available: i64,
 }
@@ -686,25 +689,27 @@ impl ReserveOutcome {
     }
 }
 
-/// R17: the other sites whose pool of the same profile (and vendor) could
-/// fill `req` now, most available first. A statement of its own, read
-/// after a refusal, so that the reserve's turns are not held while the
-/// other sites are counted.
+/// R17 and R20: the declared substitutes at the same site that could fill
+/// `req` now (in the declared order), then the other sites whose pool of
+/// the same profile (and vendor) could, most available first. A statement
+/// of its own, read after a refusal, so that the reserve's turns are not
+/// held while the other pools are counted.
 pub async fn alternatives(
     db: impl PgExecutor<'_>,
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<Vec<Alternative>, sqlx::Error> {
-    let found: sqlx::types::Json<Vec<Alternative>> =
-        sqlx::query_scalar("SELECT capacity_alternatives($1, $2, $3, $4::text, $5::text, $6)")
-            .bind(org_id)
-            .bind(req.spec.site.as_str())
-            .bind(req.spec.profile.as_str())
-            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-            .bind(req.segment.as_ref().map(Segment::as_str))
-            .bind(i32::from(req.quantity.get()))
-            .fetch_one(db)
-            .await?;
+    let found: sqlx::types::Json<Vec<Alternative>> = sqlx::query_scalar(
+        "SELECT alternatives_with_substitutes($1, $2, $3, $4::text, $5::text, $6)",
+    )
+    .bind(org_id)
+    .bind(req.spec.site.as_str())
+    .bind(req.spec.profile.as_str())
+    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+    .bind(req.segment.as_ref().map(Segment::as_str))
+    .bind(i32::from(req.quantity.get()))
+    .fetch_one(db)
+    .await?;
     Ok(found.0)
 }
 

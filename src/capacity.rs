@@ -35,6 +35,9 @@ pub struct Filter {
     pub vendor: Option<Vendor>,
     pub segment: Option<Segment>,
     pub quantity: Option<i32>,
+    /// R20: each pool also tells what its substitutes could serve, and the
+    /// alternatives name them first.
+    pub substitutes: bool,
 }
 
 /// One snapshot of the pools (R17): `pools` and `alternatives` are the
@@ -63,12 +66,16 @@ pub async fn read(
                         'site', c.site, 'profile', c.profile, 'total', c.total,
                         'sellable', c.sellable, 'held', c.held, 'sold', c.sold,
                         'not_ready', c.not_ready, 'reserved', c.reserved,
-                        'available', c.available) ORDER BY c.site, c.profile), '[]'::jsonb) AS pools
+                        'available', c.available)
+                        || CASE WHEN $7 THEN jsonb_build_object('substitutes',
+                                    capacity_substitutes($1, c.site, c.profile, $4, $5))
+                                ELSE '{}'::jsonb END
+                        ORDER BY c.site, c.profile), '[]'::jsonb) AS pools
                FROM capacity_pools($1, $2, $3, $4, $5) c
          ), a AS (
-             SELECT CASE WHEN $2::text IS NOT NULL AND $3::text IS NOT NULL AND $6::integer IS NOT NULL
-                         THEN capacity_alternatives($1, $2, $3, $4, $5, $6)
-                         ELSE '[]'::jsonb END AS alternatives
+             SELECT CASE WHEN $2::text IS NULL OR $3::text IS NULL OR $6::integer IS NULL THEN '[]'::jsonb
+                         WHEN $7 THEN alternatives_with_substitutes($1, $2, $3, $4, $5, $6)
+                         ELSE capacity_alternatives($1, $2, $3, $4, $5, $6) END AS alternatives
          )
          SELECT clock_timestamp() AS as_of, p.pools, a.alternatives,
                 md5(p.pools::text || ' ' || a.alternatives::text) AS tag
@@ -80,6 +87,7 @@ pub async fn read(
     .bind(f.vendor.as_ref().map(Vendor::as_str))
     .bind(f.segment.as_ref().map(Segment::as_str))
     .bind(f.quantity)
+    .bind(f.substitutes)
     .fetch_one(db)
     .await
 }
@@ -112,6 +120,19 @@ pub struct Pool {
     #[schema(schema_with = reserved_counts)]
     pub reserved: std::collections::BTreeMap<String, i64>,
     /// what an order of the asked segment could take now
+    #[schema(minimum = 0)]
+    pub available: i64,
+    /// R20, with substitutes=allowed only: what each declared substitute of the profile at this site could serve now to an order of the asked segment, in the declared order
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub substitutes: Option<Vec<SubstituteAvailable>>,
+}
+
+/// R20: what one declared substitute of a pool could serve now.
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
+pub struct SubstituteAvailable {
+    pub profile: String,
+    /// R17's available of the substitute's pool at the same site, for the asked segment (and vendor)
     #[schema(minimum = 0)]
     pub available: i64,
 }

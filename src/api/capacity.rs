@@ -13,8 +13,8 @@ use crate::api::caller::ApiClient;
 use crate::api::json::{self, integer_text};
 use crate::api::reservations::{json_body, read_body};
 use crate::api::schemas::{
-    CapacityAlternative, Forbidden, Invalid, LabelFilter, SegmentFilter, Unauthorized, Unavailable,
-    UnknownPoolError, UnknownProfileError, WriteUnavailable,
+    CapacityAlternative, Forbidden, Invalid, LabelFilter, SegmentFilter, SubstitutesFilter,
+    Unauthorized, Unavailable, UnknownPoolError, UnknownProfileError, WriteUnavailable,
 };
 use crate::api::write::{Shape, write};
 use crate::capacity::{self, Change, Filter, MAX_HEADROOM};
@@ -58,6 +58,9 @@ pub(crate) struct CapacityQuery {
     /// machines the order needs, written in digits: with site and profile, asks for alternatives
     #[param(value_type = i64, required = false, minimum = 1, maximum = 16)]
     quantity: Option<String>,
+    /// R20: allowed adds to each pool what its declared substitutes could serve, and names them first among the alternatives
+    #[param(value_type = SubstitutesFilter, required = false)]
+    substitutes: Option<String>,
 }
 
 // The answer of `GET /capacity`: the snapshot's JSON arrays as read.
@@ -144,6 +147,15 @@ pub(crate) async fn get_capacity(
         vendor: opt(&query.vendor, Vendor::parse)?,
         segment: opt(&query.segment, Segment::parse)?,
         quantity,
+        substitutes: match query.substitutes.as_deref() {
+            None | Some("" | "none") => false,
+            Some("allowed") => true,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "substitutes: allowed or none, not {other:?}"
+                )));
+            }
+        },
     };
     let snap = cache.read(pool.get_ref(), client.org_id, &filter).await?;
     let opaque = format!("\"{}\"", snap.tag);

@@ -14,8 +14,8 @@ use utoipa::{OpenApi, ToSchema};
 
 use crate::api::schemas::{
     Error, Forbidden, ForbiddenError, Invalid, InvalidError, LabelFilter, NotFound, NotFoundError,
-    OrderRefPath, SegmentFilter, ServiceUnavailableError, StatusFilter, Unauthorized,
-    UnauthorizedError, Unavailable, WriteUnavailable, WriteUnavailableError,
+    OrderRefPath, SegmentFilter, ServiceUnavailableError, StatusFilter, SubstitutesFilter,
+    Unauthorized, UnauthorizedError, Unavailable, WriteUnavailable, WriteUnavailableError,
 };
 
 /// The generated document, as this deployment answers: a reserve's
@@ -81,6 +81,7 @@ pub fn document(hold_max_seconds: u32) -> Value {
             // Named by parameters and the webhook, which register none.
             LabelFilter,
             SegmentFilter,
+            SubstitutesFilter,
             StatusFilter,
             OrderRefPath,
             ReservationEventDelivery,

@@ -96,6 +96,17 @@ named_schema!(
         .description(Some("a label; empty means no filter"))
 );
 
+/// R20: whether capacity tells what the declared substitutes could serve.
+pub struct SubstitutesFilter;
+named_schema!(
+    SubstitutesFilter,
+    "SubstitutesFilter",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["allowed", "none", ""]))
+        .description(Some("allowed: each pool also tells what its declared substitutes could serve (R20); none or empty: not"))
+);
+
 /// A query filter of segments: empty means none.
 pub struct SegmentFilter;
 named_schema!(
@@ -439,7 +450,7 @@ pub(crate) struct ContendedError {
     /// how many machines the order asked for
     #[schema(minimum = 1, maximum = 16)]
     quantity: i64,
-    /// R17: the other sites whose pool of the same profile (and vendor) could fill the same order now, most available first
+    /// R17: the declared substitutes at the same site that could fill the same order now, in the declared order (R20), then the other sites whose pool of the same profile (and vendor) could, most available first
     alternatives: Vec<crate::allocator::Alternative>,
 }
 
@@ -458,7 +469,7 @@ pub(crate) struct UnavailableError {
     /// machines that match the order: fewer than quantity
     #[schema(minimum = 0)]
     candidates: i64,
-    /// R17: the other sites whose pool of the same profile (and vendor) could fill the same order now, most available first
+    /// R17: the declared substitutes at the same site that could fill the same order now, in the declared order (R20), then the other sites whose pool of the same profile (and vendor) could, most available first
     alternatives: Vec<crate::allocator::Alternative>,
 }
 
@@ -477,7 +488,7 @@ pub(crate) struct ReservedError {
     /// how many machines the order asked for
     #[schema(minimum = 1, maximum = 16)]
     quantity: i64,
-    /// R17: the other sites whose pool of the same profile (and vendor) could fill the same order now, most available first
+    /// R17: the declared substitutes at the same site that could fill the same order now, in the declared order (R20), then the other sites whose pool of the same profile (and vendor) could, most available first
     alternatives: Vec<crate::allocator::Alternative>,
 }
 
@@ -515,6 +526,8 @@ pub(crate) enum ReserveRefused {
 #[allow(dead_code)]
 pub(crate) struct CapacityAlternative {
     site: String,
+    /// the profile that would serve: a declared substitute's at the same site (R20, named first with substitutes=allowed), else the one asked
+    profile: String,
     #[schema(minimum = 1)]
     available: i64,
 }

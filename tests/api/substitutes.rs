@@ -22,10 +22,15 @@ const BEST: &str = "epyc-9354-1t";
 
 /// `n` ready machines of (SITE, `profile`) named `{prefix}-{g}`.
 async fn machines(app: &TestApp, prefix: &str, profile: &str, n: i64) {
+    machines_at(app, SITE, prefix, profile, n).await;
+}
+
+/// `n` ready machines of (`site`, `profile`) named `{prefix}-{g}`.
+async fn machines_at(app: &TestApp, site: &str, prefix: &str, profile: &str, n: i64) {
     if n == 0 {
         return;
     }
-    let (site, profile) = (literal(SITE), literal(profile));
+    let (site, profile) = (literal(site), literal(profile));
     let tag = format!("'{prefix}-' || g");
     generated_machines(
         &app.pool,
@@ -643,7 +648,10 @@ async fn opposite_lists_with_headroom_queue_instead_of_deadlocking() {
         retire_all(&app).await;
         machines(&app, &format!("A{round}"), ASKED, 5).await;
         machines(&app, &format!("B{round}"), BETTER, 5).await;
-        let orders = (0..16)
+        // Ten orders: every one of them takes both pools' turns, so they
+        // run one after the other, within the connections' lock_timeout
+        // (5 s) on a loaded machine too.
+        let orders = (0..10)
             .map(|i| {
                 let p = if i % 2 == 0 { ASKED } else { BETTER };
                 order(&format!("D-{round}-{i}"), p, 1 + (i % 3) as u8, true)
@@ -796,4 +804,50 @@ async fn waiting_on_a_lock(app: &TestApp, query: &str) {
         (n > 0).then_some(())
     })
     .await;
+}
+
+/// R17 with R20: capacity asked with `substitutes=allowed` tells, for each
+/// pool, what its substitutes could serve now, in the declared order, and
+/// its alternatives name first the substitutes at the same site that could
+/// fill the order; a refused exact order names them first too.
+#[tokio::test]
+async fn capacity_and_refusals_name_the_substitutes_that_could_serve() {
+    let app = spawn_app().await;
+    seed(&app).await;
+    machines(&app, "B", BETTER, 3).await;
+    machines(&app, "C", BEST, 1).await;
+    machines_at(&app, "ams1", "AMS", ASKED, 2).await;
+    declare(&app, ASKED, &[BETTER, BEST], &[]).await;
+
+    let (code, body) = crate::capacity::capacity(
+        &app,
+        "?site=par1&profile=epyc-9354-256g&quantity=2&substitutes=allowed",
+    )
+    .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert_eq!(
+        body["pools"][0]["substitutes"],
+        json!([{"profile": BETTER, "available": 3}, {"profile": BEST, "available": 1}]),
+        "{body}"
+    );
+    let alternatives = json!([
+        {"site": SITE, "profile": BETTER, "available": 3},
+        {"site": "ams1", "profile": ASKED, "available": 2},
+    ]);
+    assert_eq!(body["alternatives"], alternatives, "{body}");
+    let (_, plain) =
+        crate::capacity::capacity(&app, "?site=par1&profile=epyc-9354-256g&quantity=2").await;
+    assert!(plain["pools"][0].get("substitutes").is_none(), "{plain}");
+    assert_eq!(
+        plain["alternatives"],
+        json!([{"site": "ams1", "profile": ASKED, "available": 2}])
+    );
+    let (code, _) = crate::capacity::capacity(&app, "?substitutes=maybe").await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+
+    let (code, refused) = app
+        .post_json("/api/v1/reservations", order("EXACT", ASKED, 2, false))
+        .await;
+    assert_eq!(code, StatusCode::CONFLICT, "{refused}");
+    assert_eq!(refused["alternatives"], alternatives, "{refused}");
 }
