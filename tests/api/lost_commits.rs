@@ -183,6 +183,13 @@ async fn terminate_the_waiting_commit<T>(
 async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_replays() {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     let token = app.org.token.clone();
+    // A second profile, retired: what a declaration of substitutes names.
+    FakeMachine::new()
+        .tag("RT-BIG")
+        .profile("epyc-big")
+        .status("retired")
+        .create(&app.pool, app.org.id)
+        .await;
     for tag in [
         "RT-1", "RT-2", "RT-3", "RT-4", "RT-5", "RT-6", "RT-7", "RT-8", "RT-9", "RT-10", "RT-11",
         "RT-12",
@@ -356,6 +363,15 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             ),
             retry_status: 200,
         },
+        // The declaration is kept: the retry answers the same row, and
+        // writes nothing again.
+        Case {
+            method: Method::PUT,
+            template: "/api/v1/substitutes",
+            path: "/api/v1/substitutes".into(),
+            body: Some(json!({"profile": "epyc", "substitutes": ["epyc-big"]})),
+            retry_status: 200,
+        },
         // The machine is in maintenance and the hold has moved: the retry
         // answers the machine as it is, and moves nothing again.
         Case {
@@ -460,6 +476,11 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             count("SELECT count(*) FROM audit_log WHERE action = 'headroom.set'").await,
             1,
             "the headroom's retry audited nothing again"
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM audit_log WHERE action = 'substitutes.set'").await,
+            1,
+            "the declaration's retry audited nothing again"
         );
         assert_eq!(
             count(
