@@ -3,7 +3,10 @@
 //! `contended` means "capacity exists but is hot" (R7: two messages, two
 //! buttons); `reserved` means "the machines left are kept for another
 //! segment" (R18) and `customer_limit` "this customer holds its cap"
-//! (R19). All four are kept apart here as they are in the API.
+//! (R19). All four are kept apart here as they are in the API. Beside
+//! them, `substituted` (R20) is an order the asked pool could not fill
+//! that a declared substitute served: not lost, but demand of the asked
+//! pool, shown in its own column.
 //!
 //! Writing: one row per refusal, in the transaction that read the counts.
 //! Reading: the overview's per site and profile figures and `/demand`'s most
@@ -102,6 +105,9 @@ pub struct RefusedSpec {
     pub reserved_7d: i64,
     /// R19: refused because the order's customer held the cap.
     pub customer_limit_7d: i64,
+    /// R20: not lost, served by a declared substitute: what this pool
+    /// would have sold.
+    pub substituted_7d: i64,
     pub last_at: DateTime<Utc>,
     /// The `excluded` counts of the latest `unavailable` refusal, if any.
     pub last_excluded: Option<sqlx::types::Json<Value>>,
@@ -130,6 +136,7 @@ pub async fn most_refused(
                     count(*) FILTER (WHERE reason = 'contended') AS contended_7d,
                     count(*) FILTER (WHERE reason = 'reserved') AS reserved_7d,
                     count(*) FILTER (WHERE reason = 'customer_limit') AS customer_limit_7d,
+                    count(*) FILTER (WHERE reason = 'substituted') AS substituted_7d,
                     max(at) AS last_at,
                     max(at) FILTER (WHERE reason = 'unavailable') AS last_unavailable_at
                FROM reservation_refusals
@@ -140,7 +147,7 @@ pub async fn most_refused(
               LIMIT $2
          )
          SELECT g.site, g.profile, g.vendor, g.unavailable_24h, g.unavailable_7d, g.contended_7d,
-                g.reserved_7d, g.customer_limit_7d, g.last_at,
+                g.reserved_7d, g.customer_limit_7d, g.substituted_7d, g.last_at,
                 (SELECT l.excluded FROM reservation_refusals l
                   WHERE l.org_id = $1 AND l.at = g.last_unavailable_at AND l.reason = 'unavailable'
                     AND l.site = g.site AND l.profile = g.profile

@@ -96,6 +96,7 @@ routes! {
     "/settings" => Settings [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => Settings [post => org_settings::save_webhook],
     "/settings/headroom" => DatacenterSettings [post => org_settings::save_headroom],
+    "/settings/substitutes" => DatacenterSettings [post => org_settings::save_substitutes],
     "/audit" => Admin [get => admin::audit_log],
     "/users" => Admin [get => admin::users, post => admin::add_user],
     "/users/{id}/disable" => Admin [post => admin::disable_user],

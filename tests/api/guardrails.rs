@@ -84,6 +84,7 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
     ("/settings/webhook",           "post", [303, 403, 403, 303, 303]),
     ("/settings/headroom",          "post", [303, 403, 403, 303, 303]),
+    ("/settings/substitutes",       "post", [303, 403, 403, 303, 303]),
     ("/audit",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "post", [303, 403, 403, 303, 303]),
@@ -127,6 +128,8 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/status-changes",             "post", "inventory", [401, 403, 200, 422]),
     ("/api/v1/headroom",                   "get",  "inventory", [401, 403, 200, 200]),
     ("/api/v1/headroom",                   "put",  "inventory", [401, 403, 200, 200]),
+    ("/api/v1/substitutes",                "get",  "inventory", [401, 403, 200, 200]),
+    ("/api/v1/substitutes",                "put",  "inventory", [401, 403, 200, 422]),
     ("/api/v1/capacity",                   "get",  "orders",    [401, 403, 200, 200]),
     ("/api/v1/reservations",               "post", "orders",    [401, 403, 201, 409]),
     ("/api/v1/reservations",               "get",  "orders",    [401, 403, 200, 404]),
@@ -209,6 +212,19 @@ impl World {
         FakeMachine::new()
             .tag("OT-1")
             .profile("other-profile")
+            .create(&app.pool, app.other.id)
+            .await;
+        // Second profiles, retired: what a declaration of substitutes names.
+        FakeMachine::new()
+            .tag("PK-BIG")
+            .profile("epyc-big")
+            .status("retired")
+            .create(&app.pool, app.org.id)
+            .await;
+        FakeMachine::new()
+            .tag("OT-BIG")
+            .profile("other-big")
+            .status("retired")
             .create(&app.pool, app.other.id)
             .await;
         app.create_staff(app.other.id, "root@other.example", "admin")
@@ -310,6 +326,17 @@ async fn dashboard_cell(
         }
         "/settings" => fields.push(("datacenter".into(), "on".into())),
         "/settings/webhook" => fields.push(("action".into(), "remove".into())),
+        "/settings/substitutes" => {
+            // A profile of the poster's own organization (one with
+            // machines), and a second one.
+            let (profile, other) = if who == Who::OtherOrg {
+                ("other-profile", "other-big")
+            } else {
+                ("epyc", "epyc-big")
+            };
+            fields.push(("profile".into(), profile.into()));
+            fields.push(("substitutes".into(), other.into()));
+        }
         "/settings/headroom" => {
             // A pool of the poster's own organization (one with machines).
             let profile = if who == Who::OtherOrg {
@@ -560,6 +587,11 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
             ),
         ),
         ("/api/v1/headroom", _) => ("/api/v1/headroom".into(), None),
+        ("/api/v1/substitutes", "put") => (
+            "/api/v1/substitutes".into(),
+            Some(json!({"profile": "epyc", "substitutes": ["epyc-big"]})),
+        ),
+        ("/api/v1/substitutes", _) => ("/api/v1/substitutes".into(), None),
         ("/api/v1/capacity", _) => (
             "/api/v1/capacity?site=par1&profile=epyc&segment=enterprise&quantity=1".into(),
             None,
@@ -930,6 +962,7 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
         ("/reservations/{id}/extend", "get"),
         ("/reservations/{id}/extend", "post"),
         ("/settings/headroom", "post"),
+        ("/settings/substitutes", "post"),
     ] {
         assert!(
             module_routes.contains(&(path, m)),
@@ -1011,6 +1044,12 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             "POST",
             "/api/v1/status-changes".into(),
             Some(json!({"asset_tags": ["PK-1"], "status": "broken"})),
+        ),
+        ("GET", "/api/v1/substitutes".into(), None),
+        (
+            "PUT",
+            "/api/v1/substitutes".into(),
+            Some(json!({"profile": "epyc", "substitutes": ["epyc-big"]})),
         ),
         ("GET", "/api/v1/headroom".into(), None),
         (

@@ -575,6 +575,13 @@ async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made()
             .create(&app.pool, app.org.id)
             .await;
     }
+    // A second profile, retired: what a declaration of substitutes names.
+    FakeMachine::new()
+        .tag("DL-BIG")
+        .profile("epyc-big")
+        .status("retired")
+        .create(&app.pool, app.org.id)
+        .await;
     let (to_cancel, cancel_fence) = FakeHold::on("DL-1")
         .order("DL-CANCEL")
         .create_with_fence(&app.pool, app.org.id)
@@ -812,6 +819,25 @@ async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made()
                 "(SELECT machines FROM headroom WHERE org_id = {org} AND site = 'par1'
                     AND profile = 'epyc' AND segment = 'enterprise') = 2
                  AND (SELECT count(*) FROM audit_log WHERE action = 'headroom.set') = 1"
+            ),
+        },
+        Form {
+            name: "settings: substitutes",
+            route: "/settings/substitutes",
+            path: "/settings/substitutes".into(),
+            fields: vec![
+                c(),
+                ("profile", "epyc".into()),
+                ("substitutes", "epyc-big".into()),
+                ("segments", "".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/settings#substitutes", "Open the settings"),
+            says: "the substitutes of the profile",
+            written: format!(
+                "(SELECT substitutes = ARRAY['epyc-big'] FROM substitutes WHERE org_id = {org}
+                    AND profile = 'epyc')
+                 AND (SELECT count(*) FROM audit_log WHERE action = 'substitutes.set') = 1"
             ),
         },
         Form {
