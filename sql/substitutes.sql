@@ -263,3 +263,110 @@ LANGUAGE sql STABLE AS $$
                       WHERE (e->>'available')::bigint >= p_quantity), '[]'::jsonb)
            || capacity_alternatives(p_org, p_site, p_profile, p_vendor, p_segment, p_quantity)
 $$;
+
+-- R15 with R20: hold p_hold (locked, of an order of one that allowed
+-- substitutes) found no
+-- equivalent machine in its own pool; move it to a machine of a declared
+-- substitute of the profile its order asked (or back to the asked
+-- profile itself), in the declared order, under the same rules: the
+-- vendor the order named, the walk bounded and SKIP LOCKED (R3/R4), and a
+-- pool's headroom (R18) left to its segments. Returns the new machine's
+-- verdict, or NULL.
+--
+-- Locks: healing holds machine rows, its pool's turn and reservation rows
+-- already, so it may not wait for another pool's turn (the lock order):
+-- a substitute pool that keeps headroom is tried only if its turn is free
+-- now (pg_try_advisory_xact_lock), else passed over. The declaration's row
+-- is read FOR SHARE as a reserve reads it; its only other locker, a change
+-- of the list, holds nothing else and waits for nothing else, so waiting
+-- for it closes no cycle.
+--
+-- An order of several is never moved here: its other machines would stay
+-- of the profile they are, and an order is of one profile (R20); it is
+-- cancelled whole as before (R13).
+CREATE OR REPLACE FUNCTION heal_hold_onto_substitutes(p_hold reservations, p_old machines, p_went text,
+                                                      p_actor text)
+RETURNS machine_verdict
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_site    text := p_hold.spec->>'site';
+    v_vendor  text := p_hold.spec->>'vendor';
+    v_asked   text := coalesce(p_hold.profile_asked, p_hold.spec->>'profile');
+    v_list    text[];
+    v_profile text;
+    v_kept    integer;
+    v_cand    machine_verdict;
+    v_now     machine_verdict;
+    v_reason  text;
+BEGIN
+    -- Only an order that allowed substitutes: one that asked for the exact
+    -- hardware is cancelled rather than moved to other hardware.
+    IF p_hold.quantity > 1 OR p_hold.spec->>'substitutes' IS DISTINCT FROM 'allowed' THEN
+        RETURN NULL;
+    END IF;
+    v_list := substitutes_for(p_hold.org_id, v_asked, p_hold.segment);
+    IF cardinality(v_list) = 0 THEN
+        RETURN NULL;
+    END IF;
+    FOREACH v_profile IN ARRAY ARRAY[v_asked] || v_list LOOP
+        CONTINUE WHEN v_profile = p_hold.spec->>'profile';  -- its own pool: heal_hold tried it
+        IF EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_hold.org_id AND h.site = v_site
+                                               AND h.profile = v_profile) THEN
+            CONTINUE WHEN NOT pg_try_advisory_xact_lock(18, hashtext(p_hold.org_id::text || '/' || v_site
+                                                                    || '/' || v_profile));
+            v_kept := pool_kept_for_others(p_hold.org_id, v_site, v_profile,
+                                           ARRAY[p_hold.segment,
+                                                 (SELECT o.repairs_segment FROM organizations o
+                                                   WHERE o.id = p_hold.org_id)]);
+            CONTINUE WHEN v_kept > 0
+                AND (SELECT count(*) FROM machine_candidates(p_hold.org_id, v_site, v_profile, NULL, v_kept + 1))
+                    <= v_kept;
+        END IF;
+        FOR v_cand IN SELECT * FROM machine_candidates(p_hold.org_id, v_site, v_profile, v_vendor,
+                                                       healing_walk_limit())
+        LOOP
+            CONTINUE WHEN v_cand.id = p_old.id;
+            PERFORM 1 FROM machines WHERE id = v_cand.id AND status = 'ready' FOR UPDATE SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            SELECT * INTO v_now FROM machine_verdicts(p_hold.org_id, v_site, v_profile, v_vendor) v
+             WHERE v.id = v_cand.id;
+            CONTINUE WHEN NOT FOUND OR v_now.exclusion IS NOT NULL;
+            CONTINUE WHEN EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = v_cand.id AND r.state = 'held');
+            v_reason := format('%s (%s, %s, %s, %s) matched site %s, profile %s, %s: replaced %s, which %s',
+                               v_now.asset_tag, v_now.site, v_now.vendor, v_now.profile, v_now.status,
+                               v_site, v_profile,
+                               CASE WHEN v_vendor IS NULL THEN 'any vendor' ELSE 'vendor ' || v_vendor END,
+                               p_old.asset_tag,
+                               CASE WHEN p_old.status <> 'ready' THEN 'went ' || p_went ELSE p_went END);
+            IF v_profile <> v_asked THEN
+                v_reason := v_reason || format('; a declared substitute for profile %s, whose pool had no equivalent machine',
+                                               v_asked);
+            END IF;
+            v_reason := v_reason || format('; held for %s s', p_hold.hold_seconds);
+            UPDATE reservations r
+               SET machine_id = v_now.id,
+                   machine_snapshot = jsonb_build_object('asset_tag', v_now.asset_tag, 'site', v_now.site,
+                                                         'vendor', v_now.vendor, 'profile', v_now.profile,
+                                                         'status', v_now.status, 'updated_at', v_now.updated_at),
+                   reason = v_reason,
+                   -- The pool that serves now (R15 heals within it), and
+                   -- what the order asked when that is another profile.
+                   spec = r.spec || jsonb_build_object('profile', v_profile,
+                                                       'profile_asked', CASE WHEN v_profile <> v_asked THEN v_asked END),
+                   profile_asked = CASE WHEN v_profile <> v_asked THEN v_asked END
+             WHERE r.id = p_hold.id;
+            INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor, detail,
+                                            replaced_machine_id)
+            VALUES (p_hold.id, 'machine_replaced', 'held', 'held', p_actor,
+                    format('machine %s %s; moved to %s, %s (was: %s)', p_old.asset_tag, p_went, v_now.asset_tag,
+                           CASE WHEN v_profile <> v_asked
+                                THEN format('served by %s, asked %s: no equivalent machine of its own pool', v_profile, v_asked)
+                                ELSE format('back to the profile asked, %s', v_asked) END,
+                           p_hold.reason),
+                    p_old.id);
+            RETURN v_now;
+        END LOOP;
+    END LOOP;
+    RETURN NULL;
+END
+$$;

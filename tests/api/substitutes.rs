@@ -851,3 +851,87 @@ async fn capacity_and_refusals_name_the_substitutes_that_could_serve() {
     assert_eq!(code, StatusCode::CONFLICT, "{refused}");
     assert_eq!(refused["alternatives"], alternatives, "{refused}");
 }
+
+/// R15 with R20: a held machine breaks and its pool has no equivalent
+/// machine left: the hold of an order that allowed substitutes moves to a
+/// machine of a declared substitute of its asked profile, told in the
+/// event, the reads and the webhook; an order that asked for the exact
+/// hardware is cancelled instead.
+#[tokio::test]
+async fn healing_moves_a_hold_onto_a_substitute_only_when_its_order_allowed_them() {
+    let app = crate::helpers::spawn_app_with(|s| s.webhook_allow_private = true).await;
+    seed(&app).await;
+    machines(&app, "A", ASKED, 2).await;
+    // Two: one is left when the exact order's machine breaks.
+    machines(&app, "B", BETTER, 2).await;
+    declare(&app, ASKED, &[BETTER], &[]).await;
+    let r = app
+        .http
+        .put(app.url("/api/v1/webhook"))
+        .bearer_auth(&app.org.token)
+        .json(&json!({"url": "http://127.0.0.1:9/hooks"}))
+        .send()
+        .await
+        .expect("PUT /webhook");
+    assert!(r.status().is_success(), "{:?}", r.text().await);
+    let (_, allowed) = app
+        .post_json("/api/v1/reservations", order("HEAL-1", ASKED, 1, true))
+        .await;
+    let (_, exact) = app
+        .post_json("/api/v1/reservations", order("HEAL-2", ASKED, 1, false))
+        .await;
+    for (body, tag) in [
+        (&allowed, &allowed["machine"]["asset_tag"]),
+        (&exact, &exact["machine"]["asset_tag"]),
+    ] {
+        assert_eq!(body["machine"]["profile"], ASKED, "{body}");
+        let r = app
+            .put_machine(
+                &app.org.token,
+                tag.as_str().expect("tag"),
+                SITE,
+                "dell",
+                ASKED,
+                "broken",
+            )
+            .await;
+        assert!(r.status().is_success());
+    }
+    let (_, moved) = get(&app, &format!("/api/v1/reservations/{}", allowed["id"])).await;
+    assert_eq!(moved["state"], "held", "{moved}");
+    assert_eq!(moved["machine"]["profile"], BETTER, "{moved}");
+    assert_eq!(
+        (&moved["profile_asked"], &moved["substituted"]),
+        (&json!(ASKED), &json!(true))
+    );
+    let (_, events) = get(
+        &app,
+        &format!("/api/v1/reservations/{}/events", allowed["id"]),
+    )
+    .await;
+    assert!(
+        events
+            .to_string()
+            .contains("served by epyc-9354-512g, asked epyc-9354-256g"),
+        "{events}"
+    );
+    let payload: Value = sqlx::query_scalar(
+        "SELECT d.payload FROM webhook_deliveries d
+          WHERE d.reservation_id = $1 AND d.payload->>'type' = 'reservation.machine_replaced'",
+    )
+    .bind(allowed["id"].as_i64())
+    .fetch_one(&app.pool)
+    .await
+    .expect("the webhook of the move");
+    assert_eq!(payload["reservation"]["substituted"], true, "{payload}");
+    assert_eq!(payload["reservation"]["profile_asked"], ASKED, "{payload}");
+    assert_eq!(
+        payload["reservation"]["machine"]["profile"], BETTER,
+        "{payload}"
+    );
+
+    let (_, cancelled) = get(&app, &format!("/api/v1/reservations/{}", exact["id"])).await;
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+    assert_eq!(sellable(&app, BETTER).await, 1);
+    invariants(&app, 0).await;
+}
