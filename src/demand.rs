@@ -85,6 +85,42 @@ pub async fn count_refusal(
         .inc();
 }
 
+/// R20: counts a new order in `poolkeeper_orders_served_total` by the
+/// pool asked and the pool that served it; a replay or a refusal counts
+/// nothing here.
+pub async fn count_served(metrics: &Metrics, pool: &Db, outcome: &ReserveOutcome) {
+    let ReserveOutcome::Created { reservation, .. } = outcome else {
+        return;
+    };
+    let (org, site, asked) = metrics
+        .refusal_labels
+        .labels(
+            pool,
+            reservation.org_id,
+            &reservation.machine.site,
+            &reservation.profile_asked,
+        )
+        .await;
+    let (_, _, served) = metrics
+        .refusal_labels
+        .labels(
+            pool,
+            reservation.org_id,
+            &reservation.machine.site,
+            &reservation.machine.profile,
+        )
+        .await;
+    let substituted = if reservation.substituted {
+        "true"
+    } else {
+        "false"
+    };
+    metrics
+        .orders_served
+        .with_label_values(&[&org, &site, &asked, &served, substituted])
+        .inc();
+}
+
 // ---------------------------------------------------------------------------
 // Reading
 // ---------------------------------------------------------------------------

@@ -281,6 +281,7 @@ pub(crate) async fn reserve(
         .inc();
     // Lost demand, labelled by the inventory's sites and profiles.
     crate::demand::count_refusal(&metrics, &pool, &outcome, &req.spec).await;
+    crate::demand::count_served(&metrics, &pool, &outcome).await;
     Reserved::try_from(Answered {
         outcome,
         quantity: req.quantity.get(),

@@ -396,6 +396,22 @@ async fn the_first_substitute_that_fills_the_whole_order_serves_it_and_is_told()
             ("substituted".into(), ASKED.into(), 1, Some(BETTER.into())),
         ]
     );
+    // Counted per pool asked and pool served.
+    let text = app.metrics_text().await;
+    let served = |profile: &str, substituted: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("poolkeeper_orders_served_total{")
+                    && l.contains("profile_asked=\"epyc-9354-256g\"")
+                    && l.contains(&format!("profile_served=\"{profile}\""))
+                    && l.contains(&format!("substituted=\"{substituted}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap_or_default().to_owned())
+            .collect()
+    };
+    assert_eq!(served(BEST, "true"), vec!["1"], "{text}");
+    assert_eq!(served(BETTER, "true"), vec!["1"], "{text}");
+    assert_eq!(served(ASKED, "false"), vec!["1"], "{text}");
     // Nothing left of any of them: refused, counted against the asked pool.
     let (code, none) = app
         .post_json("/api/v1/reservations", order("ORD-4", ASKED, 2, true))
