@@ -216,6 +216,9 @@ pub struct SiteProfileDemand {
     pub reserved_per_hour: Vec<i64>,
     /// `customer_limit` refusals per hour, indexed as `per_hour`.
     pub customer_limit_per_hour: Vec<i64>,
+    /// R20: orders of this pool served by a declared substitute in 7 days
+    /// (not lost, not charted: what the pool would have sold).
+    pub substituted_7d: i64,
 }
 
 impl SiteProfileDemand {
@@ -245,6 +248,7 @@ impl SiteProfileDemand {
             per_hour: hours.clone(),
             reserved_per_hour: hours.clone(),
             customer_limit_per_hour: hours,
+            substituted_7d: 0,
         }
     }
 }
@@ -268,7 +272,7 @@ pub async fn by_site_and_profile(
                 least(greatest(floor(extract(epoch FROM t.now - f.at) / 3600), 0), $2 - 1)::int AS hours_ago,
                 count(*)
            FROM reservation_refusals f, t
-          WHERE f.org_id = $1 AND f.reason IN ('unavailable', 'reserved', 'customer_limit')
+          WHERE f.org_id = $1 AND f.reason IN ('unavailable', 'reserved', 'customer_limit', 'substituted')
             AND f.at > t.now - make_interval(hours => $2)
           GROUP BY 1, 2, 3, 4",
     )
@@ -296,6 +300,10 @@ pub async fn by_site_and_profile(
             }
         };
         let row = &mut rows[i];
+        if reason == "substituted" {
+            row.substituted_7d += n;
+            continue;
+        }
         let series = match reason.as_str() {
             "reserved" => &mut row.reserved_per_hour,
             "customer_limit" => &mut row.customer_limit_per_hour,

@@ -175,6 +175,8 @@ pub struct DemandRowView {
     pub unavailable_7d: i64,
     pub reserved_7d: i64,
     pub customer_limit_7d: i64,
+    /// R20: orders of this pool served by a declared substitute in 7 days.
+    pub substituted_7d: i64,
     pub bars: Vec<HourBar>,
     pub summary: String,
     pub why_not: String,
@@ -253,6 +255,7 @@ fn row_view(d: SiteProfileDemand) -> DemandRowView {
         unavailable_7d: d.unavailable_7d(),
         reserved_7d: d.reserved_7d(),
         customer_limit_7d: d.customer_limit_7d(),
+        substituted_7d: d.substituted_7d,
         sellable: d.sellable,
         bars,
         site: d.site,

@@ -143,6 +143,15 @@ async fn an_order_served_by_a_substitute_says_so_on_every_page() {
         ),
         vec!["1"]
     );
+    // The overview marks the pool whose demand a substitute served.
+    let (_, body) = viewer.page("/").await;
+    assert_eq!(
+        text_of(
+            &body,
+            "table.demand tr[data-site=\"par1\"][data-profile=\"epyc\"] .badge.substituted"
+        ),
+        vec!["served by substitutes: 1"]
+    );
     let csv = viewer
         .get("/reservations.csv")
         .await
