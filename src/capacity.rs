@@ -686,3 +686,30 @@ pub async fn set_substitutes(
     .await?;
     Ok((row, SubstitutesChange::Unchanged))
 }
+
+/// R17 with R20: what an order of segment `segment` could take now from
+/// pool (site, profile) of `org_id`, and from each declared substitute at
+/// the same site, in the declared order (what a reserve that allows them
+/// would try, counted as capacity counts it).
+pub async fn could_serve(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+    site: &Site,
+    profile: &Profile,
+    vendor: Option<&Vendor>,
+    segment: Option<&Segment>,
+) -> Result<(i64, Vec<SubstituteAvailable>), sqlx::Error> {
+    let (available, substitutes): (i64, sqlx::types::Json<Vec<SubstituteAvailable>>) =
+        sqlx::query_as(
+            "SELECT coalesce((SELECT c.available FROM capacity_pools($1, $2, $3, $4, $5) c), 0)::bigint,
+                    capacity_substitutes($1, $2, $3, $4, $5)",
+        )
+        .bind(org_id)
+        .bind(site.as_str())
+        .bind(profile.as_str())
+        .bind(vendor.map(Vendor::as_str))
+        .bind(segment.map(Segment::as_str))
+        .fetch_one(db)
+        .await?;
+    Ok((available, substitutes.0))
+}

@@ -37,6 +37,9 @@ pub struct WhyNotQuery {
     /// One group of the summary: a key of `Exclusion::KEYS` or `candidate`.
     pub reason: Option<String>,
     pub after: Option<String>,
+    /// R20: "allowed" also says which pool would serve the order when its
+    /// declared substitutes may.
+    pub substitutes: Option<String>,
 }
 
 /// What a reserve of `quantity` machines would answer, from the two passes
@@ -122,6 +125,8 @@ struct WhyNotPage {
     summary_link: String,
     /// R18: what the pool keeps for other segments, in words, when it does.
     kept_note: Option<String>,
+    /// R20: with substitutes, which pool would serve the order, in words.
+    substitutes_note: Option<String>,
 }
 
 /// explain() is read in chunks of this many machines...
@@ -284,7 +289,48 @@ impl WhyNotPage {
             first: None,
             summary_link: String::new(),
             kept_note: None,
+            substitutes_note: None,
         }
+    }
+}
+
+/// R20: which pool a reserve that allows substitutes would take an order
+/// of `quantity` from: the asked one when it can fill it, else the first
+/// declared substitute that can; in words.
+fn substitutes_words(
+    profile: &str,
+    quantity: u8,
+    available: i64,
+    substitutes: &[crate::capacity::SubstituteAvailable],
+) -> String {
+    let n = i64::from(quantity);
+    if available >= n {
+        return format!(
+            "With substitutes: the pool asked, {profile}, fills it itself ({available} available now); \
+             a substitute serves only an order it cannot fill."
+        );
+    }
+    if substitutes.is_empty() {
+        return format!(
+            "With substitutes: {profile} has no substitutes declared for this order's segment; \
+             the answer above stands."
+        );
+    }
+    match substitutes.iter().find(|s| s.available >= n) {
+        Some(s) => format!(
+            "With substitutes: served by {}, asked {profile}: the first declared substitute that can \
+             fill the whole order ({} available now; the pool asked has {available}).",
+            s.profile, s.available
+        ),
+        None => format!(
+            "With substitutes: neither the pool asked ({available} available) nor its substitutes ({}) \
+             can fill the whole order now.",
+            substitutes
+                .iter()
+                .map(|s| format!("{} {}", s.profile, s.available))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
@@ -513,7 +559,27 @@ pub(crate) async fn why_not(
         k.apply(&spec, &mut machines);
     }
     let reason = group.unwrap_or("");
+    let substitutes_note = if q.substitutes.as_deref() == Some("allowed") {
+        let (available, subs) = crate::capacity::could_serve(
+            pool.get_ref(),
+            staff.org_id,
+            &spec.site,
+            &spec.profile,
+            spec.vendor.as_ref(),
+            segment.as_ref(),
+        )
+        .await?;
+        Some(substitutes_words(
+            spec.profile.as_str(),
+            n,
+            available,
+            &subs,
+        ))
+    } else {
+        None
+    };
     page(&WhyNotPage {
+        substitutes_note,
         chrome,
         filters,
         has_spec: true,

@@ -143,6 +143,25 @@ async fn an_order_served_by_a_substitute_says_so_on_every_page() {
         ),
         vec!["1"]
     );
+    // Why not?, with substitutes: which pool would serve the next order.
+    let (_, body) = viewer
+        .page("/why-not?site=par1&profile=epyc&substitutes=allowed")
+        .await;
+    let said = text_of(&body, "#substitutes-answer").join(" ");
+    assert!(
+        said.starts_with("With substitutes: served by epyc-big, asked epyc"),
+        "{said}"
+    );
+    let (_, body) = viewer
+        .page("/why-not?site=par1&profile=epyc&quantity=2&substitutes=allowed")
+        .await;
+    let said = text_of(&body, "#substitutes-answer").join(" ");
+    assert!(
+        said.contains("neither the pool asked (0 available) nor its substitutes (epyc-big 1)"),
+        "{said}"
+    );
+    let (_, body) = viewer.page("/why-not?site=par1&profile=epyc").await;
+    assert!(text_of(&body, "#substitutes-answer").is_empty());
     // The overview marks the pool whose demand a substitute served.
     let (_, body) = viewer.page("/").await;
     assert_eq!(
