@@ -10,8 +10,9 @@
 -- the caller, over every profile.
 --
 -- Locks (the lock order of docs/rules.md): after the customer's turn
--- (R19, taken by the caller), the declaration's row FOR SHARE, then every
--- turn the order could need, over all of its pools, up front and by key:
+-- (R19, taken by the caller), the declaration's turn, shared
+-- (substitutes_for), then every turn the order could need, over all of
+-- its pools, up front and by key:
 -- the headroom turns (R18, class 18) of the pools that keep headroom,
 -- then, for an order of several, the turns of orders of several (R13,
 -- class 13). Never in the order of preference: two orders whose lists
@@ -19,16 +20,29 @@
 -- order and queue instead of deadlocking. After the turns, only SKIP
 -- LOCKED on machines, as any reserve.
 --
--- The declaration's row is held FOR SHARE until the reserve commits: a
--- change of the list (substitutes_set, an UPDATE or DELETE of that row)
--- waits for every reserve that read it, and a reserve that comes after the
--- change reads the new list. So every hold's profile was allowed by the
--- list in force when its reserve committed.
+-- The declaration's turn (class 20, per profile) is held shared until the
+-- reserve commits; a change of the list takes it exclusive first
+-- (substitutes_turn, from capacity::set_substitutes), so it waits for
+-- every reserve that read the list, and a reserve that comes after it
+-- waits for its commit and then reads the new list (a statement of its
+-- own, so a snapshot taken after the wait). So every hold's profile was
+-- allowed by the list in force when its reserve committed. A shared
+-- advisory lock, not a row lock: it writes nothing (a FOR SHARE would
+-- write the row's locker, and a MultiXact under concurrency, at every
+-- reserve), and it covers a declaration that does not exist yet.
+
+-- R20: the declaration's turn of profile p_profile of org p_org,
+-- exclusive: what a change of the list takes before it reads or writes
+-- the row. Class 20, apart from the other turns' classes.
+CREATE OR REPLACE FUNCTION substitutes_turn(p_org bigint, p_profile text) RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(20, hashtext(p_org::text || '/' || p_profile))
+$$;
 
 -- R20: the substitutes of profile p_profile of org p_org for an order of
 -- segment p_segment (NULL: none), in the declared order; empty when there
--- is no declaration or it is kept for other segments. Locks the
--- declaration's row FOR SHARE (above) whether or not it applies.
+-- is no declaration or it is kept for other segments. Takes the
+-- declaration's turn shared (above) whether or not one applies.
 CREATE OR REPLACE FUNCTION substitutes_for(p_org bigint, p_profile text, p_segment text) RETURNS text[]
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
@@ -37,9 +51,10 @@ DECLARE
     v_list     text[];
     v_segments text[];
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(20, hashtext(p_org::text || '/' || p_profile));
+    -- A statement of its own: its snapshot is taken after the wait.
     SELECT s.substitutes, s.segments INTO v_list, v_segments FROM substitutes s
-     WHERE s.org_id = p_org AND s.profile = p_profile
-       FOR SHARE;
+     WHERE s.org_id = p_org AND s.profile = p_profile;
     IF NOT FOUND THEN
         RETURN '{}';
     END IF;
@@ -274,12 +289,12 @@ $$;
 -- verdict, or NULL.
 --
 -- Locks: healing holds machine rows, its pool's turn and reservation rows
--- already, so it may not wait for another pool's turn (the lock order):
--- a substitute pool that keeps headroom is tried only if its turn is free
--- now (pg_try_advisory_xact_lock), else passed over. The declaration's row
--- is read FOR SHARE as a reserve reads it; its only other locker, a change
--- of the list, holds nothing else and waits for nothing else, so waiting
--- for it closes no cycle.
+-- already, so it may not wait for another turn (the lock order): a
+-- substitute pool that keeps headroom is tried only if its turn is free
+-- now (pg_try_advisory_xact_lock), else passed over, and so is the
+-- declaration's turn (shared, as a reserve takes it): while a change of
+-- the list waits for it or holds it, the hold is not moved onto a
+-- substitute (its order is cancelled as without substitutes).
 --
 -- An order of several is never moved here: its other machines would stay
 -- of the profile they are, and an order is of one profile (R20); it is
@@ -302,6 +317,9 @@ BEGIN
     -- Only an order that allowed substitutes: one that asked for the exact
     -- hardware is cancelled rather than moved to other hardware.
     IF p_hold.quantity > 1 OR p_hold.spec->>'substitutes' IS DISTINCT FROM 'allowed' THEN
+        RETURN NULL;
+    END IF;
+    IF NOT pg_try_advisory_xact_lock_shared(20, hashtext(p_hold.org_id::text || '/' || v_asked)) THEN
         RETURN NULL;
     END IF;
     v_list := substitutes_for(p_hold.org_id, v_asked, p_hold.segment);

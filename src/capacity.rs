@@ -593,11 +593,11 @@ impl SubstitutesChange {
 /// `org_id`, for orders of `segments` (empty: any); an empty list removes
 /// the declaration. A bad declaration is `Refused`, one naming a profile
 /// of which the organization has no machine `UnknownProfiles`; neither
-/// writes anything. The
-/// row's UPDATE or DELETE waits for every reserve that holds the
-/// declaration (sql/substitutes.sql reads it FOR SHARE), so a change never
-/// lands under a reserve that used the list before it. Runs on the
-/// caller's transaction (its audit row commits with it).
+/// writes anything. Takes the declaration's turn first
+/// (`substitutes_turn`, sql/substitutes.sql): it waits for every reserve
+/// that read the list, and reserves after it wait for its commit, so a
+/// change never lands under a reserve that used the list before it. Runs
+/// on the caller's transaction (its audit row commits with it).
 pub async fn set_substitutes(
     tx: &mut PgConnection,
     org_id: i64,
@@ -616,6 +616,11 @@ pub async fn set_substitutes(
     if let Some(problem) = substitutes_problem(profile, substitutes, segments) {
         return Ok((removed(profile), SubstitutesChange::Refused(problem)));
     }
+    sqlx::query("SELECT substitutes_turn($1, $2)")
+        .bind(org_id)
+        .bind(profile.as_str())
+        .execute(&mut *tx)
+        .await?;
     if substitutes.is_empty() {
         let gone = sqlx::query("DELETE FROM substitutes WHERE org_id = $1 AND profile = $2")
             .bind(org_id)
@@ -675,7 +680,7 @@ pub async fn set_substitutes(
     if let Some(row) = written {
         return Ok((row, SubstitutesChange::Set));
     }
-    // ON CONFLICT left the row locked: this read sees it as it stays.
+    // In the declaration's turn nobody else writes the row.
     let row = sqlx::query_as(
         "SELECT profile, substitutes, segments, updated_at, updated_by
            FROM substitutes WHERE org_id = $1 AND profile = $2",

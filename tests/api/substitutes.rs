@@ -685,7 +685,7 @@ async fn opposite_lists_with_headroom_queue_instead_of_deadlocking() {
 }
 
 /// What the code guarantees when staff change a list while orders race: a
-/// reserve holds the declaration (FOR SHARE) until it commits, so a change
+/// reserve holds the declaration's turn (shared) until it commits, so a change
 /// waits for it, and a reserve that comes after the change reads the new
 /// list. Shown both ways with an open transaction on each side; then a
 /// race of changes and orders where every hold's profile was allowed by a
