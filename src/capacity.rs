@@ -718,3 +718,43 @@ pub async fn could_serve(
         .await?;
     Ok((available, substitutes.0))
 }
+
+/// R20: which pool a reserve that allows substitutes would take an order
+/// of `quantity` from: the asked one when it can fill it, else the first
+/// declared substitute that can; in words.
+pub fn substitutes_words(
+    profile: &str,
+    quantity: u8,
+    available: i64,
+    substitutes: &[SubstituteAvailable],
+) -> String {
+    let n = i64::from(quantity);
+    if available >= n {
+        return format!(
+            "With substitutes: the pool asked, {profile}, fills it itself ({available} available now); \
+             a substitute serves only an order it cannot fill."
+        );
+    }
+    if substitutes.is_empty() {
+        return format!(
+            "With substitutes: {profile} has no substitutes declared for this order's segment; \
+             the answer above stands."
+        );
+    }
+    match substitutes.iter().find(|s| s.available >= n) {
+        Some(s) => format!(
+            "With substitutes: served by {}, asked {profile}: the first declared substitute that can \
+             fill the whole order ({} available now; the pool asked has {available}).",
+            s.profile, s.available
+        ),
+        None => format!(
+            "With substitutes: neither the pool asked ({available} available) nor its substitutes ({}) \
+             can fill the whole order now.",
+            substitutes
+                .iter()
+                .map(|s| format!("{} {}", s.profile, s.available))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}

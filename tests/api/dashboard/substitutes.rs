@@ -162,6 +162,15 @@ async fn an_order_served_by_a_substitute_says_so_on_every_page() {
     );
     let (_, body) = viewer.page("/why-not?site=par1&profile=epyc").await;
     assert!(text_of(&body, "#substitutes-answer").is_empty());
+    // The machines page's check against an order, with substitutes.
+    let (_, body) = viewer
+        .page("/machines?spec_site=par1&spec_profile=epyc&spec_substitutes=allowed")
+        .await;
+    let said = text_of(&body, "#substitutes-answer").join(" ");
+    assert!(
+        said.starts_with("With substitutes: served by epyc-big, asked epyc"),
+        "{said}"
+    );
     // The overview marks the pool whose demand a substitute served.
     let (_, body) = viewer.page("/").await;
     assert_eq!(
