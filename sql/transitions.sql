@@ -161,7 +161,10 @@ BEGIN
     v_result := reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
     IF v_result.outcome = 'not_held' THEN
         IF p_action = 'cancel' AND v_result.state = 'cancelled' AND v_result.ended_by = v_caller.actor THEN
-            v_result.outcome := 'ok';
+            -- The same key (id, fence) with another reason is another
+            -- request: refused, never answered as the original.
+            v_result.outcome := CASE WHEN v_result.end_reason IS NOT DISTINCT FROM p_text
+                                     THEN 'ok' ELSE 'idempotency_mismatch' END;
         ELSIF p_action = 'convert' AND v_result.state = 'converted' THEN
             SELECT * INTO v_link FROM service_links s
              WHERE s.reservation_id = p_id AND s.org_id = v_caller.org_id AND s.service_ref = p_text;
@@ -172,6 +175,9 @@ BEGIN
                 v_result.link_created_at := v_link.created_at;
                 v_result.link_ended_at := v_link.ended_at;
                 v_result.link_ended_by := v_link.ended_by;
+            ELSIF v_result.ended_by = v_caller.actor THEN
+                -- Converted by this caller into another service.
+                v_result.outcome := 'idempotency_mismatch';
             END IF;
         END IF;
     END IF;
@@ -384,6 +390,14 @@ BEGIN
     IF v_rows[1].outcome = 'not_held' AND p_action = 'cancel'
        AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
                         WHERE r.state <> 'cancelled' OR r.ended_by IS DISTINCT FROM v_caller.actor) THEN
+        -- Cancelled by this caller with another reason: another request.
+        IF EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.end_reason IS DISTINCT FROM p_reason) THEN
+            RETURN QUERY SELECT 'ok'::text, x
+                FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
+                     LATERAL transition_result_of('idempotency_mismatch', res) x
+               ORDER BY res.slot;
+            RETURN;
+        END IF;
         RETURN QUERY SELECT 'ok'::text, x
             FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
                  LATERAL transition_result_of('ok', res) x
@@ -401,6 +415,16 @@ BEGIN
             FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id
                  JOIN service_links s ON s.reservation_id = r.id AND s.org_id = v_caller.org_id,
                  LATERAL transition_result_of('ok', res, s) x
+           ORDER BY res.slot;
+        RETURN;
+    END IF;
+    -- Converted whole by this caller, into other services than these.
+    IF v_rows[1].outcome = 'not_held' AND p_action = 'convert'
+       AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
+                        WHERE r.state <> 'converted' OR r.ended_by IS DISTINCT FROM v_caller.actor) THEN
+        RETURN QUERY SELECT 'ok'::text, x
+            FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
+                 LATERAL transition_result_of('idempotency_mismatch', res) x
            ORDER BY res.slot;
         RETURN;
     END IF;

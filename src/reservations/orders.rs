@@ -49,6 +49,19 @@ pub enum OrderAction<'a> {
 }
 
 impl OrderAction<'_> {
+    /// The request's fields that a replay must repeat (F3): what an
+    /// `IdempotencyMismatch` names (an extension is never one: with the
+    /// same fence, another deadline is a new extension).
+    pub fn replay_fields(&self) -> Vec<&'static str> {
+        match self {
+            OrderAction::Cancel { .. } => vec!["reason"],
+            OrderAction::Convert { .. } => vec!["service_ref"],
+            OrderAction::Extend { .. } => Vec::new(),
+        }
+    }
+}
+
+impl OrderAction<'_> {
     fn action(&self) -> &'static str {
         match self {
             OrderAction::Cancel { .. } => "cancel",
@@ -232,6 +245,7 @@ impl TransitionRow {
         match outcome.as_str() {
             "ok" | "unchanged" => rows.into_iter().map(TransitionRow::into_result).collect(),
             "not_found" => Err(TransitionError::NotFound),
+            "idempotency_mismatch" => Err(TransitionError::IdempotencyMismatch),
             "mismatch" => Err(TransitionError::Mismatch {
                 ids: rows
                     .iter()

@@ -52,6 +52,11 @@ pub enum TransitionError {
         machine_id: i64,
         asset_tag: String,
     },
+    /// F3: the replay of a convert or cancel this caller made, with the
+    /// same fence but another service_ref or reason: another request under
+    /// the same key, refused; the reservation stays as the original left it.
+    #[error("this reservation was already ended by this caller with another request")]
+    IdempotencyMismatch,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -123,6 +128,15 @@ pub enum Transition<'a> {
 }
 
 impl Transition<'_> {
+    /// The request's fields that a replay must repeat (F3): what an
+    /// `IdempotencyMismatch` names.
+    pub fn replay_fields(&self) -> Vec<&'static str> {
+        match self {
+            Transition::Cancel(_) => vec!["reason"],
+            Transition::Convert(_) => vec!["service_ref"],
+        }
+    }
+
     fn action(&self) -> &'static str {
         match self {
             Transition::Cancel(_) => "cancel",
@@ -338,6 +352,7 @@ impl TransitionRow {
                 Ok((r, link))
             }
             "stale_fence" => Err(TransitionError::StaleFence),
+            "idempotency_mismatch" => Err(TransitionError::IdempotencyMismatch),
             "part_of_order" => Err(TransitionError::PartOfOrder {
                 id: r.id,
                 order_ref: r.order_ref,

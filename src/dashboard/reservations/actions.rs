@@ -163,6 +163,14 @@ fn refused(id: i64, e: TransitionError) -> DashError {
             link,
         },
         TransitionError::NotHeld { state } => not_held(id, state),
+        // Only the API's replay answers it; a second submit here is refused.
+        TransitionError::IdempotencyMismatch => DashError::Stale {
+            heading: "This reservation has already ended".into(),
+            message: format!(
+                "Reservation {id} was already ended by another request. Nothing was changed."
+            ),
+            link,
+        },
         TransitionError::Expired { expires_at } => DashError::Stale {
             heading: "This reservation had already expired".into(),
             message: format!(
