@@ -216,16 +216,27 @@ $$;
 -- actor, the old and new deadline and the reason.
 DROP FUNCTION IF EXISTS order_transition(bigint, text, bigint[], bigint[], text[], text, text, text,
                                          integer, integer);
-CREATE OR REPLACE FUNCTION order_transition(p_org bigint, p_order_ref text, p_ids bigint[], p_fences bigint[],
-                                 p_texts text[], p_actor text, p_action text, p_reason text,
-                                 p_seconds integer, p_cap integer, p_until timestamptz DEFAULT NULL)
+--
+-- The request is one value (`order_request`, read from the binary's jsonb
+-- by api_order_request or given whole): its fields are named below as the
+-- arguments they were.
+CREATE OR REPLACE FUNCTION order_request_transition(p_org bigint, p_actor text, p_req order_request)
 RETURNS SETOF transition_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_ref      text := p_order_ref;
+    p_order_ref text        := p_req.order_ref;
+    p_ids       bigint[]    := p_req.ids;
+    p_fences    bigint[]    := p_req.fences;
+    p_texts     text[]      := p_req.texts;
+    p_action    text        := p_req.action;
+    p_reason    text        := p_req.reason;
+    p_seconds   integer     := p_req.seconds;
+    p_cap       integer     := p_req.cap;
+    p_until     timestamptz := p_req.until;
+    v_ref      text := p_req.order_ref;
     v_rows     reservations[];
     v_row      reservations;
     v_link     service_links;
@@ -358,6 +369,16 @@ BEGIN
 END
 $$;
 
+-- The previous release's entry point, by position: the same transition.
+CREATE OR REPLACE FUNCTION order_transition(p_org bigint, p_order_ref text, p_ids bigint[], p_fences bigint[],
+                                 p_texts text[], p_actor text, p_action text, p_reason text,
+                                 p_seconds integer, p_cap integer, p_until timestamptz DEFAULT NULL)
+RETURNS SETOF transition_result
+LANGUAGE sql AS $$
+    SELECT * FROM order_request_transition(p_org, p_actor,
+        ROW(p_order_ref, p_ids, p_fences, p_texts, p_action, p_reason, p_seconds, p_cap, p_until)::order_request)
+$$;
+
 -- The API's order actions and the extension of one reservation, in one
 -- statement: the caller (api_caller, scope orders), then order_transition.
 --
@@ -369,13 +390,15 @@ $$;
 -- 'stale_fence' come before 'not_held'). Anything else stays 'not_held'.
 DROP FUNCTION IF EXISTS api_order_transition(bytea, boolean, text, bigint[], bigint[], text[], text, text,
                                              integer, integer);
-CREATE OR REPLACE FUNCTION api_order_transition(p_token_hash bytea, p_module_on boolean, p_order_ref text,
-                                     p_ids bigint[], p_fences bigint[], p_texts text[], p_action text,
-                                     p_reason text, p_seconds integer, p_cap integer,
-                                     p_until timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION api_order_request(p_token_hash bytea, p_module_on boolean, p_request jsonb)
 RETURNS TABLE (caller text, result transition_result)
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_req    order_request := jsonb_populate_record(NULL::order_request, p_request);
+    p_ids    bigint[]      := v_req.ids;
+    p_texts  text[]        := v_req.texts;
+    p_action text          := v_req.action;
+    p_reason text          := v_req.reason;
     v_caller record;
     v_rows   transition_result[];
 BEGIN
@@ -384,9 +407,7 @@ BEGIN
         RETURN QUERY SELECT v_caller.status, NULL::transition_result;
         RETURN;
     END IF;
-    v_rows := ARRAY(SELECT t FROM order_transition(v_caller.org_id, p_order_ref, p_ids, p_fences, p_texts,
-                                                   v_caller.actor, p_action, p_reason, p_seconds, p_cap,
-                                                   p_until) t);
+    v_rows := ARRAY(SELECT t FROM order_request_transition(v_caller.org_id, v_caller.actor, v_req) t);
     IF v_rows[1].outcome = 'not_held' AND p_action = 'cancel'
        AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
                         WHERE r.state <> 'cancelled' OR r.ended_by IS DISTINCT FROM v_caller.actor) THEN
@@ -430,4 +451,16 @@ BEGIN
     END IF;
     RETURN QUERY SELECT 'ok'::text, r FROM unnest(v_rows) r;
 END
+$$;
+
+-- The previous release's entry point, by position: the same statement.
+CREATE OR REPLACE FUNCTION api_order_transition(p_token_hash bytea, p_module_on boolean, p_order_ref text,
+                                     p_ids bigint[], p_fences bigint[], p_texts text[], p_action text,
+                                     p_reason text, p_seconds integer, p_cap integer,
+                                     p_until timestamptz DEFAULT NULL)
+RETURNS TABLE (caller text, result transition_result)
+LANGUAGE sql AS $$
+    SELECT * FROM api_order_request(p_token_hash, p_module_on,
+        to_jsonb(ROW(p_order_ref, p_ids, p_fences, p_texts, p_action, p_reason, p_seconds, p_cap,
+                     p_until)::order_request))
 $$;

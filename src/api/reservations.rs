@@ -874,7 +874,7 @@ fn extend_reason(reason: Option<String>) -> Result<Option<String>, ApiError> {
         .transpose()
 }
 
-/// An order action through `api_order_transition`: one statement.
+/// An order action through `api_order_request`: one statement.
 async fn order_transition(
     token: &BearerToken,
     settings: &Settings,
