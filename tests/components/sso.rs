@@ -9,23 +9,9 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::oidc::{self, Provider};
-use crate::helpers::{FakeHold, FakeMachine, STAFF_PASSWORD, StaffClient, TestApp, spawn_app_with};
-
-/// The app on a port chosen first, so that its public URL (the redirect
-/// URI the provider must know) can be set before it starts.
-pub async fn app_with(adjust: impl FnOnce(&mut poolkeeper::settings::Settings)) -> TestApp {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    spawn_app_with(|s| {
-        s.bind = format!("127.0.0.1:{port}").parse().expect("address");
-        s.public_url = Some(format!("http://127.0.0.1:{port}"));
-        adjust(s);
-    })
-    .await
-}
+use crate::helpers::oidc::{self, Provider, app_with, callback_for, configure, finish, signed_in};
+use crate::helpers::{FakeHold, FakeMachine, STAFF_PASSWORD, StaffClient, TestApp};
+use crate::helpers::{crawler, matrix};
 
 fn accounts() -> Value {
     json!({
@@ -36,81 +22,11 @@ fn accounts() -> Value {
     })
 }
 
-/// The app with acme's single sign-on through `provider`.
-pub async fn configure(app: &TestApp, provider: &Provider, passwords: poolkeeper::sso::Passwords) {
-    let secret = provider.secret_file().to_string_lossy().into_owned();
-    poolkeeper::sso::set(
-        &app.pool,
-        app.org.id,
-        &poolkeeper::sso::Setting {
-            issuer: &provider.issuer,
-            client_id: oidc::CLIENT_ID,
-            client_secret_file: &secret,
-            claim: "groups",
-            admin_value: Some("pk-admins"),
-            support_value: Some("pk-support"),
-            viewer_value: Some("pk-viewers"),
-            passwords,
-        },
-        "test",
-    )
-    .await
-    .expect("configure single sign-on");
-}
-
 async fn setup() -> (TestApp, Provider) {
     let app = app_with(|_| {}).await;
     let provider = Provider::start(&app.address, &accounts());
     configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
     (app, provider)
-}
-
-/// Starts a sign-in at `/login/sso?org=acme`: the URL of the provider it
-/// redirects to.
-async fn start(c: &StaffClient) -> String {
-    let r = c.get("/login/sso?org=acme").await;
-    assert_eq!(r.status().as_u16(), 303, "to the provider");
-    let to = r.headers()["location"]
-        .to_str()
-        .expect("location")
-        .to_owned();
-    for part in [
-        "code_challenge_method=S256",
-        "code_challenge=",
-        "state=",
-        "nonce=",
-        "scope=openid",
-    ] {
-        assert!(to.contains(part), "{part} in {to}");
-    }
-    to
-}
-
-/// The callback URL the provider sends `account` back with.
-async fn callback_for(app: &TestApp, c: &StaffClient, account: &str) -> String {
-    let to = start(c).await;
-    oidc::sign_in_at_provider(c, &app.address, &to, account).await
-}
-
-/// Requests `callback` (a full URL of the app): status and body.
-async fn finish(c: &StaffClient, callback: &str) -> (u16, String) {
-    let r = c.http.get(callback).send().await.expect("callback");
-    let status = r.status().as_u16();
-    (status, r.text().await.expect("body"))
-}
-
-/// Signs `account` in with a new client; asserts it worked.
-async fn signed_in(app: &TestApp, account: &str) -> StaffClient {
-    let c = StaffClient::new(&app.address);
-    let callback = callback_for(app, &c, account).await;
-    let (status, body) = finish(&c, &callback).await;
-    assert_eq!(status, 200, "{body}");
-    assert!(
-        body.contains("http-equiv=\"refresh\""),
-        "moves on to /: {body}"
-    );
-    assert!(c.session_cookie().is_some(), "a session");
-    c
 }
 
 /// What a refusal must leave alone: users, sessions, audit rows.
@@ -631,4 +547,126 @@ async fn first_sign_ins_at_once_make_one_user() {
         1
     );
     signed_in(&app, "ana").await;
+}
+
+// The access matrix and the crawler of the dashboard's forms with users who
+// signed in through the provider. They run here, not in the `api` binary:
+// only a sign-in through a real provider (its code, its signed ID token,
+// our callback) makes such a session, and the `api` binary has no provider;
+// a session written into the database by the test would prove nothing
+// about the sessions the callback makes.
+
+/// Every dashboard route and method as the organization's viewer, support
+/// and admin who signed in through the provider: the statuses of the
+/// password sessions' matrix, but for the sign-out, which goes on to the
+/// provider (S3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_matrix_holds_for_users_signed_in_through_the_provider() {
+    let app = app_with(|_| {}).await;
+    let provider = Provider::start(&app.address, &matrix::provider_accounts());
+    configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    let world = matrix::World::through_provider(&app).await;
+    let emails = [
+        matrix::email_of(matrix::Who::Viewer),
+        matrix::email_of(matrix::Who::Support),
+        matrix::email_of(matrix::Who::Admin),
+    ];
+    // The provider's users, made by their sign-in, never by a password.
+    let made: Vec<(String, String)> = sqlx::query_as(
+        "SELECT email, role FROM users WHERE email = ANY($1) AND sso_subject IS NOT NULL ORDER BY role",
+    )
+    .bind(&emails[..])
+    .fetch_all(&app.pool)
+    .await
+    .expect("users");
+    assert_eq!(
+        made,
+        vec![
+            (emails[2].to_owned(), "admin".to_owned()),
+            (emails[1].to_owned(), "support".to_owned()),
+            (emails[0].to_owned(), "viewer".to_owned()),
+        ]
+    );
+    let failures = matrix::dashboard_failures(&app, &world).await;
+    assert!(
+        failures.is_empty(),
+        "matrix cells that differ:\n{}",
+        failures.join("\n")
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM login_attempts WHERE email IN ('vera@acme.example', 'sam@acme.example', 'ada@acme.example')")
+            .await,
+        0,
+        "no password of theirs was used"
+    );
+}
+
+/// The crawler of the dashboard's forms as the demo organization's viewer,
+/// support and admin signed in through the provider: a provider's session
+/// finds exactly the forms a password session of its role finds, no
+/// hostile value makes an answer a 5xx, and the session survives every
+/// form.
+#[tokio::test]
+async fn every_form_survives_hostile_values_as_users_signed_in_through_the_provider() {
+    let app = app_with(|_| {}).await;
+    poolkeeper::demo::load(&app.pool).await.expect("demo");
+    let demo: i64 = sqlx::query_scalar("SELECT id FROM organizations WHERE slug = $1")
+        .bind(poolkeeper::demo::ORG)
+        .fetch_one(&app.pool)
+        .await
+        .expect("the demo organization");
+    let provider = Provider::start(
+        &app.address,
+        &json!({
+            "viv": {"email": "viv@demo.example", "name": "Viv", "groups": ["pk-viewers"]},
+            "sue": {"email": "sue@demo.example", "name": "Sue", "groups": ["pk-support"]},
+            "abe": {"email": "abe@demo.example", "name": "Abe", "groups": ["everyone", "pk-admins"]},
+        }),
+    );
+    oidc::configure_org(&app, demo, &provider, poolkeeper::sso::Passwords::On).await;
+    let values = crawler::demo_values(&app).await;
+    let mut log = crawler::Crawl::new();
+    let mut found = crawler::FormsFound::new();
+    // The admin last: its forms change the organization.
+    for (role, email, account) in [
+        ("viewer", "viewer@demo.example", "viv"),
+        ("support", "support@demo.example", "sue"),
+        ("admin", "admin@demo.example", "abe"),
+    ] {
+        let password = app.logged_in_with(email, poolkeeper::demo::PASSWORD).await;
+        let through = oidc::signed_in_to(&app, poolkeeper::demo::ORG, account).await;
+        // Both find their forms before any is submitted, which changes
+        // the organization. The password session's hostile submissions
+        // are `hostile_forms`'s.
+        let by_password = crawler::crawl(&password, &mut log).await;
+        let forms = crawler::crawl(&through, &mut log).await;
+        let keys = |forms: &[crawler::Form]| -> std::collections::BTreeSet<String> {
+            forms.iter().map(crawler::key).collect()
+        };
+        assert_eq!(
+            keys(&forms),
+            keys(&by_password),
+            "{role}: the same forms through the provider as with a password"
+        );
+        found.insert(role.to_owned(), forms.iter().map(crawler::key).collect());
+        crawler::submit_hostile(&through, &forms, &values, &mut log).await;
+        assert_eq!(through.page("/jobs").await.0, 200, "{role} still signed in");
+    }
+    crawler::as_anonymous(&app.address, &values, &mut log).await;
+    eprintln!("crawler: {} requests", log.requests);
+    crawler::assert_held(&log, &found);
+    let roles: Vec<(String, String)> = sqlx::query_as(
+        "SELECT email, role FROM users WHERE sso_subject IS NOT NULL ORDER BY email",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("users");
+    assert_eq!(
+        roles,
+        vec![
+            ("abe@demo.example".to_owned(), "admin".to_owned()),
+            ("sue@demo.example".to_owned(), "support".to_owned()),
+            ("viv@demo.example".to_owned(), "viewer".to_owned()),
+        ]
+    );
 }
