@@ -60,7 +60,11 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
     let c = signed_in(&app, "ana").await;
     let (status, body) = c.page("/").await;
     assert_eq!(status, 200);
-    assert!(body.contains("ana@corp.example"), "{body}");
+    // The layout shows the provider's name beside the email.
+    assert!(
+        body.contains("Ana &lt;ana@corp.example&gt;"),
+        "the name beside the email: {body}"
+    );
     // S1: made at the first sign-in, with the provider's subject, audited.
     let (role, subject): (String, Option<String>) =
         sqlx::query_as("SELECT role, sso_subject FROM users WHERE email = 'ana@corp.example'")
@@ -118,6 +122,29 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
     assert_eq!(actor, "ana@corp.example");
     assert!(detail.contains("customer changed plan"), "{detail}");
     assert!(detail.contains("subject \"ana\""), "{detail}");
+    // The audit log keeps the name beside the email of what she did, and
+    // shows it; not beside a failed password typed for her email, which
+    // anyone may have typed.
+    let names: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT action, actor_name FROM audit_log WHERE actor = 'ana@corp.example' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("audit");
+    let named = |name: Option<&str>| name.map(str::to_owned);
+    assert_eq!(
+        names,
+        vec![
+            ("user.add".to_owned(), named(Some("Ana"))),
+            ("login".to_owned(), named(Some("Ana"))),
+            ("login_failed".to_owned(), named(None)),
+            ("reservation.cancel".to_owned(), named(Some("Ana"))),
+        ]
+    );
+    let admin = app.staff("root@acme.example", "admin").await;
+    let (status, audit) = admin.page("/audit").await;
+    assert_eq!(status, 200);
+    assert!(audit.contains("Ana &lt;ana@corp.example&gt;"), "{audit}");
     // A second sign-in finds the same user.
     signed_in(&app, "ana").await;
     assert_eq!(
@@ -125,6 +152,8 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
             .await,
         1
     );
+    // Completed sign-ins do not count against their address's bound.
+    assert_eq!(app.count("SELECT count(*) FROM sso_starts").await, 0);
 }
 
 #[tokio::test]
@@ -148,6 +177,8 @@ async fn no_mapped_group_is_a_403_that_says_what_was_seen_and_expected() {
         assert!(c.session_cookie().is_none());
     }
     assert_eq!(written(&app).await, before, "nothing written");
+    // Refused sign-ins still count against their address's bound.
+    assert_eq!(app.count("SELECT count(*) FROM sso_starts").await, 2);
 }
 
 #[tokio::test]
@@ -160,8 +191,33 @@ async fn roles_are_recomputed_at_every_sign_in() {
     let mut moved = accounts();
     moved["di"]["groups"] = json!(["pk-viewers"]);
     provider.set_accounts(&moved);
+    // Renamed at the provider too: the name is recomputed with the role.
+    moved["di"]["name"] = json!("Di Renamed");
+    provider.set_accounts(&moved);
     let second = signed_in(&app, "di").await;
     assert_eq!(role_of(&app, "di@corp.example").await, "viewer");
+    assert!(
+        second
+            .page("/")
+            .await
+            .1
+            .contains("Di Renamed &lt;di@corp.example&gt;")
+    );
+    // No name claim: the email is the name, shown once.
+    moved["di"]
+        .as_object_mut()
+        .expect("an account")
+        .remove("name");
+    moved["di"]["groups"] = json!(["pk-viewers"]);
+    provider.set_accounts(&moved);
+    let third = signed_in(&app, "di").await;
+    let name: Option<String> =
+        sqlx::query_scalar("SELECT display_name FROM users WHERE email = 'di@corp.example'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("the user");
+    assert_eq!(name.as_deref(), Some("di@corp.example"));
+    assert!(!third.page("/").await.1.contains("&lt;di@corp.example&gt;"));
     assert_eq!(second.page("/settings").await.0, 403);
     // The role is the user's: the earlier session is a viewer's too.
     assert_eq!(first.page("/settings").await.0, 403);
@@ -424,6 +480,8 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
         "admin=ops",
         "--role",
         "viewer=staff",
+        "--role",
+        "admin=cn=sre,ou=groups,dc=corp",
         "--passwords",
         "admins",
     ]);
@@ -435,8 +493,11 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
     );
     assert!(!said.contains("warning"), "discovery worked: {said}");
     assert!(!said.contains(oidc::CLIENT_SECRET), "{said}");
-    let stored: (String, Option<String>, Option<String>, String) = sqlx::query_as(
-        "SELECT claim, admin_value, support_value, passwords FROM org_sso WHERE org_id = $1",
+    // Several values for one role, each taken whole (commas and all); the
+    // single-value column keeps the first, for the previous release.
+    let stored: (String, Vec<String>, Vec<String>, Option<String>, String) = sqlx::query_as(
+        "SELECT claim, admin_values, support_values, admin_value, passwords FROM org_sso
+          WHERE org_id = $1",
     )
     .bind(app.org.id)
     .fetch_one(&app.pool)
@@ -444,9 +505,20 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
     .expect("stored");
     assert_eq!(
         stored,
-        ("roles".into(), Some("ops".into()), None, "admins".into())
+        (
+            "roles".into(),
+            vec!["ops".into(), "cn=sre,ou=groups,dc=corp".into()],
+            vec![],
+            Some("ops".into()),
+            "admins".into()
+        )
     );
-    // Refused, and nothing changed: a plain http issuer, a role twice, no role.
+    assert!(
+        said.contains(r#"admin: "ops" or "cn=sre,ou=groups,dc=corp", viewer: "staff""#),
+        "{said}"
+    );
+    // Refused, and nothing changed: a plain http issuer, a value twice for
+    // one role, one value for two roles, no role.
     for bad in [
         vec!["--issuer", "http://idp.example", "--role", "admin=x"],
         vec![
@@ -455,7 +527,15 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
             "--role",
             "admin=x",
             "--role",
-            "admin=y",
+            "admin=x",
+        ],
+        vec![
+            "--issuer",
+            provider.issuer.as_str(),
+            "--role",
+            "admin=x",
+            "--role",
+            "viewer=x",
         ],
         vec!["--issuer", provider.issuer.as_str()],
     ] {
@@ -669,4 +749,45 @@ async fn every_form_survives_hostile_values_as_users_signed_in_through_the_provi
             ("viv@demo.example".to_owned(), "viewer".to_owned()),
         ]
     );
+}
+
+/// S1: a role given by several values of the claim: any one of them gives
+/// it, a user's highest wins.
+#[tokio::test]
+async fn any_of_a_roles_several_values_gives_it() {
+    let app = app_with(|_| {}).await;
+    let provider = Provider::start(
+        &app.address,
+        &json!({
+            "eve": {"email": "eve@corp.example", "groups": ["sre"]},
+            "fay": {"email": "fay@corp.example", "groups": ["contractors"]},
+            "gus": {"email": "gus@corp.example", "groups": ["contractors", "pk-admins"]},
+        }),
+    );
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    poolkeeper::sso::set(
+        &app.pool,
+        app.org.id,
+        &poolkeeper::sso::Setting {
+            issuer: &provider.issuer,
+            client_id: oidc::CLIENT_ID,
+            client_secret_file: &secret,
+            claim: "groups",
+            admin_values: &["pk-admins", "sre"],
+            support_values: &[],
+            viewer_values: &["pk-viewers", "contractors"],
+            passwords: poolkeeper::sso::Passwords::On,
+        },
+        "test",
+    )
+    .await
+    .expect("configure");
+    for (account, role) in [("eve", "admin"), ("fay", "viewer"), ("gus", "admin")] {
+        signed_in(&app, account).await;
+        assert_eq!(
+            role_of(&app, &format!("{account}@corp.example")).await,
+            role,
+            "{account}"
+        );
+    }
 }
