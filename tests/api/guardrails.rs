@@ -111,6 +111,7 @@ async fn openapi_operations(app: &TestApp) -> BTreeSet<(String, String)> {
     ops
 }
 
+/// One API cell.
 /// Its status, or the HEAD's difference from the GET (GET cells).
 async fn api_cell(
     app: &TestApp,

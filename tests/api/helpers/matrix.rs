@@ -442,8 +442,6 @@ impl Answer {
     }
 }
 
-/// One API cell.
-
 /// Every dashboard cell of `DASHBOARD` asked as each of `WHO` in `world`:
 /// the cells that differ from the table, described. S3 is the one
 /// difference a provider's session makes: its sign-out answers 200, the
