@@ -17,11 +17,15 @@ pub struct Entry<'a> {
 }
 
 /// Writes `entry` on `conn`, so that a caller holding a transaction makes
-/// the audit row commit (or roll back) with the action it records.
+/// the audit row commit (or roll back) with the action it records. The
+/// actor's name (S1: from their provider's last sign-in) is kept beside
+/// the email as it is now, when the actor is a user of the organization
+/// that has one.
 pub async fn record(conn: &mut PgConnection, entry: &Entry<'_>) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO audit_log (org_id, actor, action, object, source_addr, detail)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+        "INSERT INTO audit_log (org_id, actor, action, object, source_addr, detail, actor_name)
+         VALUES ($1, $2, $3, $4, $5, $6,
+                 (SELECT display_name FROM users WHERE email = $2 AND org_id = $1))",
     )
     .bind(entry.org_id)
     .bind(entry.actor)
@@ -39,6 +43,8 @@ pub struct Row {
     pub id: i64,
     pub at: DateTime<Utc>,
     pub actor: String,
+    /// The actor's name when the entry was written, if they had one.
+    pub actor_name: Option<String>,
     pub action: String,
     pub object: Option<String>,
     pub source_addr: Option<String>,
@@ -55,7 +61,7 @@ pub async fn page(
     limit: i64,
 ) -> Result<Vec<Row>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, at, actor, action, object, source_addr, detail
+        "SELECT id, at, actor, actor_name, action, object, source_addr, detail
            FROM audit_log
           WHERE org_id = $1 AND ($2::bigint IS NULL OR id < $2)
           ORDER BY id DESC

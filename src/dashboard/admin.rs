@@ -20,6 +20,8 @@ const AUDIT_PAGE: i64 = 50;
 pub struct AuditView {
     pub at: String,
     pub actor: String,
+    /// S1: the actor's name beside the email, when it is not the email.
+    pub actor_name: Option<String>,
     pub action: String,
     pub object: String,
     pub source_addr: String,
@@ -58,6 +60,7 @@ pub(crate) async fn audit_log(
             .into_iter()
             .map(|r| AuditView {
                 at: fmt_time(&r.at),
+                actor_name: r.actor_name.filter(|name| *name != r.actor),
                 actor: r.actor,
                 action: r.action,
                 object: r.object.unwrap_or_default(),

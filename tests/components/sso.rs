@@ -9,23 +9,9 @@
 
 use serde_json::{Value, json};
 
-use crate::helpers::oidc::{self, Provider};
-use crate::helpers::{FakeHold, FakeMachine, STAFF_PASSWORD, StaffClient, TestApp, spawn_app_with};
-
-/// The app on a port chosen first, so that its public URL (the redirect
-/// URI the provider must know) can be set before it starts.
-pub async fn app_with(adjust: impl FnOnce(&mut poolkeeper::settings::Settings)) -> TestApp {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    spawn_app_with(|s| {
-        s.bind = format!("127.0.0.1:{port}").parse().expect("address");
-        s.public_url = Some(format!("http://127.0.0.1:{port}"));
-        adjust(s);
-    })
-    .await
-}
+use crate::helpers::oidc::{self, Provider, app_with, callback_for, configure, finish, signed_in};
+use crate::helpers::{FakeHold, FakeMachine, STAFF_PASSWORD, StaffClient, TestApp};
+use crate::helpers::{crawler, matrix};
 
 fn accounts() -> Value {
     json!({
@@ -36,81 +22,11 @@ fn accounts() -> Value {
     })
 }
 
-/// The app with acme's single sign-on through `provider`.
-pub async fn configure(app: &TestApp, provider: &Provider, passwords: poolkeeper::sso::Passwords) {
-    let secret = provider.secret_file().to_string_lossy().into_owned();
-    poolkeeper::sso::set(
-        &app.pool,
-        app.org.id,
-        &poolkeeper::sso::Setting {
-            issuer: &provider.issuer,
-            client_id: oidc::CLIENT_ID,
-            client_secret_file: &secret,
-            claim: "groups",
-            admin_value: Some("pk-admins"),
-            support_value: Some("pk-support"),
-            viewer_value: Some("pk-viewers"),
-            passwords,
-        },
-        "test",
-    )
-    .await
-    .expect("configure single sign-on");
-}
-
 async fn setup() -> (TestApp, Provider) {
     let app = app_with(|_| {}).await;
     let provider = Provider::start(&app.address, &accounts());
     configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
     (app, provider)
-}
-
-/// Starts a sign-in at `/login/sso?org=acme`: the URL of the provider it
-/// redirects to.
-async fn start(c: &StaffClient) -> String {
-    let r = c.get("/login/sso?org=acme").await;
-    assert_eq!(r.status().as_u16(), 303, "to the provider");
-    let to = r.headers()["location"]
-        .to_str()
-        .expect("location")
-        .to_owned();
-    for part in [
-        "code_challenge_method=S256",
-        "code_challenge=",
-        "state=",
-        "nonce=",
-        "scope=openid",
-    ] {
-        assert!(to.contains(part), "{part} in {to}");
-    }
-    to
-}
-
-/// The callback URL the provider sends `account` back with.
-async fn callback_for(app: &TestApp, c: &StaffClient, account: &str) -> String {
-    let to = start(c).await;
-    oidc::sign_in_at_provider(c, &app.address, &to, account).await
-}
-
-/// Requests `callback` (a full URL of the app): status and body.
-async fn finish(c: &StaffClient, callback: &str) -> (u16, String) {
-    let r = c.http.get(callback).send().await.expect("callback");
-    let status = r.status().as_u16();
-    (status, r.text().await.expect("body"))
-}
-
-/// Signs `account` in with a new client; asserts it worked.
-async fn signed_in(app: &TestApp, account: &str) -> StaffClient {
-    let c = StaffClient::new(&app.address);
-    let callback = callback_for(app, &c, account).await;
-    let (status, body) = finish(&c, &callback).await;
-    assert_eq!(status, 200, "{body}");
-    assert!(
-        body.contains("http-equiv=\"refresh\""),
-        "moves on to /: {body}"
-    );
-    assert!(c.session_cookie().is_some(), "a session");
-    c
 }
 
 /// What a refusal must leave alone: users, sessions, audit rows.
@@ -144,7 +60,11 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
     let c = signed_in(&app, "ana").await;
     let (status, body) = c.page("/").await;
     assert_eq!(status, 200);
-    assert!(body.contains("ana@corp.example"), "{body}");
+    // The layout shows the provider's name beside the email.
+    assert!(
+        body.contains("Ana &lt;ana@corp.example&gt;"),
+        "the name beside the email: {body}"
+    );
     // S1: made at the first sign-in, with the provider's subject, audited.
     let (role, subject): (String, Option<String>) =
         sqlx::query_as("SELECT role, sso_subject FROM users WHERE email = 'ana@corp.example'")
@@ -202,6 +122,29 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
     assert_eq!(actor, "ana@corp.example");
     assert!(detail.contains("customer changed plan"), "{detail}");
     assert!(detail.contains("subject \"ana\""), "{detail}");
+    // The audit log keeps the name beside the email of what she did, and
+    // shows it; not beside a failed password typed for her email, which
+    // anyone may have typed.
+    let names: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT action, actor_name FROM audit_log WHERE actor = 'ana@corp.example' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("audit");
+    let named = |name: Option<&str>| name.map(str::to_owned);
+    assert_eq!(
+        names,
+        vec![
+            ("user.add".to_owned(), named(Some("Ana"))),
+            ("login".to_owned(), named(Some("Ana"))),
+            ("login_failed".to_owned(), named(None)),
+            ("reservation.cancel".to_owned(), named(Some("Ana"))),
+        ]
+    );
+    let admin = app.staff("root@acme.example", "admin").await;
+    let (status, audit) = admin.page("/audit").await;
+    assert_eq!(status, 200);
+    assert!(audit.contains("Ana &lt;ana@corp.example&gt;"), "{audit}");
     // A second sign-in finds the same user.
     signed_in(&app, "ana").await;
     assert_eq!(
@@ -209,6 +152,8 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
             .await,
         1
     );
+    // Completed sign-ins do not count against their address's bound.
+    assert_eq!(app.count("SELECT count(*) FROM sso_starts").await, 0);
 }
 
 #[tokio::test]
@@ -232,6 +177,8 @@ async fn no_mapped_group_is_a_403_that_says_what_was_seen_and_expected() {
         assert!(c.session_cookie().is_none());
     }
     assert_eq!(written(&app).await, before, "nothing written");
+    // Refused sign-ins still count against their address's bound.
+    assert_eq!(app.count("SELECT count(*) FROM sso_starts").await, 2);
 }
 
 #[tokio::test]
@@ -244,8 +191,33 @@ async fn roles_are_recomputed_at_every_sign_in() {
     let mut moved = accounts();
     moved["di"]["groups"] = json!(["pk-viewers"]);
     provider.set_accounts(&moved);
+    // Renamed at the provider too: the name is recomputed with the role.
+    moved["di"]["name"] = json!("Di Renamed");
+    provider.set_accounts(&moved);
     let second = signed_in(&app, "di").await;
     assert_eq!(role_of(&app, "di@corp.example").await, "viewer");
+    assert!(
+        second
+            .page("/")
+            .await
+            .1
+            .contains("Di Renamed &lt;di@corp.example&gt;")
+    );
+    // No name claim: the email is the name, shown once.
+    moved["di"]
+        .as_object_mut()
+        .expect("an account")
+        .remove("name");
+    moved["di"]["groups"] = json!(["pk-viewers"]);
+    provider.set_accounts(&moved);
+    let third = signed_in(&app, "di").await;
+    let name: Option<String> =
+        sqlx::query_scalar("SELECT display_name FROM users WHERE email = 'di@corp.example'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("the user");
+    assert_eq!(name.as_deref(), Some("di@corp.example"));
+    assert!(!third.page("/").await.1.contains("&lt;di@corp.example&gt;"));
     assert_eq!(second.page("/settings").await.0, 403);
     // The role is the user's: the earlier session is a viewer's too.
     assert_eq!(first.page("/settings").await.0, 403);
@@ -508,6 +480,8 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
         "admin=ops",
         "--role",
         "viewer=staff",
+        "--role",
+        "admin=cn=sre,ou=groups,dc=corp",
         "--passwords",
         "admins",
     ]);
@@ -519,8 +493,11 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
     );
     assert!(!said.contains("warning"), "discovery worked: {said}");
     assert!(!said.contains(oidc::CLIENT_SECRET), "{said}");
-    let stored: (String, Option<String>, Option<String>, String) = sqlx::query_as(
-        "SELECT claim, admin_value, support_value, passwords FROM org_sso WHERE org_id = $1",
+    // Several values for one role, each taken whole (commas and all); the
+    // single-value column keeps the first, for the previous release.
+    let stored: (String, Vec<String>, Vec<String>, Option<String>, String) = sqlx::query_as(
+        "SELECT claim, admin_values, support_values, admin_value, passwords FROM org_sso
+          WHERE org_id = $1",
     )
     .bind(app.org.id)
     .fetch_one(&app.pool)
@@ -528,9 +505,20 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
     .expect("stored");
     assert_eq!(
         stored,
-        ("roles".into(), Some("ops".into()), None, "admins".into())
+        (
+            "roles".into(),
+            vec!["ops".into(), "cn=sre,ou=groups,dc=corp".into()],
+            vec![],
+            Some("ops".into()),
+            "admins".into()
+        )
     );
-    // Refused, and nothing changed: a plain http issuer, a role twice, no role.
+    assert!(
+        said.contains(r#"admin: "ops" or "cn=sre,ou=groups,dc=corp", viewer: "staff""#),
+        "{said}"
+    );
+    // Refused, and nothing changed: a plain http issuer, a value twice for
+    // one role, one value for two roles, no role.
     for bad in [
         vec!["--issuer", "http://idp.example", "--role", "admin=x"],
         vec![
@@ -539,7 +527,15 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
             "--role",
             "admin=x",
             "--role",
-            "admin=y",
+            "admin=x",
+        ],
+        vec![
+            "--issuer",
+            provider.issuer.as_str(),
+            "--role",
+            "admin=x",
+            "--role",
+            "viewer=x",
         ],
         vec!["--issuer", provider.issuer.as_str()],
     ] {
@@ -631,4 +627,167 @@ async fn first_sign_ins_at_once_make_one_user() {
         1
     );
     signed_in(&app, "ana").await;
+}
+
+// The access matrix and the crawler of the dashboard's forms with users who
+// signed in through the provider. They run here, not in the `api` binary:
+// only a sign-in through a real provider (its code, its signed ID token,
+// our callback) makes such a session, and the `api` binary has no provider;
+// a session written into the database by the test would prove nothing
+// about the sessions the callback makes.
+
+/// Every dashboard route and method as the organization's viewer, support
+/// and admin who signed in through the provider: the statuses of the
+/// password sessions' matrix, but for the sign-out, which goes on to the
+/// provider (S3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_matrix_holds_for_users_signed_in_through_the_provider() {
+    let app = app_with(|_| {}).await;
+    let provider = Provider::start(&app.address, &matrix::provider_accounts());
+    configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    let world = matrix::World::through_provider(&app).await;
+    let emails = [
+        matrix::email_of(matrix::Who::Viewer),
+        matrix::email_of(matrix::Who::Support),
+        matrix::email_of(matrix::Who::Admin),
+    ];
+    // The provider's users, made by their sign-in, never by a password.
+    let made: Vec<(String, String)> = sqlx::query_as(
+        "SELECT email, role FROM users WHERE email = ANY($1) AND sso_subject IS NOT NULL ORDER BY role",
+    )
+    .bind(&emails[..])
+    .fetch_all(&app.pool)
+    .await
+    .expect("users");
+    assert_eq!(
+        made,
+        vec![
+            (emails[2].to_owned(), "admin".to_owned()),
+            (emails[1].to_owned(), "support".to_owned()),
+            (emails[0].to_owned(), "viewer".to_owned()),
+        ]
+    );
+    let failures = matrix::dashboard_failures(&app, &world).await;
+    assert!(
+        failures.is_empty(),
+        "matrix cells that differ:\n{}",
+        failures.join("\n")
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM login_attempts WHERE email IN ('vera@acme.example', 'sam@acme.example', 'ada@acme.example')")
+            .await,
+        0,
+        "no password of theirs was used"
+    );
+}
+
+/// The crawler of the dashboard's forms as the demo organization's viewer,
+/// support and admin signed in through the provider: a provider's session
+/// finds exactly the forms a password session of its role finds, no
+/// hostile value makes an answer a 5xx, and the session survives every
+/// form.
+#[tokio::test]
+async fn every_form_survives_hostile_values_as_users_signed_in_through_the_provider() {
+    let app = app_with(|_| {}).await;
+    poolkeeper::demo::load(&app.pool).await.expect("demo");
+    let demo: i64 = sqlx::query_scalar("SELECT id FROM organizations WHERE slug = $1")
+        .bind(poolkeeper::demo::ORG)
+        .fetch_one(&app.pool)
+        .await
+        .expect("the demo organization");
+    let provider = Provider::start(
+        &app.address,
+        &json!({
+            "viv": {"email": "viv@demo.example", "name": "Viv", "groups": ["pk-viewers"]},
+            "sue": {"email": "sue@demo.example", "name": "Sue", "groups": ["pk-support"]},
+            "abe": {"email": "abe@demo.example", "name": "Abe", "groups": ["everyone", "pk-admins"]},
+        }),
+    );
+    oidc::configure_org(&app, demo, &provider, poolkeeper::sso::Passwords::On).await;
+    let values = crawler::demo_values(&app).await;
+    let mut log = crawler::Crawl::new();
+    let mut found = crawler::FormsFound::new();
+    // The admin last: its forms change the organization.
+    for (role, email, account) in [
+        ("viewer", "viewer@demo.example", "viv"),
+        ("support", "support@demo.example", "sue"),
+        ("admin", "admin@demo.example", "abe"),
+    ] {
+        let password = app.logged_in_with(email, poolkeeper::demo::PASSWORD).await;
+        let through = oidc::signed_in_to(&app, poolkeeper::demo::ORG, account).await;
+        // Both find their forms before any is submitted, which changes
+        // the organization. The password session's hostile submissions
+        // are `hostile_forms`'s.
+        let by_password = crawler::crawl(&password, &mut log).await;
+        let forms = crawler::crawl(&through, &mut log).await;
+        let keys = |forms: &[crawler::Form]| -> std::collections::BTreeSet<String> {
+            forms.iter().map(crawler::key).collect()
+        };
+        assert_eq!(
+            keys(&forms),
+            keys(&by_password),
+            "{role}: the same forms through the provider as with a password"
+        );
+        found.insert(role.to_owned(), forms.iter().map(crawler::key).collect());
+        crawler::submit_hostile(&through, &forms, &values, &mut log).await;
+        assert_eq!(through.page("/jobs").await.0, 200, "{role} still signed in");
+    }
+    crawler::as_anonymous(&app.address, &values, &mut log).await;
+    eprintln!("crawler: {} requests", log.requests);
+    crawler::assert_held(&log, &found);
+    let roles: Vec<(String, String)> = sqlx::query_as(
+        "SELECT email, role FROM users WHERE sso_subject IS NOT NULL ORDER BY email",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("users");
+    assert_eq!(
+        roles,
+        vec![
+            ("abe@demo.example".to_owned(), "admin".to_owned()),
+            ("sue@demo.example".to_owned(), "support".to_owned()),
+            ("viv@demo.example".to_owned(), "viewer".to_owned()),
+        ]
+    );
+}
+
+/// S1: a role given by several values of the claim: any one of them gives
+/// it, a user's highest wins.
+#[tokio::test]
+async fn any_of_a_roles_several_values_gives_it() {
+    let app = app_with(|_| {}).await;
+    let provider = Provider::start(
+        &app.address,
+        &json!({
+            "eve": {"email": "eve@corp.example", "groups": ["sre"]},
+            "fay": {"email": "fay@corp.example", "groups": ["contractors"]},
+            "gus": {"email": "gus@corp.example", "groups": ["contractors", "pk-admins"]},
+        }),
+    );
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    poolkeeper::sso::set(
+        &app.pool,
+        app.org.id,
+        &poolkeeper::sso::Setting {
+            issuer: &provider.issuer,
+            client_id: oidc::CLIENT_ID,
+            client_secret_file: &secret,
+            claim: "groups",
+            admin_values: &["pk-admins", "sre"],
+            support_values: &[],
+            viewer_values: &["pk-viewers", "contractors"],
+            passwords: poolkeeper::sso::Passwords::On,
+        },
+        "test",
+    )
+    .await
+    .expect("configure");
+    for (account, role) in [("eve", "admin"), ("fay", "viewer"), ("gus", "admin")] {
+        signed_in(&app, account).await;
+        assert_eq!(
+            role_of(&app, &format!("{account}@corp.example")).await,
+            role,
+            "{account}"
+        );
+    }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::StaffClient;
+use super::{StaffClient, TestApp, spawn_app_with};
 
 pub const CLIENT_ID: &str = "poolkeeper";
 pub const CLIENT_SECRET: &str = "the-tests-client-secret-0123456789abcdef";
@@ -270,4 +270,112 @@ pub async fn sign_in_at_provider(
         url = next;
     }
     panic!("the provider never sent the browser back to {app}");
+}
+
+/// The app on a port chosen first, so that its public URL (the redirect
+/// URI the provider must know) can be set before it starts.
+pub async fn app_with(adjust: impl FnOnce(&mut poolkeeper::settings::Settings)) -> TestApp {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    spawn_app_with(|s| {
+        s.bind = format!("127.0.0.1:{port}").parse().expect("address");
+        s.public_url = Some(format!("http://127.0.0.1:{port}"));
+        adjust(s);
+    })
+    .await
+}
+
+/// The app with acme's single sign-on through `provider`.
+pub async fn configure(app: &TestApp, provider: &Provider, passwords: poolkeeper::sso::Passwords) {
+    configure_org(app, app.org.id, provider, passwords).await;
+}
+
+/// Organization `org_id`'s single sign-on through `provider`: the groups
+/// pk-admins, pk-support and pk-viewers give admin, support and viewer.
+pub async fn configure_org(
+    app: &TestApp,
+    org_id: i64,
+    provider: &Provider,
+    passwords: poolkeeper::sso::Passwords,
+) {
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    poolkeeper::sso::set(
+        &app.pool,
+        org_id,
+        &poolkeeper::sso::Setting {
+            issuer: &provider.issuer,
+            client_id: CLIENT_ID,
+            client_secret_file: &secret,
+            claim: "groups",
+            admin_values: &["pk-admins"],
+            support_values: &["pk-support"],
+            viewer_values: &["pk-viewers"],
+            passwords,
+        },
+        "test",
+    )
+    .await
+    .expect("configure single sign-on");
+}
+
+/// Starts a sign-in at `/login/sso?org=acme`: the URL of the provider it
+/// redirects to.
+pub async fn start(c: &StaffClient) -> String {
+    start_for(c, "acme").await
+}
+
+/// Starts a sign-in to the organization `slug`: the provider's URL.
+pub async fn start_for(c: &StaffClient, slug: &str) -> String {
+    let r = c.get(&format!("/login/sso?org={slug}")).await;
+    assert_eq!(r.status().as_u16(), 303, "to the provider");
+    let to = r.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    for part in [
+        "code_challenge_method=S256",
+        "code_challenge=",
+        "state=",
+        "nonce=",
+        "scope=openid",
+    ] {
+        assert!(to.contains(part), "{part} in {to}");
+    }
+    to
+}
+
+/// The callback URL the provider sends `account` back with.
+pub async fn callback_for(app: &TestApp, c: &StaffClient, account: &str) -> String {
+    let to = start(c).await;
+    sign_in_at_provider(c, &app.address, &to, account).await
+}
+
+/// Requests `callback` (a full URL of the app): status and body.
+pub async fn finish(c: &StaffClient, callback: &str) -> (u16, String) {
+    let r = c.http.get(callback).send().await.expect("callback");
+    let status = r.status().as_u16();
+    (status, r.text().await.expect("body"))
+}
+
+/// Signs `account` in to acme with a new client; asserts it worked.
+pub async fn signed_in(app: &TestApp, account: &str) -> StaffClient {
+    signed_in_to(app, "acme", account).await
+}
+
+/// Signs `account` in to the organization `slug` with a new client through
+/// the provider (no password); asserts it worked.
+pub async fn signed_in_to(app: &TestApp, slug: &str, account: &str) -> StaffClient {
+    let c = StaffClient::new(&app.address);
+    let to = start_for(&c, slug).await;
+    let callback = sign_in_at_provider(&c, &app.address, &to, account).await;
+    let (status, body) = finish(&c, &callback).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("http-equiv=\"refresh\""),
+        "moves on to /: {body}"
+    );
+    assert!(c.session_cookie().is_some(), "a session");
+    c
 }
