@@ -4,7 +4,7 @@
 //! finds every form reachable from the overview as viewer, support and
 //! admin and submits each one with hostile values, one field at a time.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use scraper::{Html, Selector};
 
@@ -214,11 +214,6 @@ async fn every_form_survives_hostile_values_as_every_role() {
         started.elapsed()
     );
     crawler::assert_held(&log, &found);
-    assert!(
-        started.elapsed() < Duration::from_secs(120),
-        "kept fast: {:?}",
-        started.elapsed()
-    );
 }
 
 /// A browser sends a textarea's lines as CRLF: a reason typed on two lines
