@@ -6,11 +6,47 @@ use crate::db::Db;
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
+crate::domain::closed_set! {
+    /// What an audit row records: its name in the log (the `action` column,
+    /// the same whether the dashboard, the API or the command line did it)
+    /// and its words for people on the audit page.
+    pub enum AuditAction("action") {
+        Login = "login", "signed in";
+        LoginFailed = "login_failed", "failed to sign in";
+        LoginThrottled = "login_throttled", "was refused sign-in: too many failures";
+        LoginRefusedSso = "login_refused_sso", "was refused a password sign-in: single sign-on only";
+        Logout = "logout", "signed out";
+        UserAdd = "user.add", "added a user";
+        UserDisable = "user.disable", "disabled a user";
+        UserRoleChanged = "user.role_changed", "had their role changed by the provider";
+        TokenCreate = "token.create", "created an API token";
+        TokenRevoke = "token.revoke", "revoked an API token";
+        ReservationCancel = "reservation.cancel", "cancelled a reservation";
+        ReservationConvert = "reservation.convert", "converted a reservation";
+        ReservationExtend = "reservation.extend", "extended a hold";
+        OrderCancel = "order.cancel", "cancelled an order";
+        OrderConvert = "order.convert", "converted an order";
+        OrderExtend = "order.extend", "extended an order's hold";
+        MachineStatus = "machine.status", "changed machines' status";
+        OrgDatacenterEnabled = "org.datacenter_enabled", "switched the datacenter module";
+        OrgExpiryWarning = "org.expiry_warning", "set the expiry warning";
+        OrgCustomerHoldLimit = "org.customer_hold_limit", "set the cap on a customer's holds";
+        OrgRepairsSegment = "org.repairs_segment", "set the repairs segment";
+        OrgWebhookSet = "org.webhook_set", "set the webhook";
+        OrgWebhookSecretRotated = "org.webhook_secret_rotated", "rotated the webhook's secret";
+        OrgWebhookRemoved = "org.webhook_removed", "removed the webhook";
+        HeadroomSet = "headroom.set", "set a pool's headroom";
+        HeadroomRemoved = "headroom.removed", "removed a pool's headroom";
+        OrgSsoSet = "org.sso_set", "configured single sign-on";
+        OrgSsoRemoved = "org.sso_removed", "removed single sign-on";
+    }
+}
+
 /// One audit row to write.
 pub struct Entry<'a> {
     pub org_id: Option<i64>,
     pub actor: &'a str,
-    pub action: &'a str,
+    pub action: AuditAction,
     pub object: &'a str,
     pub source_addr: &'a str,
     pub detail: Option<&'a str>,
@@ -29,7 +65,7 @@ pub async fn record(conn: &mut PgConnection, entry: &Entry<'_>) -> Result<(), sq
     )
     .bind(entry.org_id)
     .bind(entry.actor)
-    .bind(entry.action)
+    .bind(entry.action.as_str())
     .bind(entry.object)
     .bind(entry.source_addr)
     .bind(entry.detail)

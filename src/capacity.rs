@@ -337,13 +337,20 @@ impl Change {
     /// The audit log's name of a change that wrote something, the same
     /// for the API and the dashboard.
     /// With its detail: what the pool keeps now.
-    pub fn audit(self, machines: i32, segment: &Segment) -> Option<(&'static str, String)> {
+    pub fn audit(
+        self,
+        machines: i32,
+        segment: &Segment,
+    ) -> Option<(crate::audit::AuditAction, String)> {
         match self {
             Change::Set => Some((
-                "headroom.set",
+                crate::audit::AuditAction::HeadroomSet,
                 format!("{machines} {} kept for {segment}", machine_s(machines)),
             )),
-            Change::Removed => Some(("headroom.removed", format!("nothing kept for {segment}"))),
+            Change::Removed => Some((
+                crate::audit::AuditAction::HeadroomRemoved,
+                format!("nothing kept for {segment}"),
+            )),
             Change::Unchanged | Change::NoSuchPool => None,
         }
     }

@@ -368,7 +368,7 @@ pub async fn set(db: &Db, org_id: i64, setting: &Setting<'_>, actor: &str) -> Re
         &crate::audit::Entry {
             org_id: Some(org_id),
             actor,
-            action: "org.sso_set",
+            action: crate::audit::AuditAction::OrgSsoSet,
             object: &format!("org:{org_id}"),
             source_addr: "command line",
             detail: Some(&detail),
@@ -400,7 +400,7 @@ pub async fn remove(db: &Db, org_id: i64, actor: &str) -> Result<bool, sqlx::Err
             &crate::audit::Entry {
                 org_id: Some(org_id),
                 actor,
-                action: "org.sso_removed",
+                action: crate::audit::AuditAction::OrgSsoRemoved,
                 object: &format!("org:{org_id}"),
                 source_addr: "command line",
                 detail: None,

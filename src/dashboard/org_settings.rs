@@ -4,6 +4,7 @@
 //! organization's webhook: its URL, its signing secret, its backlog and
 //! last failures.
 
+use super::layout::Flash;
 use crate::db::Db;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -287,7 +288,7 @@ pub(crate) async fn save(
             &mut tx,
             &req,
             &staff,
-            "org.expiry_warning",
+            crate::audit::AuditAction::OrgExpiryWarning,
             &format!("org:{}", staff.org_id),
             Some(&format!("{seconds} s before a deadline")),
         )
@@ -299,7 +300,7 @@ pub(crate) async fn save(
         &mut tx,
         &req,
         &staff,
-        "org.datacenter_enabled",
+        crate::audit::AuditAction::OrgDatacenterEnabled,
         &format!("org:{}", staff.org_id),
         Some(if enabled { "on" } else { "off" }),
     )
@@ -315,7 +316,7 @@ pub(crate) async fn save(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=settings_saved"))
+    Ok(see_other(&Flash::SettingsSaved.after("/settings")))
 }
 
 /// R19's cap, with its audit row when it changed.
@@ -345,7 +346,7 @@ async fn save_hold_limit(
             conn,
             req,
             staff,
-            "org.customer_hold_limit",
+            crate::audit::AuditAction::OrgCustomerHoldLimit,
             &object,
             Some(&detail),
         )
@@ -377,7 +378,7 @@ async fn save_repairs_segment(
             conn,
             req,
             staff,
-            "org.repairs_segment",
+            crate::audit::AuditAction::OrgRepairsSegment,
             &object,
             Some(segment.unwrap_or("none")),
         )
@@ -453,7 +454,7 @@ async fn set_webhook(
         &mut tx,
         req,
         staff,
-        "org.webhook_set",
+        crate::audit::AuditAction::OrgWebhookSet,
         &object,
         Some(url.as_str()),
     )
@@ -468,7 +469,7 @@ async fn set_webhook(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=webhook_saved"))
+    Ok(see_other(&Flash::WebhookSaved.after("/settings")))
 }
 
 /// `rotate`: a new signing secret.
@@ -479,14 +480,14 @@ async fn rotate_webhook_secret(
 ) -> Result<HttpResponse, DashError> {
     let mut tx = pool.begin().await?;
     if !webhooks::rotate_secret_on(&mut tx, staff.org_id, &staff.email).await? {
-        return Ok(see_other("/settings?flash=webhook_absent"));
+        return Ok(see_other(&Flash::WebhookAbsent.after("/settings")));
     }
     let object = format!("org:{}", staff.org_id);
     audit_on(
         &mut tx,
         req,
         staff,
-        "org.webhook_secret_rotated",
+        crate::audit::AuditAction::OrgWebhookSecretRotated,
         &object,
         None,
     )
@@ -502,7 +503,7 @@ async fn rotate_webhook_secret(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=webhook_rotated"))
+    Ok(see_other(&Flash::WebhookRotated.after("/settings")))
 }
 
 /// `remove`: the webhook and its pending deliveries.
@@ -513,7 +514,7 @@ async fn remove_webhook(
 ) -> Result<HttpResponse, DashError> {
     let mut tx = pool.begin().await?;
     let Some(dropped) = webhooks::remove_on(&mut tx, staff.org_id).await? else {
-        return Ok(see_other("/settings?flash=webhook_absent"));
+        return Ok(see_other(&Flash::WebhookAbsent.after("/settings")));
     };
     let detail = format!("{dropped} pending deliveries dropped");
     let object = format!("org:{}", staff.org_id);
@@ -521,7 +522,7 @@ async fn remove_webhook(
         &mut tx,
         req,
         staff,
-        "org.webhook_removed",
+        crate::audit::AuditAction::OrgWebhookRemoved,
         &object,
         Some(&detail),
     )
@@ -536,7 +537,7 @@ async fn remove_webhook(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=webhook_removed"))
+    Ok(see_other(&Flash::WebhookRemoved.after("/settings")))
 }
 
 #[derive(Deserialize)]
@@ -613,9 +614,10 @@ pub(crate) async fn save_headroom(
         ),
     )
     .await?;
-    Ok(see_other(if machines == 0 {
-        "/settings?flash=headroom_removed#headroom"
+    let flash = if machines == 0 {
+        Flash::HeadroomRemoved
     } else {
-        "/settings?flash=headroom_saved#headroom"
-    }))
+        Flash::HeadroomSaved
+    };
+    Ok(see_other(&format!("{}#headroom", flash.after("/settings"))))
 }

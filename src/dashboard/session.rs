@@ -203,7 +203,7 @@ pub async fn audit_on(
     conn: &mut sqlx::PgConnection,
     req: &HttpRequest,
     staff: &Staff,
-    action: &str,
+    action: crate::audit::AuditAction,
     object: &str,
     detail: Option<&str>,
 ) -> Result<(), sqlx::Error> {

@@ -11,6 +11,7 @@
 //! so that the first request after the provider's cross-site redirect is a
 //! same-site one and carries the `SameSite=Strict` session cookie.
 
+use super::layout::Flash;
 use actix_web::cookie::{Cookie, SameSite, time::Duration as CookieDuration};
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -445,13 +446,13 @@ async fn record_sign_in(
     let mut audit = vec![];
     if landed.created {
         audit.push((
-            "user.add",
+            crate::audit::AuditAction::UserAdd,
             format!("{} by single sign-on, {subject}", role.as_str()),
         ));
     }
     if let Some(before) = &landed.previous_role {
         audit.push((
-            "user.role_changed",
+            crate::audit::AuditAction::UserRoleChanged,
             format!(
                 "{before} to {} by the provider's {:?} claim, {subject}",
                 role.as_str(),
@@ -459,14 +460,17 @@ async fn record_sign_in(
             ),
         ));
     }
-    audit.push(("login", format!("single sign-on, {subject}")));
+    audit.push((
+        crate::audit::AuditAction::Login,
+        format!("single sign-on, {subject}"),
+    ));
     for (action, detail) in &audit {
         crate::audit::record(
             &mut *conn,
             &crate::audit::Entry {
                 org_id: Some(config.org_id),
                 actor: &landed.email,
-                action,
+                action: *action,
                 object: &object,
                 source_addr: addr,
                 detail: Some(detail),
@@ -584,7 +588,7 @@ pub(crate) async fn end_provider_session(
             return Ok(None);
         }
     };
-    let back = format!("{public}/login?flash=logged_out");
+    let back = format!("{public}{}", Flash::LoggedOut.after("/login"));
     let Some(url) = provider.end_session_url(&config.client_id, &back) else {
         return Ok(None);
     };

@@ -1482,8 +1482,16 @@ async fn the_audit_page_shows_actions_and_logins_newest_first_in_pages() {
     let (status, body) = admin.page("/audit").await;
     assert_eq!(status, 200);
     let doc = scraper::Html::parse_document(&body);
-    let sel = scraper::Selector::parse("#audit tbody tr td:nth-of-type(2)").expect("selector");
+    // The action's name (its words for people beside it).
+    let sel = scraper::Selector::parse("#audit tbody tr td:nth-of-type(2) code").expect("selector");
     let actions: Vec<String> = doc.select(&sel).map(|e| e.text().collect()).collect();
+    let words = scraper::Selector::parse("#audit tbody tr td:nth-of-type(2)").expect("selector");
+    assert_eq!(
+        doc.select(&words)
+            .next()
+            .map(|e| e.text().collect::<String>()),
+        Some("cancelled a reservation reservation.cancel".to_owned())
+    );
     assert_eq!(
         actions.first().map(String::as_str),
         Some("reservation.cancel"),
