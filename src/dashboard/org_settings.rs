@@ -5,6 +5,7 @@
 //! last failures.
 
 use super::layout::Flash;
+use crate::capacity::HeadroomSetting;
 use crate::db::Db;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -59,9 +60,8 @@ pub struct HeadroomRow {
 
 /// Bounds of R19's cap, as the organizations table's check says.
 pub const MAX_CUSTOMER_HOLD_LIMIT: i32 = 10_000;
-/// Bound of R18's headroom per pool and segment, as the headroom table's
-/// check says (0 removes it).
-pub const MAX_HEADROOM: i32 = 100_000;
+/// Bound of R18's headroom per pool and segment (0 removes it).
+pub use crate::capacity::MAX_HEADROOM;
 
 pub struct WebhookView {
     pub url: String,
@@ -567,33 +567,31 @@ pub(crate) async fn save_headroom(
     let site = Site::parse(form.site.trim()).map_err(|e| bad(e.to_string()))?;
     let profile = Profile::parse(form.profile.trim()).map_err(|e| bad(e.to_string()))?;
     let segment = Segment::parse(form.segment.trim()).map_err(|e| bad(e.to_string()))?;
-    let machines = super::input::whole_number::<i32>(form.machines.trim())
-        .filter(|n| (0..=MAX_HEADROOM).contains(n))
+    let setting = super::input::whole_number::<i64>(form.machines.trim())
+        .and_then(|n| HeadroomSetting::new(site, profile, segment, n))
         .ok_or_else(|| {
             bad(format!(
                 "“Machines” is a whole number from 0 to {MAX_HEADROOM} (0 removes the headroom)"
             ))
         })?;
+    let HeadroomSetting {
+        site,
+        profile,
+        segment,
+        machines,
+    } = &setting;
+    let machines = *machines;
     let mut tx = pool.begin().await?;
     // The API's path (the pool's turn first, then the row): one rule for
     // both, and one audit name for each change.
-    let (_, change) = crate::capacity::set(
-        &mut tx,
-        staff.org_id,
-        &site,
-        &profile,
-        &segment,
-        machines,
-        &staff.email,
-    )
-    .await?;
+    let (_, change) = crate::capacity::set(&mut tx, staff.org_id, &setting, &staff.email).await?;
     if change == Change::NoSuchPool {
         return Err(bad(format!(
             "No machine of {} is at site {site} with profile {profile}: headroom is kept only for a pool that has machines",
             staff.org_name
         )));
     }
-    if let Some((action, detail)) = change.audit(machines, &segment) {
+    if let Some((action, detail)) = change.audit(machines, segment) {
         audit_on(
             &mut tx,
             &req,
