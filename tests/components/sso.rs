@@ -824,6 +824,8 @@ enum Tamper {
     Expired,
     /// Re-signed with the published test key, for another client.
     OtherAudience,
+    /// Re-signed with the published test key, from another issuer.
+    OtherIssuer,
     /// `alg: none` over the provider's claims, no signature.
     AlgNone,
     /// `alg: none` over the provider's claims, its signature kept.
@@ -915,6 +917,10 @@ fn tampered(original: &str, tamper: Tamper) -> String {
             if let Some(c) = claims.as_object_mut() {
                 c.remove("azp");
             }
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::OtherIssuer => {
+            claims["iss"] = json!("https://idp.evil.example");
             signed_jwt(&mitm_key(), MITM_KID, &claims)
         }
         Tamper::AlgNone => format!("{none}.{}.", parts[1]),
@@ -1088,7 +1094,7 @@ async fn every_row(app: &TestApp) -> Vec<(&'static str, String)> {
 }
 
 /// S1: through the real provider's code flow, an ID token with a wrong
-/// nonce, expired, for another audience, unsigned (`alg: none`), signed by
+/// nonce, expired, for another audience or from another issuer, unsigned (`alg: none`), signed by
 /// a key the provider does not publish, or with a claim changed under the
 /// provider's signature is refused: a 403 that says why, no session, and
 /// nothing written but the consumed sign-in under way.
@@ -1131,6 +1137,7 @@ async fn an_id_token_that_fails_any_check_is_refused_and_writes_nothing() {
         (Tamper::WrongNonce, "di", "Invalid nonce"),
         (Tamper::Expired, "di", "Expired"),
         (Tamper::OtherAudience, "di", "Invalid audiences"),
+        (Tamper::OtherIssuer, "di", "Invalid issuer"),
         (Tamper::AlgNone, "di", "No signature found"),
         (Tamper::AlgNoneSignatureKept, "di", "No signature found"),
         (Tamper::UnknownKey, "di", "No matching key"),
