@@ -962,11 +962,12 @@ fn random_secret() -> String {
 
 #[cfg(test)]
 mod tests {
-    //! The ID token checks, on tokens made here and signed with keys made
-    //! here, against a key set we control: what a real provider will not
-    //! produce on request (another audience, an expired token, a wrong
-    //! nonce, `alg: none`, an unknown key). The real provider's tokens are
-    //! the subject of tests/api/sso.rs.
+    //! The ID token checks of `verify` alone, on tokens made here and
+    //! signed with keys made here, against a key set we control (another
+    //! audience or issuer, an expired token, a wrong nonce, `alg: none`, an
+    //! unknown key). The same refusals through HTTP, on the real provider's
+    //! tokens changed by a man in the middle, are in
+    //! tests/components/sso.rs.
     use super::*;
     use base64::Engine;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;

@@ -4,9 +4,19 @@
 //! roles, the refusals, key rotation, the provider down with a break-glass
 //! admin, sign-out. The ID token refusals a real provider will not produce
 //! on request (another audience, expired, a wrong nonce, `alg: none`, an
-//! unknown key) are the unit tests of `src/sso.rs`; the browser's walk
+//! unknown key) go through a man in the middle of the test's own between
+//! poolkeeper and the provider, which changes the provider's ID token
+//! (`an_id_token_that_fails_any_check_is_refused_and_writes_nothing`); the
+//! unit tests of `src/sso.rs` check `verify` alone; the browser's walk
 //! through the redirects is `browser::single_sign_on_through_the_browser`.
 
+use std::sync::Mutex;
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use openidconnect::core::{CoreJwsSigningAlgorithm, CoreRsaPrivateSigningKey};
+use openidconnect::{JsonWebKeyId, PrivateSigningKey};
 use serde_json::{Value, json};
 
 use crate::helpers::oidc::{self, Provider, app_with, callback_for, configure, finish, signed_in};
@@ -790,4 +800,394 @@ async fn any_of_a_roles_several_values_gives_it() {
             "{account}"
         );
     }
+}
+
+// The ID token checks through HTTP. A real provider signs only good
+// tokens, so a man in the middle of our own stands between poolkeeper and
+// it: a proxy whose address is the provider's issuer (the provider is
+// started with it), which relays every request, and changes only the ID
+// token in the token endpoint's answers (one way per sign-in) and the key
+// set, to which it adds a test key of its own. A token re-signed with that
+// key and its claims unchanged signs in (the control below), so each
+// refusal is the one claim or signature changed, not the relaying.
+
+/// What the man in the middle does to the next ID token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tamper {
+    /// The provider's token as it is.
+    Untouched,
+    /// Its claims re-signed with the published test key.
+    Resigned,
+    /// Re-signed with the published test key, with another nonce.
+    WrongNonce,
+    /// Re-signed with the published test key, expired an hour ago.
+    Expired,
+    /// Re-signed with the published test key, for another client.
+    OtherAudience,
+    /// Re-signed with the published test key, from another issuer.
+    OtherIssuer,
+    /// `alg: none` over the provider's claims, no signature.
+    AlgNone,
+    /// `alg: none` over the provider's claims, its signature kept.
+    AlgNoneSignatureKept,
+    /// Signed by a key the key set does not hold (its own key id).
+    UnknownKey,
+    /// Signed by a key the key set does not hold, under the provider's
+    /// key id.
+    ForgedUnderProvidersKeyId,
+    /// The provider's token with its groups claim changed, its signature
+    /// kept.
+    ChangedClaim,
+}
+
+/// One ID token the man in the middle changed: the provider's and the one
+/// poolkeeper received.
+#[derive(Clone, Debug)]
+struct Rewritten {
+    tamper: Tamper,
+    original: String,
+    sent: String,
+}
+
+const MITM_KID: &str = "mitm-published-test-key";
+const UNPUBLISHED_KID: &str = "never-published-key";
+
+fn mitm_key() -> CoreRsaPrivateSigningKey {
+    CoreRsaPrivateSigningKey::from_pem(
+        include_str!("../fixtures/sso/known-key.pem"),
+        Some(JsonWebKeyId::new(MITM_KID.to_owned())),
+    )
+    .expect("a test key fixture")
+}
+
+fn unpublished_key(kid: &str) -> CoreRsaPrivateSigningKey {
+    CoreRsaPrivateSigningKey::from_pem(
+        include_str!("../fixtures/sso/unknown-key.pem"),
+        Some(JsonWebKeyId::new(kid.to_owned())),
+    )
+    .expect("a test key fixture")
+}
+
+fn b64(value: &Value) -> String {
+    URL_SAFE_NO_PAD.encode(value.to_string())
+}
+
+fn unb64(part: &str) -> Value {
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part).expect("base64url")).expect("JSON")
+}
+
+/// `claims` signed (RS256) by `key` under the key id `kid`.
+fn signed_jwt(key: &CoreRsaPrivateSigningKey, kid: &str, claims: &Value) -> String {
+    let message = format!(
+        "{}.{}",
+        b64(&json!({"alg": "RS256", "typ": "JWT", "kid": kid})),
+        b64(claims)
+    );
+    let signature = key
+        .sign(
+            &CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
+            message.as_bytes(),
+        )
+        .expect("sign");
+    format!("{message}.{}", URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// The provider's ID token `original` changed as `tamper` says.
+fn tampered(original: &str, tamper: Tamper) -> String {
+    let parts: Vec<&str> = original.split('.').collect();
+    assert_eq!(parts.len(), 3, "a signed JWT from the provider: {original}");
+    let header = unb64(parts[0]);
+    let mut claims = unb64(parts[1]);
+    let now = chrono::Utc::now().timestamp();
+    let none = b64(&json!({"alg": "none", "typ": "JWT"}));
+    match tamper {
+        Tamper::Untouched => original.to_owned(),
+        Tamper::Resigned => signed_jwt(&mitm_key(), MITM_KID, &claims),
+        Tamper::WrongNonce => {
+            claims["nonce"] = json!("not-the-nonce-of-this-sign-in");
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::Expired => {
+            claims["iat"] = json!(now - 7200);
+            claims["exp"] = json!(now - 3600);
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::OtherAudience => {
+            claims["aud"] = json!("another-app");
+            if let Some(c) = claims.as_object_mut() {
+                c.remove("azp");
+            }
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::OtherIssuer => {
+            claims["iss"] = json!("https://idp.evil.example");
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::AlgNone => format!("{none}.{}.", parts[1]),
+        Tamper::AlgNoneSignatureKept => format!("{none}.{}.{}", parts[1], parts[2]),
+        Tamper::UnknownKey => {
+            signed_jwt(&unpublished_key(UNPUBLISHED_KID), UNPUBLISHED_KID, &claims)
+        }
+        Tamper::ForgedUnderProvidersKeyId => {
+            let kid = header["kid"].as_str().expect("the provider's key id");
+            signed_jwt(&unpublished_key(kid), kid, &claims)
+        }
+        Tamper::ChangedClaim => {
+            claims["groups"] = json!(["pk-admins"]);
+            format!("{}.{}.{}", parts[0], b64(&claims), parts[2])
+        }
+    }
+}
+
+/// The man in the middle: a relay on its own port in front of the
+/// provider.
+struct Mitm {
+    state: web::Data<MitmState>,
+}
+
+struct MitmState {
+    /// The provider's own address.
+    upstream: Mutex<String>,
+    client: reqwest::Client,
+    tamper: Mutex<Tamper>,
+    log: Mutex<Vec<Rewritten>>,
+}
+
+/// Headers of one hop only, and `accept-encoding`: the token endpoint's
+/// answer must come back readable to be rewritten.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "content-length"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-connection"
+            | "accept-encoding"
+    )
+}
+
+impl Mitm {
+    /// Listens on a free port, relaying nowhere yet: its URL is the
+    /// provider's issuer, known before the provider starts.
+    fn listen() -> (Mitm, std::net::TcpListener) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .expect("a client");
+        let state = web::Data::new(MitmState {
+            upstream: Mutex::new(String::new()),
+            client,
+            tamper: Mutex::new(Tamper::Untouched),
+            log: Mutex::new(Vec::new()),
+        });
+        (Mitm { state }, listener)
+    }
+
+    fn serve(&self, listener: std::net::TcpListener, upstream: String) {
+        *self.state.upstream.lock().expect("upstream") = upstream;
+        let state = self.state.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .app_data(web::PayloadConfig::new(1 << 20))
+                .default_service(web::to(relay))
+        })
+        .workers(1)
+        .disable_signals()
+        .listen(listener)
+        .expect("listen")
+        .run();
+        tokio::spawn(server);
+    }
+
+    fn set(&self, tamper: Tamper) {
+        *self.state.tamper.lock().expect("tamper") = tamper;
+    }
+
+    fn rewritten(&self) -> Vec<Rewritten> {
+        self.state.log.lock().expect("log").clone()
+    }
+}
+
+/// Relays one request to the provider and its answer back, the Host kept
+/// (the provider names its endpoints after it); the key set gains the test
+/// key, the token endpoint's ID token is changed.
+async fn relay(req: HttpRequest, body: web::Bytes, state: web::Data<MitmState>) -> HttpResponse {
+    let upstream = state.upstream.lock().expect("upstream").clone();
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let method = reqwest::Method::from_bytes(req.method().as_str().as_bytes()).expect("a method");
+    let mut out = state.client.request(method, format!("{upstream}{path}"));
+    for (name, value) in req.headers() {
+        if !hop_by_hop(name.as_str()) {
+            out = out.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = out
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("the provider answers the relay");
+    let status = answer.status().as_u16();
+    let headers: Vec<(String, Vec<u8>)> = answer
+        .headers()
+        .iter()
+        .filter(|(name, _)| !hop_by_hop(name.as_str()))
+        .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+        .collect();
+    let mut bytes = answer.bytes().await.expect("the provider's body").to_vec();
+    if req.path() == "/jwks" && status == 200 {
+        let mut set: Value = serde_json::from_slice(&bytes).expect("a key set");
+        let published = serde_json::to_value(mitm_key().as_verification_key()).expect("a JWK");
+        set["keys"].as_array_mut().expect("keys").push(published);
+        bytes = set.to_string().into_bytes();
+    }
+    if req.path() == "/token" && status == 200 {
+        let mut tokens: Value = serde_json::from_slice(&bytes).expect("the token answer");
+        let original = tokens["id_token"].as_str().expect("an ID token").to_owned();
+        let tamper = *state.tamper.lock().expect("tamper");
+        let sent = tampered(&original, tamper);
+        tokens["id_token"] = json!(sent);
+        state.log.lock().expect("log").push(Rewritten {
+            tamper,
+            original,
+            sent,
+        });
+        bytes = tokens.to_string().into_bytes();
+    }
+    let mut response =
+        HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("a status"));
+    for header in headers {
+        response.append_header(header);
+    }
+    response.body(bytes)
+}
+
+/// Every row of the tables a sign-in writes, but the sign-ins under way
+/// (which a callback consumes), as text to compare.
+async fn every_row(app: &TestApp) -> Vec<(&'static str, String)> {
+    let mut rows = Vec::new();
+    for table in [
+        "users",
+        "sessions",
+        "audit_log",
+        "login_attempts",
+        "org_sso",
+        "sso_starts",
+    ] {
+        // The table names are the constants above.
+        let dump: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*)::text || ' ' || coalesce(string_agg(row_to_json(t)::text, ' ' \
+             ORDER BY row_to_json(t)::text), '') FROM {table} t"
+        )))
+        .fetch_one(&app.pool)
+        .await
+        .expect("a dump");
+        rows.push((table, dump));
+    }
+    rows
+}
+
+/// S1: through the real provider's code flow, an ID token with a wrong
+/// nonce, expired, for another audience or from another issuer, unsigned (`alg: none`), signed by
+/// a key the provider does not publish, or with a claim changed under the
+/// provider's signature is refused: a 403 that says why, no session, and
+/// nothing written but the consumed sign-in under way.
+#[tokio::test]
+async fn an_id_token_that_fails_any_check_is_refused_and_writes_nothing() {
+    let app = app_with(|_| {}).await;
+    let (mitm, listener) = Mitm::listen();
+    let front = format!(
+        "http://127.0.0.1:{}",
+        listener.local_addr().expect("address").port()
+    );
+    let provider = Provider::start_behind(&app.address, &accounts(), &front);
+    mitm.serve(listener, provider.address());
+    assert_eq!(provider.issuer, front);
+    configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    // Discovery, through the relay, sends the code exchange and the key set
+    // through it too.
+    let discovery: Value = reqwest::get(format!("{front}/.well-known/openid-configuration"))
+        .await
+        .expect("discovery")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(discovery["issuer"], json!(front));
+    assert_eq!(discovery["token_endpoint"], json!(format!("{front}/token")));
+    assert_eq!(discovery["jwks_uri"], json!(format!("{front}/jwks")));
+    // The controls: the provider's token relayed as it is, and its claims
+    // re-signed with the published test key, both sign in.
+    for tamper in [Tamper::Untouched, Tamper::Resigned] {
+        mitm.set(tamper);
+        signed_in(&app, "ana").await;
+        let last = mitm.rewritten().pop().expect("relayed");
+        assert_eq!(last.tamper, tamper);
+        assert_eq!(last.sent == last.original, tamper == Tamper::Untouched);
+    }
+    // Each refusal as di (the admins' group, never signed in) or bo (in no
+    // mapped group, claiming the admins' group under the provider's
+    // signature), and what the page says.
+    let cases = [
+        (Tamper::WrongNonce, "di", "Invalid nonce"),
+        (Tamper::Expired, "di", "Expired"),
+        (Tamper::OtherAudience, "di", "Invalid audiences"),
+        (Tamper::OtherIssuer, "di", "Invalid issuer"),
+        (Tamper::AlgNone, "di", "No signature found"),
+        (Tamper::AlgNoneSignatureKept, "di", "No signature found"),
+        (Tamper::UnknownKey, "di", "No matching key"),
+        (Tamper::ForgedUnderProvidersKeyId, "di", "bad signature"),
+        (Tamper::ChangedClaim, "bo", "bad signature"),
+    ];
+    for (tamper, account, why) in cases {
+        mitm.set(tamper);
+        let c = StaffClient::new(&app.address);
+        let callback = callback_for(&app, &c, account).await;
+        let before = every_row(&app).await;
+        assert_eq!(app.count("SELECT count(*) FROM sso_pending").await, 1);
+        let relayed = mitm.rewritten().len();
+        let (status, body) = finish(&c, &callback).await;
+        assert_eq!(status, 403, "{tamper:?}: {body}");
+        assert!(
+            body.contains("The sign-in was refused"),
+            "{tamper:?}: {body}"
+        );
+        assert!(body.contains(why), "{tamper:?}: {why:?} in {body}");
+        // The token poolkeeper refused is the one changed here.
+        let log = mitm.rewritten();
+        assert_eq!(log.len(), relayed + 1, "{tamper:?}: one code exchange");
+        let last = log.last().expect("relayed");
+        assert_eq!(last.tamper, tamper);
+        assert_ne!(last.sent, last.original, "{tamper:?}");
+        // No session: no cookie, and the dashboard sends it to log in.
+        assert!(c.session_cookie().is_none(), "{tamper:?}");
+        let r = c.get("/").await;
+        assert_eq!(r.status().as_u16(), 303, "{tamper:?}");
+        // Nothing written; the sign-in under way is consumed, so its answer
+        // cannot be tried again.
+        assert_eq!(every_row(&app).await, before, "{tamper:?}: nothing written");
+        assert_eq!(app.count("SELECT count(*) FROM sso_pending").await, 0);
+        assert_eq!(finish(&c, &callback).await.0, 400, "{tamper:?}: used");
+    }
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM users WHERE email IN ('di@corp.example', 'bo@corp.example')"
+        )
+        .await,
+        0
+    );
+    // The same accounts sign in once their tokens are left alone: what
+    // refused them was the change. bo is in no mapped group: 403 for that.
+    mitm.set(Tamper::Untouched);
+    signed_in(&app, "di").await;
+    let c = StaffClient::new(&app.address);
+    let callback = callback_for(&app, &c, "bo").await;
+    let (status, body) = finish(&c, &callback).await;
+    assert_eq!(status, 403);
+    assert!(body.contains("everyone"), "the claim seen: {body}");
 }

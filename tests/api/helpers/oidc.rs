@@ -49,6 +49,17 @@ impl Provider {
     /// is `app`'s callback, and the accounts `accounts` (`{id: {email,
     /// name, groups}}`; an account without `groups` has no such claim).
     pub fn start(app: &str, accounts: &Value) -> Provider {
+        Provider::start_at(app, accounts, None)
+    }
+
+    /// As `start`, but reached at `front` (a proxy of the test in front of
+    /// it, see `address`): its issuer, and the origin of its endpoints for
+    /// requests that come with `front`'s Host.
+    pub fn start_behind(app: &str, accounts: &Value, front: &str) -> Provider {
+        Provider::start_at(app, accounts, Some(front))
+    }
+
+    fn start_at(app: &str, accounts: &Value, issuer: Option<&str>) -> Provider {
         // Fails the test, naming scripts/test, when it is missing.
         super::needs(
             "the OpenID Connect provider (oidc-provider under Node.js)",
@@ -70,7 +81,7 @@ impl Provider {
             dir,
         };
         p.set_accounts(accounts);
-        let config = json!({
+        let mut config = json!({
             "port": 0,
             "accounts": p.dir.join("accounts.json"),
             "clients": [{
@@ -83,6 +94,9 @@ impl Provider {
                 "token_endpoint_auth_method": "client_secret_basic",
             }],
         });
+        if let Some(issuer) = issuer {
+            config["issuer"] = json!(issuer);
+        }
         std::fs::write(p.dir.join("config.json"), config.to_string()).expect("config");
         p.launch();
         p
@@ -114,23 +128,25 @@ impl Provider {
             let _ = std::io::copy(&mut reader, &mut std::io::sink());
         });
         let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
-        let issuer = serde_json::from_str::<Value>(&line)
+        let started = serde_json::from_str::<Value>(&line)
             .ok()
-            .and_then(|v| v["issuer"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| {
-                let _ = child.kill();
-                panic!(
-                    "the provider did not start: {line:?}; its log: {}",
-                    std::fs::read_to_string(self.dir.join("provider.log")).unwrap_or_default()
-                )
-            });
-        self.port = issuer
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("a port in the issuer");
+            .and_then(|v| Some((v["issuer"].as_str()?.to_owned(), v["port"].as_u64()?)))
+            .and_then(|(issuer, port)| Some((issuer, u16::try_from(port).ok()?)));
+        let (issuer, port) = started.unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!(
+                "the provider did not start: {line:?}; its log: {}",
+                std::fs::read_to_string(self.dir.join("provider.log")).unwrap_or_default()
+            )
+        });
+        self.port = port;
         self.issuer = issuer;
         self.child = Some(child);
+    }
+
+    /// Where it listens: the issuer, unless it was started behind a proxy.
+    pub fn address(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 
     /// The file holding the client secret, for `org sso --client-secret-file`.
