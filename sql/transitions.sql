@@ -399,6 +399,7 @@ DECLARE
     p_texts  text[]        := v_req.texts;
     p_action text          := v_req.action;
     p_reason text          := v_req.reason;
+    v_outcome text;
     v_caller record;
     v_rows   transition_result[];
 BEGIN
@@ -412,16 +413,11 @@ BEGIN
        AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
                         WHERE r.state <> 'cancelled' OR r.ended_by IS DISTINCT FROM v_caller.actor) THEN
         -- Cancelled by this caller with another reason: another request.
-        IF EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.end_reason IS DISTINCT FROM p_reason) THEN
-            RETURN QUERY SELECT 'ok'::text, x
-                FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
-                     LATERAL transition_result_of('idempotency_mismatch', res) x
-               ORDER BY res.slot;
-            RETURN;
-        END IF;
+        v_outcome := CASE WHEN EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.end_reason IS DISTINCT FROM p_reason)
+                          THEN 'idempotency_mismatch' ELSE 'ok' END;
         RETURN QUERY SELECT 'ok'::text, x
             FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
-                 LATERAL transition_result_of('ok', res) x
+                 LATERAL transition_result_of(v_outcome, res) x
            ORDER BY res.slot;
         RETURN;
     END IF;
