@@ -52,14 +52,21 @@ $$;
 -- cancelled or converted: it is recorded as expired, ended by
 -- 'cancellation' or 'conversion' (nobody decided in time, R2), that write
 -- stays, and the answer is 'expired'.
-CREATE OR REPLACE FUNCTION reservation_transition(p_org bigint, p_id bigint, p_fence bigint, p_actor text,
-                                                  p_action text, p_text text)
+--
+-- The request is one value (`transition_request`); its fields are named
+-- below as the arguments they were (p_text: the reason of a cancel, the
+-- service reference of a convert).
+CREATE OR REPLACE FUNCTION transition_request_of(p_org bigint, p_actor text, p_req transition_request)
 RETURNS transition_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
+    p_id       bigint := p_req.id;
+    p_fence    bigint := p_req.fence;
+    p_action   text   := p_req.action;
+    p_text     text   := CASE p_req.action WHEN 'cancel' THEN p_req.reason ELSE p_req.service_ref END;
     v_row      reservations;
     v_link     service_links;
     v_overdue  boolean;
@@ -130,6 +137,17 @@ BEGIN
 END
 $$;
 
+-- The previous release's entry point, by position: the same transition.
+CREATE OR REPLACE FUNCTION reservation_transition(p_org bigint, p_id bigint, p_fence bigint, p_actor text,
+                                                  p_action text, p_text text)
+RETURNS transition_result
+LANGUAGE sql AS $$
+    SELECT transition_request_of(p_org, p_actor,
+        ROW(p_id, p_fence, p_action,
+            CASE p_action WHEN 'cancel' THEN p_text END,
+            CASE p_action WHEN 'convert' THEN p_text END)::transition_request)
+$$;
+
 -- POST /api/v1/reservations/{id}/cancel and .../convert in one statement:
 -- the caller (api_caller, scope orders), then the transition.
 --
@@ -144,11 +162,14 @@ $$;
 -- 'not_held'). Anything else that ended it (an expiry, another action,
 -- another actor, another service) stays 'not_held'. The dashboard calls
 -- reservation_transition directly: a second submit there is still refused.
-CREATE OR REPLACE FUNCTION api_transition(p_token_hash bytea, p_module_on boolean, p_id bigint, p_fence bigint,
-                                          p_action text, p_text text)
+CREATE OR REPLACE FUNCTION api_transition_request(p_token_hash bytea, p_module_on boolean, p_request jsonb)
 RETURNS TABLE (caller text, result transition_result)
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_req    transition_request := jsonb_populate_record(NULL::transition_request, p_request);
+    p_id     bigint := v_req.id;
+    p_action text   := v_req.action;
+    p_text   text   := CASE v_req.action WHEN 'cancel' THEN v_req.reason ELSE v_req.service_ref END;
     v_caller record;
     v_result transition_result;
     v_link   service_links;
@@ -158,7 +179,7 @@ BEGIN
         RETURN QUERY SELECT v_caller.status, NULL::transition_result;
         RETURN;
     END IF;
-    v_result := reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
+    v_result := transition_request_of(v_caller.org_id, v_caller.actor, v_req);
     IF v_result.outcome = 'not_held' THEN
         IF p_action = 'cancel' AND v_result.state = 'cancelled' AND v_result.ended_by = v_caller.actor THEN
             -- The same key (id, fence) with another reason is another
@@ -183,6 +204,17 @@ BEGIN
     END IF;
     RETURN QUERY SELECT 'ok'::text, v_result;
 END
+$$;
+
+-- The previous release's entry point, by position: the same statement.
+CREATE OR REPLACE FUNCTION api_transition(p_token_hash bytea, p_module_on boolean, p_id bigint, p_fence bigint,
+                                          p_action text, p_text text)
+RETURNS TABLE (caller text, result transition_result)
+LANGUAGE sql AS $$
+    SELECT * FROM api_transition_request(p_token_hash, p_module_on,
+        to_jsonb(ROW(p_id, p_fence, p_action,
+                     CASE p_action WHEN 'cancel' THEN p_text END,
+                     CASE p_action WHEN 'convert' THEN p_text END)::transition_request))
 $$;
 
 -- R13/R14: cancel, convert or extend a whole order in one transaction, or

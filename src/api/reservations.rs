@@ -693,7 +693,7 @@ pub struct ConvertBody {
     service_ref: ServiceRef,
 }
 
-/// Cancel or convert through `api_transition`: one statement.
+/// Cancel or convert through `api_transition_request`: one statement.
 async fn transition(
     token: &BearerToken,
     settings: &Settings,
