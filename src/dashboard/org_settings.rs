@@ -718,9 +718,13 @@ pub(crate) async fn save_substitutes(
         ),
     )
     .await?;
-    Ok(see_other(if substitutes.is_empty() {
-        "/settings?flash=substitutes_removed#substitutes"
+    let flash = if substitutes.is_empty() {
+        Flash::SubstitutesRemoved
     } else {
-        "/settings?flash=substitutes_saved#substitutes"
-    }))
+        Flash::SubstitutesSaved
+    };
+    Ok(see_other(&format!(
+        "{}#substitutes",
+        flash.after("/settings")
+    )))
 }
