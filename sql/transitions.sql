@@ -162,9 +162,11 @@ $$;
 -- 'not_held'). Anything else that ended it (an expiry, another action,
 -- another actor, another service) stays 'not_held'. The dashboard calls
 -- reservation_transition directly: a second submit there is still refused.
+-- ROWS: it answers one row (the planner's default of 1,000 made the
+-- binary's join of the reservation by id a hash of the whole table).
 CREATE OR REPLACE FUNCTION api_transition_request(p_token_hash bytea, p_module_on boolean, p_request jsonb)
 RETURNS TABLE (caller text, result transition_result)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql ROWS 1 AS $$
 DECLARE
     v_req    transition_request := jsonb_populate_record(NULL::transition_request, p_request);
     p_id     bigint := v_req.id;
@@ -255,6 +257,7 @@ DROP FUNCTION IF EXISTS order_transition(bigint, text, bigint[], bigint[], text[
 CREATE OR REPLACE FUNCTION order_request_transition(p_org bigint, p_actor text, p_req order_request)
 RETURNS SETOF transition_result
 LANGUAGE plpgsql
+ROWS 16
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 AS $$
@@ -422,9 +425,11 @@ $$;
 -- 'stale_fence' come before 'not_held'). Anything else stays 'not_held'.
 DROP FUNCTION IF EXISTS api_order_transition(bytea, boolean, text, bigint[], bigint[], text[], text, text,
                                              integer, integer);
+-- ROWS: an order has at most 16 reservations (R13), as for
+-- order_request_transition.
 CREATE OR REPLACE FUNCTION api_order_request(p_token_hash bytea, p_module_on boolean, p_request jsonb)
 RETURNS TABLE (caller text, result transition_result)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql ROWS 16 AS $$
 DECLARE
     v_req    order_request := jsonb_populate_record(NULL::order_request, p_request);
     p_ids    bigint[]      := v_req.ids;
