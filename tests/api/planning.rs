@@ -1,0 +1,466 @@
+//! R21: each pool's history per UTC day (src/planning.rs,
+//! sql/planning.sql), written once per pool and day by the sweep's holder,
+//! fenced; the past rebuilt by the same job agrees with the days written as
+//! they closed; and the forecast read from it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::NaiveDate;
+use tokio::sync::Barrier;
+
+use poolkeeper::db::Db;
+use poolkeeper::lease::{self, Claim, Mandate, SWEEP_KEY};
+use poolkeeper::planning::{self, Written};
+
+use crate::helpers::{create_org, migrated_db};
+
+const POOLS: [(&str, &str); 4] = [
+    ("par1", "epyc-64"),
+    ("par1", "xeon-32"),
+    ("ams9", "epyc-64"),
+    ("ams9", "xeon-32"),
+];
+
+async fn mandate(pool: &Db, replica: &str) -> Mandate {
+    match lease::claim(pool, SWEEP_KEY, replica, Duration::from_secs(300))
+        .await
+        .expect("claim the sweep lease")
+    {
+        Claim::Acquired(m) => m,
+        Claim::HeldByOther => panic!("the sweep lease is taken"),
+    }
+}
+
+async fn today(pool: &Db) -> NaiveDate {
+    sqlx::query_scalar("SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date")
+        .fetch_one(pool)
+        .await
+        .expect("today")
+}
+
+async fn set_cursor(pool: &Db, through: NaiveDate) {
+    sqlx::query("UPDATE pool_days_written SET through = $1")
+        .bind(through)
+        .execute(pool)
+        .await
+        .expect("move the cursor");
+}
+
+/// Every row of pool_days without who wrote it, as text, in key order.
+async fn days_as_text(pool: &Db) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT (org_id, site, profile, day, total, sellable, held, sold, not_ready, created,
+                 converted, expired, cancelled, refused_unavailable, refused_contended,
+                 refused_reserved, refused_customer_limit, substituted_in, substituted_out,
+                 added, retired, demand)::text
+           FROM pool_days ORDER BY org_id, site, profile, day",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("read pool_days")
+}
+
+/// The instant `hour` hours (and `minute` minutes) into the UTC day `ago`
+/// days before today, as SQL.
+fn at(ago: i64, hour: i64, minute: i64) -> String {
+    format!(
+        "((((clock_timestamp() AT TIME ZONE 'UTC')::date - {ago})::timestamp
+           + make_interval(hours => {hour}, mins => {minute})) AT TIME ZONE 'UTC')"
+    )
+}
+
+/// A deterministic history: machines added, moved, out of and back in
+/// service, retired; holds created, converted, expired, cancelled (some
+/// ending days later), some served by a substitute; service links ended;
+/// refusals of every code. Each day's events happen in that day, in order.
+struct History {
+    pool: Db,
+    org: i64,
+    seed: u64,
+    orders: u64,
+}
+
+impl History {
+    fn next(&mut self, below: u64) -> u64 {
+        // xorshift64: the same history every run.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        self.seed % below
+    }
+
+    async fn exec(&self, sql: String) {
+        sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .execute(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn ids(&self, sql: String) -> Vec<i64> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(self.org)
+            .fetch_all(&self.pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    async fn day(&mut self, ago: i64) {
+        let org = self.org;
+        // Machines added to a pool.
+        let (site, profile) = POOLS[self.next(4) as usize];
+        let added = self.next(3) + u64::from(ago > 85) * 4;
+        for _ in 0..added {
+            self.exec(format!(
+                "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status, created_at, updated_at)
+                 VALUES ({org}, 'M-' || gen_random_uuid(), '{site}', 'dell', '{profile}', 'ready', {t}, {t})",
+                t = at(ago, 1, 0)
+            ))
+            .await;
+        }
+        // Open holds end, or stay open.
+        let held = self
+            .ids(
+                "SELECT id FROM reservations WHERE org_id = $1 AND state = 'held' ORDER BY id"
+                    .into(),
+            )
+            .await;
+        for id in held {
+            let end = match self.next(4) {
+                0 => continue,
+                1 => "converted",
+                2 => "expired",
+                _ => "cancelled",
+            };
+            let t = at(ago, 2, 0);
+            self.exec(format!(
+                "UPDATE reservations SET state = '{end}', ended_at = {t}, ended_by = 'test' WHERE id = {id}"
+            ))
+            .await;
+            if end == "converted" {
+                self.exec(format!(
+                    "INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+                     SELECT org_id, machine_id, id, 'SRV-' || id, {t} FROM reservations WHERE id = {id}"
+                ))
+                .await;
+            }
+        }
+        self.holds(ago).await;
+        // Service links end.
+        let links = self
+            .ids(
+                "SELECT id FROM service_links WHERE org_id = $1 AND ended_at IS NULL ORDER BY id"
+                    .into(),
+            )
+            .await;
+        for id in links {
+            if self.next(6) == 0 {
+                self.exec(format!(
+                    "UPDATE service_links SET ended_at = {t}, ended_by = 'test' WHERE id = {id}",
+                    t = at(ago, 4, 0)
+                ))
+                .await;
+            }
+        }
+        self.statuses(ago).await;
+        self.refusals(ago).await;
+    }
+
+    /// New holds on free ready machines, a quarter served as a substitute.
+    async fn holds(&mut self, ago: i64) {
+        let org = self.org;
+        let free = self
+            .ids(
+                "SELECT m.id FROM machines m
+                  WHERE m.org_id = $1 AND m.status = 'ready' AND NOT m.in_service
+                    AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = m.id AND r.state = 'held')
+                  ORDER BY m.id"
+                    .into(),
+            )
+            .await;
+        let n = self.next(5) as usize;
+        for i in 0..n.min(free.len()) {
+            let machine = free[self.next(free.len() as u64) as usize];
+            let asked = if self.next(4) == 0 {
+                "CASE WHEN m.profile = 'epyc-64' THEN 'xeon-32' ELSE 'epyc-64' END"
+            } else {
+                "NULL"
+            };
+            self.orders += 1;
+            let t = at(ago, 3, i as i64);
+            self.exec(format!(
+                "INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                           hold_seconds, created_at, expires_at, profile_asked)
+                 SELECT {org}, 'gen-{o}', m.id, '{{}}', '{{}}', 'generated', 3600, {t},
+                        {t} + interval '3 days', {asked}
+                   FROM machines m
+                  WHERE m.id = {machine}
+                    AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = m.id AND r.state = 'held')",
+                o = self.orders
+            ))
+            .await;
+        }
+    }
+
+    /// A free machine out of service, back, retired or moved to another
+    /// profile; never one under a hold (healing would move the hold).
+    async fn statuses(&mut self, ago: i64) {
+        let free = self
+            .ids(
+                "SELECT m.id FROM machines m
+                  WHERE m.org_id = $1 AND m.status <> 'retired' AND NOT m.in_service
+                    AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = m.id AND r.state = 'held')
+                  ORDER BY m.id"
+                    .into(),
+            )
+            .await;
+        if free.is_empty() {
+            return;
+        }
+        for _ in 0..2 {
+            let id = free[self.next(free.len() as u64) as usize];
+            let set = match self.next(10) {
+                0 => "status = 'retired'".to_owned(),
+                1 => "profile = CASE WHEN profile = 'epyc-64' THEN 'xeon-32' ELSE 'epyc-64' END"
+                    .to_owned(),
+                2..=5 => "status = 'maintenance'".to_owned(),
+                _ => "status = 'ready'".to_owned(),
+            };
+            self.exec(format!(
+                "UPDATE machines SET {set}, updated_at = {t} WHERE id = {id}",
+                t = at(ago, 5, 0)
+            ))
+            .await;
+        }
+    }
+
+    async fn refusals(&mut self, ago: i64) {
+        let org = self.org;
+        for i in 0..self.next(4) {
+            let (site, profile) = POOLS[self.next(4) as usize];
+            let reason = [
+                "unavailable",
+                "contended",
+                "reserved",
+                "customer_limit",
+                "substituted",
+            ][self.next(5) as usize];
+            let served = if reason == "substituted" {
+                format!(
+                    "'{}'",
+                    if profile == "epyc-64" {
+                        "xeon-32"
+                    } else {
+                        "epyc-64"
+                    }
+                )
+            } else {
+                "NULL".to_owned()
+            };
+            let q = 1 + self.next(3);
+            self.exec(format!(
+                "INSERT INTO reservation_refusals (org_id, at, reason, site, profile, excluded, quantity, profile_served)
+                 VALUES ({org}, {t}, '{reason}', '{site}', '{profile}', '{{}}', {q}, {served})",
+                t = at(ago, 6, i as i64),
+            ))
+            .await;
+        }
+    }
+}
+
+/// The history written day by day, each day right after its events, equals
+/// the same 90 days rebuilt at the end from the rows as they are then (holds
+/// ended, links ended, machines changed since), pool by pool and day by day;
+/// and the last day's counts are the pools' live counts.
+#[tokio::test]
+async fn rebuilt_history_equals_the_days_written_as_they_closed() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "planning-gen", true).await;
+    let m = mandate(&pool, "history-writer").await;
+    let today = today(&pool).await;
+    set_cursor(&pool, today - chrono::Duration::days(91)).await;
+    let mut history = History {
+        pool: pool.clone(),
+        org: org.id,
+        seed: 0x9E37_79B9_7F4A_7C15,
+        orders: 0,
+    };
+    for ago in (1..=90).rev() {
+        history.day(ago).await;
+        let wrote = planning::write_next_day(&pool, &m.holder, m.fence)
+            .await
+            .expect("write the day");
+        match wrote {
+            Some(Written::Day(day, _)) => assert_eq!(day, today - chrono::Duration::days(ago)),
+            other => panic!("day {ago} ago: {other:?}"),
+        }
+    }
+    let up_to_date = planning::write_next_day(&pool, &m.holder, m.fence).await;
+    assert!(
+        matches!(up_to_date, Ok(Some(Written::UpToDate))),
+        "{up_to_date:?}"
+    );
+    let day_by_day = days_as_text(&pool).await;
+
+    // Every kind of flow happened, so the agreement below is about them all.
+    let sums: Vec<i64> = sqlx::query_scalar(
+        "SELECT unnest(ARRAY[sum(created), sum(converted), sum(expired), sum(cancelled),
+                sum(refused_unavailable), sum(refused_contended), sum(refused_reserved),
+                sum(refused_customer_limit), sum(substituted_in), sum(substituted_out),
+                sum(added), sum(retired), sum(demand), sum(held), sum(sold), sum(not_ready)])::bigint
+           FROM pool_days",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("sums");
+    assert!(sums.iter().all(|s| *s > 0), "{sums:?}");
+
+    // Rebuilt by the same job from the rows as they are now.
+    planning::rewrite_from(&pool, today - chrono::Duration::days(90))
+        .await
+        .expect("rewrite");
+    assert_eq!(days_as_text(&pool).await.len(), 0);
+    let mut days = 0;
+    while let Some(Written::Day(..)) = planning::write_next_day(&pool, &m.holder, m.fence)
+        .await
+        .expect("rebuild a day")
+    {
+        days += 1;
+    }
+    assert_eq!(days, 90);
+    let rebuilt = days_as_text(&pool).await;
+    assert_eq!(rebuilt.len(), day_by_day.len());
+    for (a, b) in day_by_day.iter().zip(&rebuilt) {
+        assert_eq!(a, b, "written as the day closed vs rebuilt");
+    }
+
+    // Yesterday's end is now as far as machines go: the counts that do not
+    // depend on a hold's deadline equal R17's live counts.
+    let drift: Vec<String> = sqlx::query_scalar(
+        "WITH live AS (SELECT site, profile, total, sold, sellable + held AS free
+                         FROM capacity_pools($1, NULL, NULL, NULL, NULL)),
+              kept AS (SELECT site, profile, total, sold, sellable + held AS free FROM pool_days
+                        WHERE org_id = $1 AND day = (clock_timestamp() AT TIME ZONE 'UTC')::date - 1
+                          AND total > 0)
+         SELECT concat_ws(' ', site, profile, l.total, k.total, l.sold, k.sold, l.free, k.free)
+           FROM live l FULL JOIN kept k USING (site, profile)
+          WHERE (l.total, l.sold, l.free) IS DISTINCT FROM (k.total, k.sold, k.free)",
+    )
+    .bind(org.id)
+    .fetch_all(&pool)
+    .await
+    .expect("compare with the live counts");
+    assert_eq!(drift, Vec::<String>::new());
+}
+
+/// Four replicas run the job at once under the live mandate: each closed
+/// day is written once (two due days: two runs write one each, two find
+/// nothing), equal to a fresh computation; a holder that lost the lease
+/// writes nothing and leaves the cursor.
+#[tokio::test]
+async fn four_replicas_write_each_pool_day_once_and_a_lost_holder_nothing() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "planning-race", true).await;
+    for (i, (site, profile)) in POOLS.iter().enumerate() {
+        for ago in [2, 1] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status, created_at, updated_at)
+                 SELECT $1, 'R-' || $2 || '-' || $5 || '-' || g, $3, 'dell', $4, 'ready', {t}, {t}
+                   FROM generate_series(1, $2 + 1) g",
+                t = at(ago, 3, 0)
+            )))
+            .bind(org.id)
+            .bind(i as i32)
+            .bind(site)
+            .bind(profile)
+            .bind(ago as i32)
+            .execute(&pool)
+            .await
+            .expect("machines");
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO reservation_refusals (org_id, at, reason, site, profile, excluded, quantity)
+                 VALUES ($1, {t}, 'unavailable', $2, $3, '{{}}', 2)",
+                t = at(ago, 4, 0)
+            )))
+            .bind(org.id)
+            .bind(site)
+            .bind(profile)
+            .execute(&pool)
+            .await
+            .expect("refusal");
+        }
+    }
+    let today = today(&pool).await;
+    set_cursor(&pool, today - chrono::Duration::days(3)).await;
+
+    // A holder that lost the lease: released, then claimed by another.
+    let old = mandate(&pool, "replica-old").await;
+    lease::release(&pool, &old).await.expect("release");
+    let m = mandate(&pool, "replica-new").await;
+    let lost = planning::write_next_day(&pool, &old.holder, old.fence).await;
+    assert!(matches!(lost, Ok(None)), "{lost:?}");
+    assert_eq!(days_as_text(&pool).await.len(), 0);
+
+    let barrier = Arc::new(Barrier::new(4));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (pool, barrier, m) = (pool.clone(), barrier.clone(), m.clone());
+        tasks.push(tokio::spawn(async move {
+            // Its own connection, as another replica's.
+            let mut conn = pool.acquire().await.expect("connection");
+            barrier.wait().await;
+            planning::write_next_day(&mut *conn, &m.holder, m.fence).await
+        }));
+    }
+    let mut written = Vec::new();
+    for t in tasks {
+        match tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("a run must not hang")
+            .expect("task")
+            .expect("run")
+        {
+            Some(Written::Day(day, pools)) => written.push((day, pools)),
+            Some(Written::UpToDate) => {}
+            None => panic!("the live mandate was refused"),
+        }
+    }
+    written.sort();
+    assert_eq!(
+        written,
+        vec![
+            (today - chrono::Duration::days(2), 4),
+            (today - chrono::Duration::days(1), 4)
+        ]
+    );
+    // Each pool's day once, as a fresh computation says, refusals not doubled.
+    let wrong: Vec<String> = sqlx::query_scalar(
+        "SELECT concat_ws(' ', k.site, k.profile, k.day)
+           FROM (SELECT d.day, r.* FROM generate_series(1, 2) g,
+                        LATERAL (SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date - g AS day) d,
+                        LATERAL pool_day_rows(d.day) r) k
+           FULL JOIN pool_days p USING (org_id, site, profile, day)
+          WHERE (k.total, k.refused_unavailable, k.demand, k.added)
+                IS DISTINCT FROM (p.total, p.refused_unavailable, p.demand, p.added)",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("compare");
+    assert_eq!(wrong, Vec::<String>::new());
+    let per_day: Vec<(i64, i64, i64)> = sqlx::query_as(
+        "SELECT count(*), sum(refused_unavailable)::bigint, sum(added)::bigint
+           FROM pool_days GROUP BY day ORDER BY day",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("per day");
+    // 1 + 2 + 3 + 4 machines added each day, 2 machines refused per pool.
+    assert_eq!(per_day, vec![(4, 8, 10), (4, 8, 10)]);
+    let through: NaiveDate = sqlx::query_scalar("SELECT through FROM pool_days_written")
+        .fetch_one(&pool)
+        .await
+        .expect("cursor");
+    assert_eq!(through, today - chrono::Duration::days(1));
+}
