@@ -82,6 +82,7 @@ const RUNGS: &[(&str, &[&str])] = &[
             "api::json",
             "api::machines",
             "api::openapi",
+            "api::planning",
             "api::reservations",
             "api::schemas",
             "api::services",

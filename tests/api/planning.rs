@@ -464,3 +464,202 @@ async fn four_replicas_write_each_pool_day_once_and_a_lost_holder_nothing() {
         .expect("cursor");
     assert_eq!(through, today - chrono::Duration::days(1));
 }
+
+/// Sells `n` machines of a pool on the day `ago` days back: holds created
+/// and converted that day on the pool's lowest machines never reserved.
+async fn sell(pool: &Db, org: i64, (site, profile): (&str, &str), ago: i64, n: i64) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "WITH m AS (
+             SELECT id FROM machines
+              WHERE org_id = $1 AND site = $2 AND profile = $3
+                AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = machines.id)
+              ORDER BY id LIMIT $4
+         ), r AS (
+             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot,
+                                       reason, hold_seconds, created_at, expires_at, ended_at, ended_by)
+             SELECT $1, 'sold-' || m.id, m.id, 'converted', '{{}}', '{{}}', 'generated', 3600,
+                    {c}, {c} + interval '1 hour', {e}, 'test'
+               FROM m
+             RETURNING id, machine_id, ended_at
+         )
+         INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+         SELECT $1, machine_id, id, 'S-' || id, ended_at FROM r",
+        c = at(ago, 10, 0),
+        e = at(ago, 11, 0)
+    )))
+    .bind(org)
+    .bind(site)
+    .bind(profile)
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("sell");
+}
+
+async fn add_machines(pool: &Db, org: i64, (site, profile): (&str, &str), ago: i64, n: i64) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status, created_at, updated_at)
+         SELECT $1, 'G-' || gen_random_uuid(), $2, 'dell', $3, 'ready', {t}, {t}
+           FROM generate_series(1, $4)",
+        t = at(ago, 1, 0)
+    )))
+    .bind(org)
+    .bind(site)
+    .bind(profile)
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("machines");
+}
+
+/// The issue's golden cases end to end, through the daily job and `GET
+/// /api/v1/forecast`: 30 available and 3 a day run out 10 days ahead; a
+/// restock of 50 on day 15 of a steady 3 a day leaves the rate at 3; a pool
+/// sold out for the last 7 days with 3 machines refused a day keeps its
+/// rate of 3; a pool created today has no history, no rate and no date.
+/// The lead time moves the flag and the order-by date.
+#[tokio::test]
+async fn the_forecast_tells_the_golden_cases() {
+    let app = crate::helpers::spawn_app().await;
+    let (pool, org) = (app.pool.clone(), app.org.id);
+    let steady = ("par1", "epyc-64");
+    let sold_out = ("par1", "xeon-32");
+    let restocked = ("ams9", "epyc-64");
+    let fresh = ("ams9", "xeon-32");
+    add_machines(&pool, org, steady, 40, 84 + 30).await;
+    add_machines(&pool, org, sold_out, 40, 63).await;
+    add_machines(&pool, org, restocked, 40, 45).await;
+    add_machines(&pool, org, restocked, 14, 50).await;
+    for ago in (1..=28).rev() {
+        sell(&pool, org, steady, ago, 3).await;
+        sell(&pool, org, restocked, ago, 3).await;
+        if ago > 7 {
+            sell(&pool, org, sold_out, ago, 3).await;
+        } else {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "INSERT INTO reservation_refusals (org_id, at, reason, site, profile, excluded, quantity)
+                 VALUES ($1, {t}, 'unavailable', $2, $3, '{{}}', 2),
+                        ($1, {t}, 'reserved', $2, $3, '{{}}', 1),
+                        ($1, {t}, 'contended', $2, $3, '{{}}', 5)",
+                t = at(ago, 12, 0)
+            )))
+            .bind(org)
+            .bind(sold_out.0)
+            .bind(sold_out.1)
+            .execute(&pool)
+            .await
+            .expect("refusals");
+        }
+    }
+    let today = today(&pool).await;
+    set_cursor(&pool, today - chrono::Duration::days(41)).await;
+    let m = mandate(&pool, "forecaster").await;
+    while let Some(Written::Day(..)) = planning::write_next_day(&pool, &m.holder, m.fence)
+        .await
+        .expect("write")
+    {}
+    // Created today, after the last closed day.
+    add_machines(&pool, org, fresh, 0, 5).await;
+
+    let get = |q: &'static str| {
+        let (http, url, token) = (app.http.clone(), app.url(q), app.org.token.clone());
+        async move {
+            let r = http.get(url).bearer_auth(token).send().await.expect("get");
+            assert_eq!(r.status(), reqwest::StatusCode::OK);
+            r.json::<serde_json::Value>().await.expect("json")
+        }
+    };
+    let d = |n: i64| (today + chrono::Duration::days(n)).to_string();
+    let answer = get("/api/v1/forecast").await;
+    let pools = answer["pools"].as_array().expect("pools");
+    let rows: Vec<String> = pools
+        .iter()
+        .map(|p| {
+            format!(
+                "{}/{} available {} rate {} days {} run-out {} band {}..{} order by {} flagged {}",
+                p["site"].as_str().unwrap_or("?"),
+                p["profile"].as_str().unwrap_or("?"),
+                p["available"],
+                p["demand_per_day"],
+                p["days_left"],
+                p["run_out"].as_str().unwrap_or("none"),
+                p["run_out_low"].as_str().unwrap_or("none"),
+                p["run_out_high"].as_str().unwrap_or("none"),
+                p["order_by"].as_str().unwrap_or("none"),
+                p["flagged"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            format!(
+                "par1/xeon-32 available 0 rate 3.0 days 0.0 run-out {t} band {t}..{t} order by {o} flagged true",
+                t = d(0),
+                o = d(-30)
+            ),
+            format!(
+                "ams9/epyc-64 available 11 rate 3.0 days 3.6666666666666665 run-out {t} band {t}..{t} order by {o} flagged true",
+                t = d(3),
+                o = d(-27)
+            ),
+            format!(
+                "par1/epyc-64 available 30 rate 3.0 days 10.0 run-out {t} band {t}..{t} order by {o} flagged true",
+                t = d(10),
+                o = d(-20)
+            ),
+            "ams9/xeon-32 available 5 rate null days null run-out none band none..none order by none flagged false"
+                .to_owned(),
+        ]
+    );
+    assert_eq!(answer["pools"][3]["lead_time_days"], 30);
+
+    // A lead time of 9 days at par1: ordering for its steady pool is due
+    // tomorrow, not yet flagged; ams9 keeps the default.
+    let site = poolkeeper::domain::Site::parse("par1").expect("site");
+    planning::set_lead_time(&pool, org, &site, 9, "test", "test")
+        .await
+        .expect("lead time");
+    let answer = get("/api/v1/forecast?site=par1&profile=epyc-64").await;
+    assert_eq!(answer["pools"].as_array().map(Vec::len), Some(1));
+    assert_eq!(answer["pools"][0]["lead_time_days"], 9);
+    assert_eq!(answer["pools"][0]["order_by"], d(1));
+    assert_eq!(answer["pools"][0]["flagged"], false);
+
+    // The sold-out pool's history: its last week sold nothing and refused
+    // 3 machines for want of stock a day (contended is not demand).
+    let history = get("/api/v1/pools/history?site=par1&profile=xeon-32&days=7").await;
+    let days = history["days"].as_array().expect("days");
+    assert_eq!(days.len(), 7);
+    for day in days {
+        assert_eq!(
+            (
+                &day["converted"],
+                &day["refused"]["unavailable"],
+                &day["refused"]["contended"],
+                &day["demand"],
+                &day["sold"],
+                &day["sellable"]
+            ),
+            (
+                &serde_json::json!(0),
+                &serde_json::json!(2),
+                &serde_json::json!(5),
+                &serde_json::json!(3),
+                &serde_json::json!(63),
+                &serde_json::json!(0)
+            ),
+            "{day}"
+        );
+    }
+    // The restock: 50 added on its day, and nothing else moved the rate.
+    let history = get("/api/v1/pools/history?site=ams9&profile=epyc-64&days=14").await;
+    let added: Vec<i64> = history["days"]
+        .as_array()
+        .expect("days")
+        .iter()
+        .map(|d| d["added"].as_i64().unwrap_or(-1))
+        .collect();
+    assert_eq!(added.first(), Some(&50));
+    assert_eq!(added.iter().sum::<i64>(), 50);
+}
