@@ -104,6 +104,7 @@ const RUNGS: &[(&str, &[&str])] = &[
             "dashboard::org_settings",
             "dashboard::outcome",
             "dashboard::overview",
+            "dashboard::planning",
             "dashboard::reasons",
             "dashboard::reservations",
             "dashboard::reservations::actions",

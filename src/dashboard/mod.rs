@@ -17,6 +17,7 @@ pub mod machines;
 pub mod org_settings;
 pub mod outcome;
 pub mod overview;
+pub mod planning;
 pub mod reasons;
 pub mod reservations;
 pub mod search;
@@ -93,6 +94,9 @@ routes! {
     "/jobs" => Staff [get => jobs::jobs],
     "/demand" => Staff [get => demand::demand],
     "/demand.csv" => Staff [get => demand::export],
+    "/planning" => Staff [get => planning::list],
+    "/planning.csv" => Staff [get => planning::export],
+    "/planning/pool" => Staff [get => planning::pool_page],
     "/settings" => Settings [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => Settings [post => org_settings::save_webhook],
     "/settings/headroom" => DatacenterSettings [post => org_settings::save_headroom],

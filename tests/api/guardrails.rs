@@ -80,6 +80,9 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/jobs",                       "get",  [303, 200, 200, 200, 200]),
     ("/demand",                     "get",  [303, 200, 200, 200, 200]),
     ("/demand.csv",                 "get",  [303, 200, 200, 200, 200]),
+    ("/planning",                   "get",  [303, 200, 200, 200, 200]),
+    ("/planning.csv",               "get",  [303, 200, 200, 200, 200]),
+    ("/planning/pool",              "get",  [303, 400, 400, 400, 400]),
     ("/settings",                   "get",  [303, 403, 403, 200, 200]),
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
     ("/settings/webhook",           "post", [303, 403, 403, 303, 303]),
@@ -128,6 +131,8 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/headroom",                   "get",  "inventory", [401, 403, 200, 200]),
     ("/api/v1/headroom",                   "put",  "inventory", [401, 403, 200, 200]),
     ("/api/v1/capacity",                   "get",  "orders",    [401, 403, 200, 200]),
+    ("/api/v1/forecast",                   "get",  "orders|inventory", [401, 403, 200, 200]),
+    ("/api/v1/pools/history",              "get",  "orders|inventory", [401, 403, 200, 200]),
     ("/api/v1/reservations",               "post", "orders",    [401, 403, 201, 409]),
     ("/api/v1/reservations",               "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}",          "get",  "orders",    [401, 403, 200, 404]),
@@ -491,6 +496,7 @@ async fn api_cell(
     let n = next();
     let token = match (caller, scope) {
         (Caller::NoToken, _) => None,
+        (Caller::WrongScope, "orders|inventory") => Some(app.org.metrics_token.clone()),
         (Caller::WrongScope, "orders") => Some(app.org.inventory_token.clone()),
         (Caller::WrongScope, _) => Some(app.org.orders_token.clone()),
         (Caller::Right, "orders") => Some(app.org.orders_token.clone()),
@@ -1075,6 +1081,8 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             Some(json!({"url": "https://203.0.113.10/hooks"})),
         ),
         ("DELETE", "/api/v1/webhook".into(), None),
+        ("GET", "/api/v1/forecast".into(), None),
+        ("GET", "/api/v1/pools/history".into(), None),
     ];
     // Every operation of the OpenAPI document is among the calls.
     for (path, m) in openapi_operations(app).await {

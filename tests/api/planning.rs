@@ -662,4 +662,56 @@ async fn the_forecast_tells_the_golden_cases() {
         .collect();
     assert_eq!(added.first(), Some(&50));
     assert_eq!(added.iter().sum::<i64>(), 50);
+
+    // The planning page: ranked soonest first, the flag in words, a
+    // sparkline per pool; the pool's page: the chart with its projection
+    // and the table of its days; the CSV; the overview's link.
+    let viewer = app.staff("planner@example.com", "viewer").await;
+    let (status, html) = viewer.page("/planning").await;
+    assert_eq!(status, 200, "{html}");
+    let order: Vec<usize> = [
+        "par1/xeon-32",
+        "ams9/epyc-64",
+        "par1/epyc-64",
+        "ams9/xeon-32",
+    ]
+    .iter()
+    .map(|p| {
+        let (site, profile) = p.split_once('/').unwrap_or_default();
+        html.find(&format!("data-site=\"{site}\" data-profile=\"{profile}\""))
+            .unwrap_or_else(|| panic!("{p} on the page"))
+    })
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+    assert!(html.contains("no history yet"), "{html}");
+    assert!(html.contains("<strong>Flagged</strong>"), "{html}");
+    assert_eq!(html.matches("class=\"spark-stock\"").count(), 3, "{html}");
+    let (status, html) = viewer
+        .page("/planning/pool?site=par1&profile=epyc-64")
+        .await;
+    assert_eq!(status, 200, "{html}");
+    assert!(
+        html.contains(&format!("projected run-out: {}", d(10))),
+        "{html}"
+    );
+    assert!(
+        html.contains("fitted demand over the last 28 days: 3.0 a day"),
+        "{html}"
+    );
+    assert_eq!(html.matches("<tr data-day=").count(), 40, "{html}");
+    let (status, _) = viewer.page("/planning/pool?site=par1").await;
+    assert_eq!(status, 400);
+    let csv = viewer
+        .get("/planning.csv?site=par1&profile=xeon-32")
+        .await
+        .text()
+        .await
+        .expect("csv");
+    assert_eq!(csv.lines().count(), 1 + 40, "{csv}");
+    assert!(csv.starts_with("site,profile,day,total,"), "{csv}");
+    let (_, overview) = viewer.page("/").await;
+    assert!(
+        overview.contains("/planning/pool?site=par1&amp;profile=epyc-64"),
+        "{overview}"
+    );
 }

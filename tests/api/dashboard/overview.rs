@@ -56,12 +56,12 @@ async fn every_page_parses_shows_its_content_and_its_links_work() {
     );
     assert_eq!(
         text_of(&body, &format!("{par1} tbody tr[data-profile=epyc] td")).join(" "),
-        "2 1 1 1 5 nothing kept 2",
-        "then the headroom (none) and what an order without a segment may take"
+        "2 1 1 1 5 nothing kept 2 Run-out",
+        "then the headroom (none), what an order without a segment may take and the pool's planning page"
     );
     assert_eq!(
         text_of(&body, &format!("{par1} tbody tr[data-profile=xeon] td")).join(" "),
-        "1 0 0 0 1 nothing kept 1"
+        "1 0 0 0 1 nothing kept 1 Run-out"
     );
     // Each number once: the bar carries no text labels, the table has them.
     assert_eq!(
