@@ -20,6 +20,9 @@ pub const WINDOW_DAYS: i32 = 28;
 /// 95% for residuals roughly normal).
 pub const BAND_SE: f64 = 2.0;
 
+/// R21: a site's procurement lead time when staff set none.
+pub const DEFAULT_LEAD_TIME_DAYS: i32 = 30;
+
 /// Dates further than this are not told: the stock outlasts any plan.
 pub const HORIZON_DAYS: f64 = 36_500.0;
 
@@ -254,7 +257,7 @@ pub async fn read(
         .bind(site.map(Site::as_str))
         .bind(profile.map(Profile::as_str))
         .bind(WINDOW_DAYS)
-        .bind(crate::planning::DEFAULT_LEAD_TIME_DAYS)
+        .bind(DEFAULT_LEAD_TIME_DAYS)
         .fetch_one(db)
         .await?;
     let mut pools = Vec::new();

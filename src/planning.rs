@@ -237,8 +237,7 @@ pub async fn history(
     Ok(rows)
 }
 
-/// R21: a site's procurement lead time when staff set none.
-pub const DEFAULT_LEAD_TIME_DAYS: i32 = 30;
+pub use crate::forecast::DEFAULT_LEAD_TIME_DAYS;
 
 /// The longest lead time staff may set, in days.
 pub const MAX_LEAD_TIME_DAYS: i32 = 730;
