@@ -388,9 +388,22 @@ async fn site_set(
         bail!("no organization: create one first (poolkeeper org add)");
     }
     for (id, slug) in orgs {
+        let mut tx = pool.begin().await?;
         let before =
-            crate::planning::set_lead_time(pool, id, &site, days, "command line", "command line")
-                .await?;
+            crate::planning::set_lead_time(&mut tx, id, &site, days, "command line").await?;
+        crate::audit::record(
+            &mut tx,
+            &crate::audit::Entry {
+                org_id: Some(id),
+                actor: "command line",
+                action: crate::planning::LEAD_TIME_AUDIT,
+                object: &format!("site:{}", site.as_str()),
+                source_addr: "command line",
+                detail: Some(&format!("{before} -> {days} days")),
+            },
+        )
+        .await?;
+        tx.commit().await?;
         eprintln!(
             "{slug}: site {} lead time {days} days (was {before})",
             site.as_str()

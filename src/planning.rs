@@ -268,19 +268,17 @@ pub fn lead_time_days(days: i64) -> Result<i32, BadLeadTime> {
         .ok_or(BadLeadTime(days))
 }
 
-/// Sets `site`'s lead time for organization `org_id`, as `actor` said from
-/// `source_addr`, with its audit row (`site.lead_time_set`) in the same
-/// transaction; returns the previous one (the default when none was set).
+/// Sets `site`'s lead time for organization `org_id`, as `actor` said, in
+/// the caller's transaction (which writes the audit row beside it);
+/// returns the previous one (the default when none was set).
 pub async fn set_lead_time(
-    db: &Db,
+    conn: &mut sqlx::PgConnection,
     org_id: i64,
     site: &Site,
     days: i32,
     actor: &str,
-    source_addr: &str,
 ) -> Result<i32, sqlx::Error> {
-    let mut tx = db.begin().await?;
-    let before: i32 = sqlx::query_scalar(
+    sqlx::query_scalar(
         "WITH before AS (
              SELECT lead_time_days FROM site_lead_times WHERE org_id = $1 AND site = $2 FOR UPDATE
          ), set AS (
@@ -297,23 +295,12 @@ pub async fn set_lead_time(
     .bind(days)
     .bind(actor)
     .bind(DEFAULT_LEAD_TIME_DAYS)
-    .fetch_one(&mut *tx)
-    .await?;
-    crate::audit::record(
-        &mut tx,
-        &crate::audit::Entry {
-            org_id: Some(org_id),
-            actor,
-            action: "site.lead_time_set",
-            object: &format!("site:{}", site.as_str()),
-            source_addr,
-            detail: Some(&format!("{before} -> {days} days")),
-        },
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(before)
+    .fetch_one(conn)
+    .await
 }
+
+/// The audit action of a lead time changed.
+pub const LEAD_TIME_AUDIT: &str = "site.lead_time_set";
 
 #[cfg(test)]
 mod tests {

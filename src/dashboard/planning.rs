@@ -12,9 +12,9 @@ use chrono::{Duration, NaiveDate};
 use serde::Deserialize;
 
 use super::csv;
-use super::error::DashError;
-use super::session::Staff;
-use super::view::{Chrome, Select, fmt_time, page, url_with};
+use super::error::{DashError, Written, commit};
+use super::session::{Staff, audit_on};
+use super::view::{Chrome, Select, fmt_time, page, see_other, url_with};
 use crate::db::Db;
 use crate::domain::{Profile, Site};
 use crate::forecast::{self, PoolForecast};
@@ -554,6 +554,78 @@ pub(crate) async fn pool_page(
         chart,
         days,
     })
+}
+
+/// Each of `sites`' lead time, and whether staff set it (else the
+/// default), for the settings page.
+pub async fn lead_times_of_sites(
+    pool: &Db,
+    org_id: i64,
+    sites: &[String],
+) -> Result<Vec<(String, i32, bool)>, DashError> {
+    let set: BTreeMap<String, i32> = planning::lead_times(pool, org_id)
+        .await?
+        .into_iter()
+        .collect();
+    let mut all: Vec<String> = sites.iter().chain(set.keys()).cloned().collect();
+    all.sort();
+    all.dedup();
+    Ok(all
+        .into_iter()
+        .map(|site| match set.get(&site) {
+            Some(d) => (site, *d, true),
+            None => (site, planning::DEFAULT_LEAD_TIME_DAYS, false),
+        })
+        .collect())
+}
+
+#[derive(Debug, Deserialize)]
+pub struct LeadTimeForm {
+    #[serde(default)]
+    site: String,
+    #[serde(default)]
+    days: String,
+}
+
+/// `POST /settings/lead-time` (admin): R21's lead time of a site, with its
+/// audit row in the same transaction.
+pub(crate) async fn save_lead_time(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<Db>,
+    form: web::Form<LeadTimeForm>,
+) -> Result<HttpResponse, DashError> {
+    let bad = |what: String| DashError::bad_request(format!("{what}; nothing was changed."));
+    let site = Site::parse(form.site.trim()).map_err(|e| bad(e.to_string()))?;
+    let days = super::input::whole_number::<i64>(form.days.trim())
+        .and_then(|d| planning::lead_time_days(d).ok())
+        .ok_or_else(|| {
+            bad(format!(
+                "“Lead time” is a whole number of days from 1 to {}",
+                planning::MAX_LEAD_TIME_DAYS
+            ))
+        })?;
+    let mut tx = pool.begin().await?;
+    let before = planning::set_lead_time(&mut tx, staff.org_id, &site, days, &staff.email).await?;
+    audit_on(
+        &mut tx,
+        &req,
+        &staff,
+        planning::LEAD_TIME_AUDIT,
+        &format!("site:{site}"),
+        Some(&format!("{before} -> {days} days")),
+    )
+    .await?;
+    commit(
+        tx,
+        Written::new(
+            "the lead time of the site",
+            "The settings page lists the lead times in force now; save it again if it is not the one you chose.",
+            ("/settings#lead-times", "Open the settings"),
+        ),
+    )
+    .await?;
+    Ok(see_other("/settings?flash=lead_time_saved#lead-times"))
 }
 
 #[cfg(test)]

@@ -87,6 +87,7 @@ const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
     ("/settings/webhook",           "post", [303, 403, 403, 303, 303]),
     ("/settings/headroom",          "post", [303, 403, 403, 303, 303]),
+    ("/settings/lead-time",         "post", [303, 403, 403, 303, 303]),
     ("/audit",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "post", [303, 403, 403, 303, 303]),
@@ -326,6 +327,10 @@ async fn dashboard_cell(
             fields.push(("profile".into(), profile.into()));
             fields.push(("segment".into(), "enterprise".into()));
             fields.push(("machines".into(), "1".into()));
+        }
+        "/settings/lead-time" => {
+            fields.push(("site".into(), "par1".into()));
+            fields.push(("days".into(), "45".into()));
         }
         "/users" => {
             fields.push(("email".into(), format!("new{n}@example.com")));

@@ -617,9 +617,12 @@ async fn the_forecast_tells_the_golden_cases() {
     // A lead time of 9 days at par1: ordering for its steady pool is due
     // tomorrow, not yet flagged; ams9 keeps the default.
     let site = poolkeeper::domain::Site::parse("par1").expect("site");
-    planning::set_lead_time(&pool, org, &site, 9, "test", "test")
+    let mut conn = pool.acquire().await.expect("connection");
+    let before = planning::set_lead_time(&mut conn, org, &site, 9, "test")
         .await
         .expect("lead time");
+    assert_eq!(before, 30, "the default");
+    drop(conn);
     let answer = get("/api/v1/forecast?site=par1&profile=epyc-64").await;
     assert_eq!(answer["pools"].as_array().map(Vec::len), Some(1));
     assert_eq!(answer["pools"][0]["lead_time_days"], 9);
@@ -713,5 +716,64 @@ async fn the_forecast_tells_the_golden_cases() {
     assert!(
         overview.contains("/planning/pool?site=par1&amp;profile=epyc-64"),
         "{overview}"
+    );
+}
+
+/// R21's lead time on /settings: listed per site (the default marked),
+/// set by an admin with its audit row, a bad value refused with nothing
+/// written; the planning page flags against it.
+#[tokio::test]
+async fn the_settings_page_sets_a_sites_lead_time() {
+    let app = crate::helpers::spawn_app().await;
+    add_machines(&app.pool, app.org.id, ("par1", "epyc-64"), 3, 2).await;
+    let admin = app.staff("admin@example.com", "admin").await;
+    let (status, html) = admin.page("/settings").await;
+    assert_eq!(status, 200);
+    assert!(
+        html.contains("<th scope=\"row\">par1</th><td class=\"num\">30 (default)</td>"),
+        "{html}"
+    );
+    let csrf = admin.csrf().await;
+    for bad in ["0", "731", "ten", ""] {
+        let r = admin
+            .post_form(
+                "/settings/lead-time",
+                &[("csrf", &csrf), ("site", "par1"), ("days", bad)],
+            )
+            .await;
+        assert_eq!(r.status().as_u16(), 400, "{bad}");
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM site_lead_times")
+        .fetch_one(&app.pool)
+        .await
+        .expect("count");
+    assert_eq!(rows, 0, "a refused value writes nothing");
+    let r = admin
+        .post_form(
+            "/settings/lead-time",
+            &[("csrf", &csrf), ("site", "par1"), ("days", "45")],
+        )
+        .await;
+    assert_eq!(r.status().as_u16(), 303);
+    let (_, html) = admin.page("/settings").await;
+    assert!(
+        html.contains("<th scope=\"row\">par1</th><td class=\"num\">45</td>"),
+        "{html}"
+    );
+    let audited: Vec<String> = sqlx::query_scalar(
+        "SELECT actor || ' ' || action || ' ' || object || ' ' || detail FROM audit_log
+          WHERE action = 'site.lead_time_set'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("audit");
+    assert_eq!(
+        audited,
+        vec!["admin@example.com site.lead_time_set site:par1 30 -> 45 days"]
+    );
+    let (_, html) = admin.page("/planning").await;
+    assert!(
+        html.contains("<td class=\"num\" data-k=\"lead_time\">45</td>"),
+        "{html}"
     );
 }
