@@ -800,7 +800,7 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
 const PLAN_PROFILE: &str = "epyc-9754-768g";
 /// The profile the substitute story's orders ask for (no machine has it)
 /// and the one that serves them.
-const PLAN_ASKED: &str = "xeon-6430-1024g";
+const PLAN_ASKED: &str = "xeon-6430-768g";
 const PLAN_SERVED: &str = "xeon-6430-512g";
 /// Days of history the demo writes.
 pub const PLAN_DAYS: i64 = 90;
@@ -968,7 +968,12 @@ async fn plan_sale(pool: &Db, org_id: i64, p: &PlanPool, ago: i64, k: i64) -> an
     if let Some((reason, profile, served)) = refusal {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO reservation_refusals (org_id, at, reason, site, profile, excluded, quantity, profile_served)
-             VALUES ($1, {created}, $2, $3, $4, '{{}}', 1, $5)"
+             VALUES ($1, {created}, $2, $3, $4,
+                     CASE WHEN $2 = 'unavailable'
+                          THEN jsonb_build_object('in_service',
+                                   (SELECT count(*) FROM machines
+                                     WHERE org_id = $1 AND site = $3 AND profile = $4))
+                          ELSE '{{}}' END, 1, $5)"
         )))
         .bind(org_id)
         .bind(reason)

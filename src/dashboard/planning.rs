@@ -85,11 +85,7 @@ fn words(f: &PoolForecast) -> (String, String, String, String, String) {
         (Some(lo), None) => format!("{lo} or never"),
         _ => String::new(),
     };
-    let order_by = match (f.order_by, f.flagged) {
-        (Some(d), true) => format!("{d}: order now"),
-        (Some(d), false) => d.to_string(),
-        (None, _) => String::new(),
-    };
+    let order_by = date_or(f.order_by, "");
     (
         demand,
         days_left,
@@ -316,6 +312,7 @@ pub struct DayRow {
 /// stacked per day below, the fitted rate over the window and the
 /// projection from today's available stock to its run-out.
 pub struct Chart {
+    pub days: i32,
     pub width: f64,
     pub height: f64,
     pub demand_top: f64,
@@ -414,6 +411,7 @@ fn chart(today: NaiveDate, days: &[DayRow], f: &PoolForecast) -> Chart {
     let lines = projection(f, today, today_x, stock_scale, demand_bottom, demand_scale);
     let (demand, days_left, run_out, band, _) = words(f);
     Chart {
+        days: CHART_DAYS,
         width,
         height: demand_bottom + 4.0,
         demand_top,

@@ -328,7 +328,7 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         .pools
         .iter()
         .filter(|p| {
-            ["epyc-9754-768g", "xeon-6430-1024g", "xeon-6430-512g"].contains(&p.profile.as_str())
+            ["epyc-9754-768g", "xeon-6430-768g", "xeon-6430-512g"].contains(&p.profile.as_str())
         })
         .map(|p| {
             format!(
@@ -346,7 +346,7 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         story,
         [
             "fra1/epyc-9754-768g 0 1.00 0.0 true",
-            "par2/xeon-6430-1024g 0 0.29 0.0 true",
+            "par2/xeon-6430-768g 0 0.29 0.0 true",
             "par1/epyc-9754-768g 6 0.65 9.3 true",
             "ams1/epyc-9754-768g 20 0.65 31.0 true",
             "par2/xeon-6430-512g 10 0.00 -1.0 false",
@@ -405,7 +405,7 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         let n: i64 = sqlx::query_scalar(
             // Besides the planning story's, in pools of their own.
             "SELECT count(*) FROM reservation_refusals WHERE org_id = $1 AND reason = $2
-                AND profile NOT IN ('epyc-9754-768g', 'xeon-6430-1024g')",
+                AND profile NOT IN ('epyc-9754-768g', 'xeon-6430-768g')",
         )
         .bind(org)
         .bind(reason)
