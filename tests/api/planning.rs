@@ -777,3 +777,68 @@ async fn the_settings_page_sets_a_sites_lead_time() {
         "{html}"
     );
 }
+
+/// The sweep worker itself: its holder writes the closed days after the
+/// upgrade's cursor, `DAYS_PER_PERIOD` a period, up to yesterday, each
+/// under its fence (the rows carry the worker's replica and mandate), and
+/// then writes nothing more until a day closes.
+#[tokio::test]
+async fn the_sweeps_holder_rebuilds_the_past_over_periods() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "planning-worker", true).await;
+    add_machines(&pool, org.id, ("par1", "epyc-64"), 45, 3).await;
+    let today = today(&pool).await;
+    set_cursor(&pool, today - chrono::Duration::days(46)).await;
+    let mut settings = crate::helpers::test_settings();
+    settings.sweep_period = Duration::from_millis(200);
+    settings.lease_duration = Duration::from_secs(3);
+    let metrics = poolkeeper::metrics::Metrics::new();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let worker = {
+        let (pool, settings, metrics) = (pool.clone(), settings.clone(), metrics.clone());
+        tokio::spawn(
+            async move { poolkeeper::sweep::run(&pool, &settings, metrics, stopped).await },
+        )
+    };
+    let yesterday = today - chrono::Duration::days(1);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let through: NaiveDate = sqlx::query_scalar("SELECT through FROM pool_days_written")
+            .fetch_one(&pool)
+            .await
+            .expect("cursor");
+        if through == yesterday {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the worker wrote through {through}, not yesterday"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(true);
+    tokio::time::timeout(Duration::from_secs(15), worker)
+        .await
+        .expect("the worker stops")
+        .expect("worker task");
+    // 46 closed days from the cursor on: the machines' day first, then a
+    // row per day, each written by the worker's replica under a fence of
+    // the sweep's lease.
+    let (days, first, replicas, unfenced): (i64, NaiveDate, i64, i64) = sqlx::query_as(
+        "SELECT count(*), min(day), count(DISTINCT replica),
+                count(*) FILTER (WHERE lease_fence NOT IN (SELECT fence FROM leases WHERE key = 'sweep'))
+           FROM pool_days WHERE org_id = $1",
+    )
+    .bind(org.id)
+    .fetch_one(&pool)
+    .await
+    .expect("days");
+    assert_eq!((days, first), (45, today - chrono::Duration::days(45)));
+    assert_eq!((replicas, unfenced), (1, 0));
+    let replica: String = sqlx::query_scalar("SELECT DISTINCT replica FROM pool_days")
+        .fetch_one(&pool)
+        .await
+        .expect("replica");
+    assert_eq!(replica, settings.replica);
+}
