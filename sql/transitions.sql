@@ -52,14 +52,21 @@ $$;
 -- cancelled or converted: it is recorded as expired, ended by
 -- 'cancellation' or 'conversion' (nobody decided in time, R2), that write
 -- stays, and the answer is 'expired'.
-CREATE OR REPLACE FUNCTION reservation_transition(p_org bigint, p_id bigint, p_fence bigint, p_actor text,
-                                                  p_action text, p_text text)
+--
+-- The request is one value (`transition_request`); its fields are named
+-- below as the arguments they were (p_text: the reason of a cancel, the
+-- service reference of a convert).
+CREATE OR REPLACE FUNCTION transition_request_of(p_org bigint, p_actor text, p_req transition_request)
 RETURNS transition_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
+    p_id       bigint := p_req.id;
+    p_fence    bigint := p_req.fence;
+    p_action   text   := p_req.action;
+    p_text     text   := CASE p_req.action WHEN 'cancel' THEN p_req.reason ELSE p_req.service_ref END;
     v_row      reservations;
     v_link     service_links;
     v_overdue  boolean;
@@ -130,6 +137,17 @@ BEGIN
 END
 $$;
 
+-- The previous release's entry point, by position: the same transition.
+CREATE OR REPLACE FUNCTION reservation_transition(p_org bigint, p_id bigint, p_fence bigint, p_actor text,
+                                                  p_action text, p_text text)
+RETURNS transition_result
+LANGUAGE sql AS $$
+    SELECT transition_request_of(p_org, p_actor,
+        ROW(p_id, p_fence, p_action,
+            CASE p_action WHEN 'cancel' THEN p_text END,
+            CASE p_action WHEN 'convert' THEN p_text END)::transition_request)
+$$;
+
 -- POST /api/v1/reservations/{id}/cancel and .../convert in one statement:
 -- the caller (api_caller, scope orders), then the transition.
 --
@@ -144,11 +162,14 @@ $$;
 -- 'not_held'). Anything else that ended it (an expiry, another action,
 -- another actor, another service) stays 'not_held'. The dashboard calls
 -- reservation_transition directly: a second submit there is still refused.
-CREATE OR REPLACE FUNCTION api_transition(p_token_hash bytea, p_module_on boolean, p_id bigint, p_fence bigint,
-                                          p_action text, p_text text)
+CREATE OR REPLACE FUNCTION api_transition_request(p_token_hash bytea, p_module_on boolean, p_request jsonb)
 RETURNS TABLE (caller text, result transition_result)
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_req    transition_request := jsonb_populate_record(NULL::transition_request, p_request);
+    p_id     bigint := v_req.id;
+    p_action text   := v_req.action;
+    p_text   text   := CASE v_req.action WHEN 'cancel' THEN v_req.reason ELSE v_req.service_ref END;
     v_caller record;
     v_result transition_result;
     v_link   service_links;
@@ -158,10 +179,13 @@ BEGIN
         RETURN QUERY SELECT v_caller.status, NULL::transition_result;
         RETURN;
     END IF;
-    v_result := reservation_transition(v_caller.org_id, p_id, p_fence, v_caller.actor, p_action, p_text);
+    v_result := transition_request_of(v_caller.org_id, v_caller.actor, v_req);
     IF v_result.outcome = 'not_held' THEN
         IF p_action = 'cancel' AND v_result.state = 'cancelled' AND v_result.ended_by = v_caller.actor THEN
-            v_result.outcome := 'ok';
+            -- The same key (id, fence) with another reason is another
+            -- request: refused, never answered as the original.
+            v_result.outcome := CASE WHEN v_result.end_reason IS NOT DISTINCT FROM p_text
+                                     THEN 'ok' ELSE 'idempotency_mismatch' END;
         ELSIF p_action = 'convert' AND v_result.state = 'converted' THEN
             SELECT * INTO v_link FROM service_links s
              WHERE s.reservation_id = p_id AND s.org_id = v_caller.org_id AND s.service_ref = p_text;
@@ -172,11 +196,25 @@ BEGIN
                 v_result.link_created_at := v_link.created_at;
                 v_result.link_ended_at := v_link.ended_at;
                 v_result.link_ended_by := v_link.ended_by;
+            ELSIF v_result.ended_by = v_caller.actor THEN
+                -- Converted by this caller into another service.
+                v_result.outcome := 'idempotency_mismatch';
             END IF;
         END IF;
     END IF;
     RETURN QUERY SELECT 'ok'::text, v_result;
 END
+$$;
+
+-- The previous release's entry point, by position: the same statement.
+CREATE OR REPLACE FUNCTION api_transition(p_token_hash bytea, p_module_on boolean, p_id bigint, p_fence bigint,
+                                          p_action text, p_text text)
+RETURNS TABLE (caller text, result transition_result)
+LANGUAGE sql AS $$
+    SELECT * FROM api_transition_request(p_token_hash, p_module_on,
+        to_jsonb(ROW(p_id, p_fence, p_action,
+                     CASE p_action WHEN 'cancel' THEN p_text END,
+                     CASE p_action WHEN 'convert' THEN p_text END)::transition_request))
 $$;
 
 -- R13/R14: cancel, convert or extend a whole order in one transaction, or
@@ -210,16 +248,27 @@ $$;
 -- actor, the old and new deadline and the reason.
 DROP FUNCTION IF EXISTS order_transition(bigint, text, bigint[], bigint[], text[], text, text, text,
                                          integer, integer);
-CREATE OR REPLACE FUNCTION order_transition(p_org bigint, p_order_ref text, p_ids bigint[], p_fences bigint[],
-                                 p_texts text[], p_actor text, p_action text, p_reason text,
-                                 p_seconds integer, p_cap integer, p_until timestamptz DEFAULT NULL)
+--
+-- The request is one value (`order_request`, read from the binary's jsonb
+-- by api_order_request or given whole): its fields are named below as the
+-- arguments they were.
+CREATE OR REPLACE FUNCTION order_request_transition(p_org bigint, p_actor text, p_req order_request)
 RETURNS SETOF transition_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_ref      text := p_order_ref;
+    p_order_ref text        := p_req.order_ref;
+    p_ids       bigint[]    := p_req.ids;
+    p_fences    bigint[]    := p_req.fences;
+    p_texts     text[]      := p_req.texts;
+    p_action    text        := p_req.action;
+    p_reason    text        := p_req.reason;
+    p_seconds   integer     := p_req.seconds;
+    p_cap       integer     := p_req.cap;
+    p_until     timestamptz := p_req.until;
+    v_ref      text := p_req.order_ref;
     v_rows     reservations[];
     v_row      reservations;
     v_link     service_links;
@@ -352,6 +401,16 @@ BEGIN
 END
 $$;
 
+-- The previous release's entry point, by position: the same transition.
+CREATE OR REPLACE FUNCTION order_transition(p_org bigint, p_order_ref text, p_ids bigint[], p_fences bigint[],
+                                 p_texts text[], p_actor text, p_action text, p_reason text,
+                                 p_seconds integer, p_cap integer, p_until timestamptz DEFAULT NULL)
+RETURNS SETOF transition_result
+LANGUAGE sql AS $$
+    SELECT * FROM order_request_transition(p_org, p_actor,
+        ROW(p_order_ref, p_ids, p_fences, p_texts, p_action, p_reason, p_seconds, p_cap, p_until)::order_request)
+$$;
+
 -- The API's order actions and the extension of one reservation, in one
 -- statement: the caller (api_caller, scope orders), then order_transition.
 --
@@ -363,13 +422,16 @@ $$;
 -- 'stale_fence' come before 'not_held'). Anything else stays 'not_held'.
 DROP FUNCTION IF EXISTS api_order_transition(bytea, boolean, text, bigint[], bigint[], text[], text, text,
                                              integer, integer);
-CREATE OR REPLACE FUNCTION api_order_transition(p_token_hash bytea, p_module_on boolean, p_order_ref text,
-                                     p_ids bigint[], p_fences bigint[], p_texts text[], p_action text,
-                                     p_reason text, p_seconds integer, p_cap integer,
-                                     p_until timestamptz DEFAULT NULL)
+CREATE OR REPLACE FUNCTION api_order_request(p_token_hash bytea, p_module_on boolean, p_request jsonb)
 RETURNS TABLE (caller text, result transition_result)
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_req    order_request := jsonb_populate_record(NULL::order_request, p_request);
+    p_ids    bigint[]      := v_req.ids;
+    p_texts  text[]        := v_req.texts;
+    p_action text          := v_req.action;
+    p_reason text          := v_req.reason;
+    v_outcome text;
     v_caller record;
     v_rows   transition_result[];
 BEGIN
@@ -378,15 +440,16 @@ BEGIN
         RETURN QUERY SELECT v_caller.status, NULL::transition_result;
         RETURN;
     END IF;
-    v_rows := ARRAY(SELECT t FROM order_transition(v_caller.org_id, p_order_ref, p_ids, p_fences, p_texts,
-                                                   v_caller.actor, p_action, p_reason, p_seconds, p_cap,
-                                                   p_until) t);
+    v_rows := ARRAY(SELECT t FROM order_request_transition(v_caller.org_id, v_caller.actor, v_req) t);
     IF v_rows[1].outcome = 'not_held' AND p_action = 'cancel'
        AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
                         WHERE r.state <> 'cancelled' OR r.ended_by IS DISTINCT FROM v_caller.actor) THEN
+        -- Cancelled by this caller with another reason: another request.
+        v_outcome := CASE WHEN EXISTS (SELECT 1 FROM unnest(v_rows) r WHERE r.end_reason IS DISTINCT FROM p_reason)
+                          THEN 'idempotency_mismatch' ELSE 'ok' END;
         RETURN QUERY SELECT 'ok'::text, x
             FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
-                 LATERAL transition_result_of('ok', res) x
+                 LATERAL transition_result_of(v_outcome, res) x
            ORDER BY res.slot;
         RETURN;
     END IF;
@@ -404,6 +467,28 @@ BEGIN
            ORDER BY res.slot;
         RETURN;
     END IF;
+    -- Converted whole by this caller, into other services than these.
+    IF v_rows[1].outcome = 'not_held' AND p_action = 'convert'
+       AND NOT EXISTS (SELECT 1 FROM unnest(v_rows) r
+                        WHERE r.state <> 'converted' OR r.ended_by IS DISTINCT FROM v_caller.actor) THEN
+        RETURN QUERY SELECT 'ok'::text, x
+            FROM unnest(v_rows) r JOIN reservations res ON res.id = r.id,
+                 LATERAL transition_result_of('idempotency_mismatch', res) x
+           ORDER BY res.slot;
+        RETURN;
+    END IF;
     RETURN QUERY SELECT 'ok'::text, r FROM unnest(v_rows) r;
 END
+$$;
+
+-- The previous release's entry point, by position: the same statement.
+CREATE OR REPLACE FUNCTION api_order_transition(p_token_hash bytea, p_module_on boolean, p_order_ref text,
+                                     p_ids bigint[], p_fences bigint[], p_texts text[], p_action text,
+                                     p_reason text, p_seconds integer, p_cap integer,
+                                     p_until timestamptz DEFAULT NULL)
+RETURNS TABLE (caller text, result transition_result)
+LANGUAGE sql AS $$
+    SELECT * FROM api_order_request(p_token_hash, p_module_on,
+        to_jsonb(ROW(p_order_ref, p_ids, p_fences, p_texts, p_action, p_reason, p_seconds, p_cap,
+                     p_until)::order_request))
 $$;

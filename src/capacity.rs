@@ -304,6 +304,32 @@ fn reserved_counts() -> utoipa::openapi::schema::ObjectBuilder {
 /// The most machines a headroom may keep (the table's check).
 pub const MAX_HEADROOM: i32 = 100_000;
 
+/// R18: what a headroom write asks for, as both the API and the dashboard
+/// parse it: the one value `set` takes (0 machines removes it).
+#[derive(Debug, Clone)]
+pub struct HeadroomSetting {
+    pub site: Site,
+    pub profile: Profile,
+    pub segment: Segment,
+    pub machines: i32,
+}
+
+impl HeadroomSetting {
+    /// `None` when `machines` is outside 0..=`MAX_HEADROOM` (each boundary
+    /// words its own refusal).
+    pub fn new(site: Site, profile: Profile, segment: Segment, machines: i64) -> Option<Self> {
+        let machines = i32::try_from(machines)
+            .ok()
+            .filter(|n| (0..=MAX_HEADROOM).contains(n))?;
+        Some(HeadroomSetting {
+            site,
+            profile,
+            segment,
+            machines,
+        })
+    }
+}
+
 /// The organization's headroom, by pool and segment.
 pub async fn list(db: impl PgExecutor<'_>, org_id: i64) -> Result<Vec<Headroom>, sqlx::Error> {
     sqlx::query_as(
@@ -337,13 +363,20 @@ impl Change {
     /// The audit log's name of a change that wrote something, the same
     /// for the API and the dashboard.
     /// With its detail: what the pool keeps now.
-    pub fn audit(self, machines: i32, segment: &Segment) -> Option<(&'static str, String)> {
+    pub fn audit(
+        self,
+        machines: i32,
+        segment: &Segment,
+    ) -> Option<(crate::audit::AuditAction, String)> {
         match self {
             Change::Set => Some((
-                "headroom.set",
+                crate::audit::AuditAction::HeadroomSet,
                 format!("{machines} {} kept for {segment}", machine_s(machines)),
             )),
-            Change::Removed => Some(("headroom.removed", format!("nothing kept for {segment}"))),
+            Change::Removed => Some((
+                crate::audit::AuditAction::HeadroomRemoved,
+                format!("nothing kept for {segment}"),
+            )),
             Change::Unchanged | Change::NoSuchPool => None,
         }
     }
@@ -357,12 +390,16 @@ impl Change {
 pub async fn set(
     tx: &mut PgConnection,
     org_id: i64,
-    site: &Site,
-    profile: &Profile,
-    segment: &Segment,
-    machines: i32,
+    setting: &HeadroomSetting,
     actor: &str,
 ) -> Result<(Headroom, Change), sqlx::Error> {
+    let HeadroomSetting {
+        site,
+        profile,
+        segment,
+        machines,
+    } = setting;
+    let machines = *machines;
     sqlx::query("SELECT pool_turn($1, $2, $3)")
         .bind(org_id)
         .bind(site.as_str())

@@ -116,8 +116,10 @@ struct SsoArgs {
     /// The ID token claim whose values map to roles.
     #[arg(long, default_value = "groups")]
     claim: String,
-    /// ROLE=VALUE: the claim value that gives admin, support or viewer; one
-    /// per role, at least one; the highest mapped role wins.
+    /// ROLE=VALUE: a claim value that gives admin, support or viewer; repeat
+    /// it for several values of one role (any of them gives it), at least
+    /// one in all; the highest mapped role wins. The value is taken whole
+    /// (a group's distinguished name may hold commas).
     #[arg(long = "role", value_name = "ROLE=VALUE")]
     roles: Vec<String>,
     /// on: password sign-in as before; admins: only admins may still use a
@@ -396,7 +398,7 @@ async fn site_set(
             &crate::audit::Entry {
                 org_id: Some(id),
                 actor: "command line",
-                action: crate::planning::LEAD_TIME_AUDIT,
+                action: crate::audit::AuditAction::SiteLeadTimeSet,
                 object: &format!("site:{}", site.as_str()),
                 source_addr: "command line",
                 detail: Some(&format!("{before} -> {days} days")),
@@ -476,7 +478,7 @@ async fn org_sso(
         }
         return Ok(());
     }
-    let mut values: [Option<&str>; 3] = [None; 3];
+    let mut values: [Vec<&str>; 3] = [vec![], vec![], vec![]];
     for pair in &args.roles {
         let Some((role, value)) = pair.split_once('=') else {
             bail!("--role {pair:?}: write ROLE=VALUE, e.g. --role admin=pk-admins");
@@ -489,18 +491,17 @@ async fn org_sso(
         if value.is_empty() {
             bail!("--role {pair:?}: the value is empty");
         }
-        if values[i].replace(value).is_some() {
-            bail!("--role {role} is given twice");
-        }
+        // Twice, or for two roles: `Setting::check` says so.
+        values[i].push(value);
     }
     let setting = crate::sso::Setting {
         issuer: args.issuer.as_deref().unwrap_or(""),
         client_id: args.client_id.as_deref().unwrap_or(""),
         client_secret_file: args.client_secret_file.as_deref().unwrap_or(""),
         claim: &args.claim,
-        admin_value: values[0],
-        support_value: values[1],
-        viewer_value: values[2],
+        admin_values: &values[0],
+        support_values: &values[1],
+        viewer_values: &values[2],
         passwords: crate::sso::Passwords::parse(&args.passwords)?,
     };
     crate::sso::set(pool, org.id, &setting, "command line").await?;

@@ -39,6 +39,16 @@ pub enum ApiError {
         .fields.join(", ")
     )]
     Mismatch { fields: Vec<&'static str> },
+    /// 422 `idempotency_mismatch` for a convert or cancel: this caller
+    /// already ended the reservation with the same fence and another
+    /// `service_ref` or `reason` (`fields`); it stays as that request left
+    /// it, nothing was written.
+    #[error(
+        "this caller already ended it with the same fence and another {}; \
+         it stays as that request left it and nothing was written: read the reservation",
+        .fields.join(", ")
+    )]
+    ReplayMismatch { fields: Vec<&'static str> },
     /// 409 with a machine-readable code and extra fields.
     #[error("{message}")]
     Conflict {
@@ -90,7 +100,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Conflict { code, .. } => code,
             ApiError::Unprocessable { code, .. } => code,
-            ApiError::Mismatch { .. } => "idempotency_mismatch",
+            ApiError::Mismatch { .. } | ApiError::ReplayMismatch { .. } => "idempotency_mismatch",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::OutcomeUnknown(_) => "outcome_unknown",
             ApiError::Internal(_) => "internal",
@@ -173,9 +183,9 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unprocessable { .. } | ApiError::Mismatch { .. } => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            ApiError::Unprocessable { .. }
+            | ApiError::Mismatch { .. }
+            | ApiError::ReplayMismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) | ApiError::ModuleDisabled(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -207,7 +217,7 @@ impl ResponseError for ApiError {
                 body.extend(extra.clone());
                 retry = *retry_after;
             }
-            ApiError::Mismatch { fields } => {
+            ApiError::Mismatch { fields } | ApiError::ReplayMismatch { fields } => {
                 body.insert("fields".into(), json!(fields));
             }
             ApiError::Unavailable(_) | ApiError::OutcomeUnknown(_) => {

@@ -133,7 +133,10 @@ pub async fn set_capacity_settings(
         .await?
         .rows_affected();
         if n > 0 {
-            changed.push(("org.customer_hold_limit_set", format!("{limit}")));
+            changed.push((
+                crate::audit::AuditAction::OrgCustomerHoldLimit,
+                format!("{limit}"),
+            ));
         }
     }
     if let Some(segment) = change.repairs_segment {
@@ -148,7 +151,10 @@ pub async fn set_capacity_settings(
         .await?
         .rows_affected();
         if n > 0 {
-            changed.push(("org.repairs_segment_set", segment.unwrap_or("").to_owned()));
+            changed.push((
+                crate::audit::AuditAction::OrgRepairsSegment,
+                segment.unwrap_or("").to_owned(),
+            ));
         }
     }
     for (action, detail) in &changed {
@@ -157,7 +163,7 @@ pub async fn set_capacity_settings(
             &crate::audit::Entry {
                 org_id: Some(org_id),
                 actor,
-                action,
+                action: *action,
                 object: &format!("org:{org_id}"),
                 source_addr: "command line",
                 detail: Some(detail),

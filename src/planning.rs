@@ -299,9 +299,6 @@ pub async fn set_lead_time(
     .await
 }
 
-/// The audit action of a lead time changed.
-pub const LEAD_TIME_AUDIT: &str = "site.lead_time_set";
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -88,38 +88,68 @@ pub struct Config {
     pub client_id: String,
     pub client_secret_file: String,
     pub claim: String,
-    pub admin_value: Option<String>,
-    pub support_value: Option<String>,
-    pub viewer_value: Option<String>,
+    /// The claim's values that give each role (any one of them does).
+    pub admin_values: Vec<String>,
+    pub support_values: Vec<String>,
+    pub viewer_values: Vec<String>,
     pub passwords: String,
 }
+
+/// The columns of `Config`, from `org_sso s`. A single value that is not
+/// among its role's list was written by the previous release's binary
+/// (which knows one value per role): it is then the list.
+const CONFIG_COLUMNS: &str = "s.org_id, s.issuer, s.client_id, s.client_secret_file, s.claim,
+    CASE WHEN s.admin_value IS NOT NULL AND NOT s.admin_value = ANY (s.admin_values)
+         THEN ARRAY[s.admin_value] ELSE s.admin_values END AS admin_values,
+    CASE WHEN s.support_value IS NOT NULL AND NOT s.support_value = ANY (s.support_values)
+         THEN ARRAY[s.support_value] ELSE s.support_values END AS support_values,
+    CASE WHEN s.viewer_value IS NOT NULL AND NOT s.viewer_value = ANY (s.viewer_values)
+         THEN ARRAY[s.viewer_value] ELSE s.viewer_values END AS viewer_values,
+    s.passwords";
 
 impl Config {
     /// S1: the highest role any of `values` maps to.
     pub fn role_for(&self, values: &[String]) -> Option<Role> {
-        let has = |v: &Option<String>| v.as_ref().is_some_and(|v| values.contains(v));
-        if has(&self.admin_value) {
+        let has = |mapped: &[String]| mapped.iter().any(|m| values.contains(m));
+        if has(&self.admin_values) {
             Some(Role::Admin)
-        } else if has(&self.support_value) {
+        } else if has(&self.support_values) {
             Some(Role::Support)
-        } else if has(&self.viewer_value) {
+        } else if has(&self.viewer_values) {
             Some(Role::Viewer)
         } else {
             None
         }
     }
 
-    /// What the organization maps, in words: `admin: "pk-admins", ...`.
-    pub fn expected(&self) -> String {
+    /// The roles and the values that give them, highest first, mapped ones
+    /// only.
+    pub fn mapping(&self) -> Vec<(&'static str, &[String])> {
         [
-            ("admin", &self.admin_value),
-            ("support", &self.support_value),
-            ("viewer", &self.viewer_value),
+            ("admin", self.admin_values.as_slice()),
+            ("support", self.support_values.as_slice()),
+            ("viewer", self.viewer_values.as_slice()),
         ]
-        .iter()
-        .filter_map(|(role, v)| v.as_ref().map(|v| format!("{role}: {v:?}")))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .collect()
+    }
+
+    /// What the organization maps, in words:
+    /// `admin: "pk-admins" or "ops", support: "pk-support"`.
+    pub fn expected(&self) -> String {
+        self.mapping()
+            .iter()
+            .map(|(role, values)| {
+                let values = values
+                    .iter()
+                    .map(|v| format!("{v:?}"))
+                    .collect::<Vec<_>>()
+                    .join(" or ");
+                format!("{role}: {values}")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// S2: password sign-in is kept for admins only.
@@ -169,11 +199,9 @@ pub enum SsoError {
 
 /// The organization's configuration, if it has one.
 pub async fn config(db: &Db, org_id: i64) -> Result<Option<Config>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT org_id, issuer, client_id, client_secret_file, claim, admin_value, support_value,
-                viewer_value, passwords
-           FROM org_sso WHERE org_id = $1",
-    )
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {CONFIG_COLUMNS} FROM org_sso s WHERE s.org_id = $1"
+    )))
     .bind(org_id)
     .fetch_optional(db)
     .await
@@ -181,11 +209,10 @@ pub async fn config(db: &Db, org_id: i64) -> Result<Option<Config>, sqlx::Error>
 
 /// The configuration of the organization named `slug`, if it has one.
 pub async fn config_by_slug(db: &Db, slug: &str) -> Result<Option<Config>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT s.org_id, s.issuer, s.client_id, s.client_secret_file, s.claim, s.admin_value,
-                s.support_value, s.viewer_value, s.passwords
-           FROM org_sso s JOIN organizations o ON o.id = s.org_id WHERE o.slug = $1",
-    )
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT {CONFIG_COLUMNS} FROM org_sso s JOIN organizations o ON o.id = s.org_id
+          WHERE o.slug = $1"
+    )))
     .bind(slug)
     .fetch_optional(db)
     .await
@@ -197,9 +224,11 @@ pub struct Setting<'a> {
     pub client_id: &'a str,
     pub client_secret_file: &'a str,
     pub claim: &'a str,
-    pub admin_value: Option<&'a str>,
-    pub support_value: Option<&'a str>,
-    pub viewer_value: Option<&'a str>,
+    /// The claim's values that give each role; empty: the role is not
+    /// given by the provider.
+    pub admin_values: &'a [&'a str],
+    pub support_values: &'a [&'a str],
+    pub viewer_values: &'a [&'a str],
     pub passwords: Passwords,
 }
 
@@ -234,17 +263,59 @@ impl Setting<'_> {
         if self.claim.trim().is_empty() {
             return Err(SsoError::Invalid("--claim is empty".to_owned()));
         }
-        if self.admin_value.is_none() && self.support_value.is_none() && self.viewer_value.is_none()
-        {
+        self.check_values()?;
+        read_secret(self.client_secret_file)?;
+        Ok(())
+    }
+}
+
+impl Setting<'_> {
+    /// At least one value, none blank, none given twice (for one role or
+    /// for two: which role a value gives must be plain).
+    fn check_values(&self) -> Result<(), SsoError> {
+        let roles = [
+            ("admin", self.admin_values),
+            ("support", self.support_values),
+            ("viewer", self.viewer_values),
+        ];
+        if roles.iter().all(|(_, v)| v.is_empty()) {
             return Err(SsoError::Invalid(
                 "map at least one role: --role admin=VALUE, --role support=VALUE or --role viewer=VALUE"
                     .to_owned(),
             ));
         }
-        read_secret(self.client_secret_file)?;
+        let mut seen: Vec<(&str, &str)> = Vec::new();
+        for (role, values) in roles {
+            for value in values {
+                if value.trim().is_empty() {
+                    return Err(SsoError::Invalid(format!(
+                        "--role {role}=: the value is empty"
+                    )));
+                }
+                if value.chars().count() > MAX_VALUE_CHARS {
+                    return Err(SsoError::Invalid(format!(
+                        "--role {role}=...: a value is at most {MAX_VALUE_CHARS} characters"
+                    )));
+                }
+                if let Some((before, _)) = seen.iter().find(|(_, v)| v == value) {
+                    return Err(SsoError::Invalid(if *before == role {
+                        format!("--role {role}={value} is given twice")
+                    } else {
+                        format!(
+                            "the value {value:?} is given for {before} and for {role}: give each value one role"
+                        )
+                    }));
+                }
+                seen.push((role, value));
+            }
+        }
         Ok(())
     }
 }
+
+/// The longest value of the role claim a role is mapped to (a group's
+/// distinguished name can be long; a pasted document cannot).
+const MAX_VALUE_CHARS: usize = 1000;
 
 /// Stores `setting` for the organization, audited in the same transaction
 /// (the secret file's path is audited, never its content).
@@ -253,27 +324,39 @@ pub async fn set(db: &Db, org_id: i64, setting: &Setting<'_>, actor: &str) -> Re
     let mut tx = db.begin().await?;
     sqlx::query(
         "INSERT INTO org_sso (org_id, issuer, client_id, client_secret_file, claim, admin_value,
-                              support_value, viewer_value, passwords)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                              support_value, viewer_value, passwords, admin_values,
+                              support_values, viewer_values)
+         VALUES ($1, $2, $3, $4, $5, $6[1], $7[1], $8[1], $9, $6, $7, $8)
          ON CONFLICT (org_id) DO UPDATE SET issuer = EXCLUDED.issuer, client_id = EXCLUDED.client_id,
              client_secret_file = EXCLUDED.client_secret_file, claim = EXCLUDED.claim,
              admin_value = EXCLUDED.admin_value, support_value = EXCLUDED.support_value,
              viewer_value = EXCLUDED.viewer_value, passwords = EXCLUDED.passwords,
-             updated_at = clock_timestamp()",
+             admin_values = EXCLUDED.admin_values, support_values = EXCLUDED.support_values,
+             viewer_values = EXCLUDED.viewer_values, updated_at = clock_timestamp()",
     )
     .bind(org_id)
     .bind(setting.issuer)
     .bind(setting.client_id)
     .bind(setting.client_secret_file)
     .bind(setting.claim)
-    .bind(setting.admin_value)
-    .bind(setting.support_value)
-    .bind(setting.viewer_value)
+    .bind(setting.admin_values)
+    .bind(setting.support_values)
+    .bind(setting.viewer_values)
     .bind(setting.passwords.as_str())
     .execute(&mut *tx)
     .await?;
+    let roles = [
+        ("admin", setting.admin_values),
+        ("support", setting.support_values),
+        ("viewer", setting.viewer_values),
+    ]
+    .iter()
+    .filter(|(_, v)| !v.is_empty())
+    .map(|(role, v)| format!("{role} {}", v.join(" or ")))
+    .collect::<Vec<_>>()
+    .join(", ");
     let detail = format!(
-        "issuer {}, client {}, secret file {}, claim {}, passwords {}",
+        "issuer {}, client {}, secret file {}, claim {} ({roles}), passwords {}",
         setting.issuer,
         setting.client_id,
         setting.client_secret_file,
@@ -285,7 +368,7 @@ pub async fn set(db: &Db, org_id: i64, setting: &Setting<'_>, actor: &str) -> Re
         &crate::audit::Entry {
             org_id: Some(org_id),
             actor,
-            action: "org.sso_set",
+            action: crate::audit::AuditAction::OrgSsoSet,
             object: &format!("org:{org_id}"),
             source_addr: "command line",
             detail: Some(&detail),
@@ -317,7 +400,7 @@ pub async fn remove(db: &Db, org_id: i64, actor: &str) -> Result<bool, sqlx::Err
             &crate::audit::Entry {
                 org_id: Some(org_id),
                 actor,
-                action: "org.sso_removed",
+                action: crate::audit::AuditAction::OrgSsoRemoved,
                 object: &format!("org:{org_id}"),
                 source_addr: "command line",
                 detail: None,
@@ -415,8 +498,36 @@ pub struct Authorization {
 pub struct Identity {
     pub subject: String,
     pub email: Option<String>,
+    /// The `name` claim, as sent.
+    pub name: Option<String>,
     /// The values of the role claim; `None` when the token has no such claim.
     pub values: Option<Vec<String>>,
+}
+
+/// The longest display name kept; a longer `name` claim is cut.
+const MAX_NAME_CHARS: usize = 200;
+
+/// S1: the name a user is shown by: the ID token's `name`, without control
+/// or direction-changing characters (which would let a name rearrange the
+/// audit log around it) and cut to 200 characters; the email when that
+/// leaves nothing.
+pub fn display_name(name: Option<&str>, email: &str) -> String {
+    let invisible = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    };
+    let kept: String = name
+        .unwrap_or("")
+        .chars()
+        .filter(|c| !invisible(*c))
+        .collect();
+    let cut: String = kept.trim().chars().take(MAX_NAME_CHARS).collect();
+    let cut = cut.trim_end();
+    if cut.is_empty() {
+        email.to_owned()
+    } else {
+        cut.to_owned()
+    }
 }
 
 impl Provider {
@@ -509,6 +620,10 @@ pub fn verify(
     Ok(Identity {
         subject: claims.subject().as_str().to_owned(),
         email: claims.email().map(|e| e.as_str().to_owned()),
+        name: claims
+            .name()
+            .and_then(|n| n.get(None))
+            .map(|n| n.as_str().to_owned()),
         values,
     })
 }
@@ -535,8 +650,16 @@ pub async fn begin(
     auth: &Authorization,
     state_hash: &[u8],
     browser_hash: &[u8],
+    start_id: i64,
 ) -> Result<(), sqlx::Error> {
     let mut tx = db.begin().await?;
+    // The start counted against its address (`dashboard::throttle`), which
+    // the sign-in's completion deletes by this state.
+    sqlx::query("UPDATE sso_starts SET state_hash = $2 WHERE id = $1")
+        .bind(start_id)
+        .bind(state_hash)
+        .execute(&mut *tx)
+        .await?;
     sqlx::query(
         "DELETE FROM sso_pending WHERE created_at < clock_timestamp() - make_interval(mins => $1)",
     )
@@ -555,6 +678,15 @@ pub async fn begin(
     .execute(&mut *tx)
     .await?;
     tx.commit().await
+}
+
+/// A sign-in completed: its start no longer counts against its address.
+pub async fn completed(conn: &mut PgConnection, state_hash: &[u8]) -> Result<(), sqlx::Error> {
+    sqlx::query("DELETE FROM sso_starts WHERE state_hash = $1")
+        .bind(state_hash)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// How long a sign-in may stay at the provider.
@@ -595,6 +727,8 @@ pub enum Account {
     Ready {
         user_id: i64,
         email: String,
+        /// The name the user is shown by (`display_name`).
+        name: String,
         /// Made by this sign-in.
         created: bool,
         /// The role before this sign-in, when it changed.
@@ -645,7 +779,7 @@ pub async fn account_on(
             "Your poolkeeper account is disabled; ask an admin of your organization.".to_owned(),
         ));
     }
-    refresh_user(conn, known, email.as_ref(), role).await
+    refresh_user(conn, known, identity, email.as_ref(), role).await
 }
 
 /// Where the search for an existing user ended.
@@ -731,15 +865,17 @@ async fn create_user(
         .await
         .map_err(|e| SsoError::Invalid(e.to_string()))?
         .map_err(|e| SsoError::Invalid(e.to_string()))?;
+    let name = display_name(identity.name.as_deref(), email.as_str());
     let id: Result<i64, sqlx::Error> = sqlx::query_scalar(
-        "INSERT INTO users (org_id, email, role, password_hash, sso_subject)
-         VALUES ($1, $2, $3, $4, $5) RETURNING id",
+        "INSERT INTO users (org_id, email, role, password_hash, sso_subject, display_name)
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING id",
     )
     .bind(org_id)
     .bind(email.as_str())
     .bind(role.as_str())
     .bind(unknowable)
     .bind(&identity.subject)
+    .bind(&name)
     .fetch_one(&mut *conn)
     .await;
     let id = match id {
@@ -751,6 +887,7 @@ async fn create_user(
     Ok(Account::Ready {
         user_id: id,
         email: email.as_str().to_owned(),
+        name,
         created: true,
         previous_role: None,
     })
@@ -760,11 +897,12 @@ async fn create_user(
 async fn refresh_user(
     conn: &mut PgConnection,
     known: Known,
+    identity: &Identity,
     email: Option<&Email>,
     role: Role,
 ) -> Result<Account, SsoError> {
-    // Recomputed at every sign-in: the role, and the email when the
-    // provider's changed (unless another account has it).
+    // Recomputed at every sign-in: the role, the name, and the email when
+    // the provider's changed (unless another account has it).
     let new_email = match email {
         Some(e) if e.as_str() != known.email => {
             let taken: bool =
@@ -782,12 +920,15 @@ async fn refresh_user(
         }
         _ => known.email.clone(),
     };
-    let updated = sqlx::query("UPDATE users SET role = $2, email = $3 WHERE id = $1")
-        .bind(known.id)
-        .bind(role.as_str())
-        .bind(&new_email)
-        .execute(&mut *conn)
-        .await;
+    let name = display_name(identity.name.as_deref(), &new_email);
+    let updated =
+        sqlx::query("UPDATE users SET role = $2, email = $3, display_name = $4 WHERE id = $1")
+            .bind(known.id)
+            .bind(role.as_str())
+            .bind(&new_email)
+            .bind(&name)
+            .execute(&mut *conn)
+            .await;
     match updated {
         Ok(_) => {}
         Err(e) if crate::db::violated_unique(&e).is_some() => return Ok(raced()),
@@ -796,6 +937,7 @@ async fn refresh_user(
     Ok(Account::Ready {
         user_id: known.id,
         email: new_email,
+        name,
         created: false,
         previous_role: (known.role != role.as_str()).then_some(known.role),
     })
@@ -820,11 +962,12 @@ fn random_secret() -> String {
 
 #[cfg(test)]
 mod tests {
-    //! The ID token checks, on tokens made here and signed with keys made
-    //! here, against a key set we control: what a real provider will not
-    //! produce on request (another audience, an expired token, a wrong
-    //! nonce, `alg: none`, an unknown key). The real provider's tokens are
-    //! the subject of tests/api/sso.rs.
+    //! The ID token checks of `verify` alone, on tokens made here and
+    //! signed with keys made here, against a key set we control (another
+    //! audience or issuer, an expired token, a wrong nonce, `alg: none`, an
+    //! unknown key). The same refusals through HTTP, on the real provider's
+    //! tokens changed by a man in the middle, are in
+    //! tests/components/sso.rs.
     use super::*;
     use base64::Engine;
     use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -833,8 +976,8 @@ mod tests {
         CoreIdToken, CoreIdTokenClaims, CoreJsonWebKeySet, CoreRsaPrivateSigningKey,
     };
     use openidconnect::{
-        Audience, EmptyAdditionalClaims, EndUserEmail, JsonWebKeyId, PrivateSigningKey,
-        StandardClaims, SubjectIdentifier,
+        Audience, EmptyAdditionalClaims, EndUserEmail, EndUserName, JsonWebKeyId,
+        PrivateSigningKey, StandardClaims, SubjectIdentifier,
     };
 
     const ISSUER: &str = "https://idp.example";
@@ -891,7 +1034,8 @@ mod tests {
             now + m.expires_in,
             now - Span::seconds(10),
             StandardClaims::<CoreGenderClaim>::new(SubjectIdentifier::new("user-1".to_owned()))
-                .set_email(Some(EndUserEmail::new("ana@corp.example".to_owned()))),
+                .set_email(Some(EndUserEmail::new("ana@corp.example".to_owned())))
+                .set_name(Some(EndUserName::new("Ana Lima".to_owned()).into())),
             OtherClaims(
                 serde_json::json!({"groups": ["pk-support", "everyone"]})
                     .as_object()
@@ -930,6 +1074,7 @@ mod tests {
         let id = check(&token(good())).expect("a good token passes");
         assert_eq!(id.subject, "user-1");
         assert_eq!(id.email.as_deref(), Some("ana@corp.example"));
+        assert_eq!(id.name.as_deref(), Some("Ana Lima"));
         assert_eq!(
             id.values,
             Some(vec!["pk-support".to_owned(), "everyone".to_owned()])
@@ -1044,34 +1189,70 @@ mod tests {
         let _: &EmptyAdditionalClaims = claims.additional_claims();
     }
 
-    fn config(admin: Option<&str>, support: Option<&str>, viewer: Option<&str>) -> Config {
+    fn config(admin: &[&str], support: &[&str], viewer: &[&str]) -> Config {
+        let owned = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         Config {
             org_id: 1,
             issuer: ISSUER.to_owned(),
             client_id: CLIENT.to_owned(),
             client_secret_file: "/dev/null".to_owned(),
             claim: "groups".to_owned(),
-            admin_value: admin.map(str::to_owned),
-            support_value: support.map(str::to_owned),
-            viewer_value: viewer.map(str::to_owned),
+            admin_values: owned(admin),
+            support_values: owned(support),
+            viewer_values: owned(viewer),
             passwords: "on".to_owned(),
         }
     }
 
     #[test]
     fn the_highest_mapped_role_wins() {
-        let c = config(Some("admins"), Some("support"), Some("staff"));
+        let c = config(&["admins"], &["support"], &["staff"]);
         let v = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         assert_eq!(c.role_for(&v(&["staff", "admins"])), Some(Role::Admin));
         assert_eq!(c.role_for(&v(&["staff", "support"])), Some(Role::Support));
         assert_eq!(c.role_for(&v(&["staff"])), Some(Role::Viewer));
         assert_eq!(c.role_for(&v(&["Admins", "other"])), None, "exact match");
         assert_eq!(c.role_for(&[]), None);
-        let only_viewer = config(None, None, Some("staff"));
+        let only_viewer = config(&[], &[], &["staff"]);
         assert_eq!(only_viewer.role_for(&v(&["admins"])), None);
         assert_eq!(
             c.expected(),
             r#"admin: "admins", support: "support", viewer: "staff""#
+        );
+    }
+
+    #[test]
+    fn any_of_a_roles_values_gives_it() {
+        let c = config(&["pk-admins", "ops"], &[], &["staff", "contractors"]);
+        let v = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(c.role_for(&v(&["ops"])), Some(Role::Admin));
+        assert_eq!(c.role_for(&v(&["pk-admins"])), Some(Role::Admin));
+        assert_eq!(c.role_for(&v(&["contractors"])), Some(Role::Viewer));
+        assert_eq!(
+            c.role_for(&v(&["contractors", "ops"])),
+            Some(Role::Admin),
+            "the highest wins"
+        );
+        assert_eq!(c.role_for(&v(&["pk-support"])), None);
+        assert_eq!(
+            c.expected(),
+            r#"admin: "pk-admins" or "ops", viewer: "staff" or "contractors""#
+        );
+    }
+
+    #[test]
+    fn the_display_name_is_the_name_claim_cleaned_else_the_email() {
+        assert_eq!(display_name(Some(" Ana Lima "), "a@x.example"), "Ana Lima");
+        assert_eq!(display_name(None, "a@x.example"), "a@x.example");
+        assert_eq!(display_name(Some(" \t\n"), "a@x.example"), "a@x.example");
+        assert_eq!(
+            display_name(Some("Ana\u{202e}nimda\u{0}\u{1b}[31m"), "a@x.example"),
+            "Ananimda[31m"
+        );
+        let long = "é".repeat(500);
+        assert_eq!(
+            display_name(Some(&long), "a@x.example").chars().count(),
+            MAX_NAME_CHARS
         );
     }
 
@@ -1100,9 +1281,9 @@ mod tests {
             client_id: "poolkeeper",
             client_secret_file: &path,
             claim: "groups",
-            admin_value: Some("a"),
-            support_value: None,
-            viewer_value: None,
+            admin_values: &["a"],
+            support_values: &[],
+            viewer_values: &[],
             passwords: Passwords::On,
         };
         good.check().expect("a good setting");
@@ -1129,10 +1310,39 @@ mod tests {
         });
         assert!(
             bad(Setting {
-                admin_value: None,
+                admin_values: &[],
                 ..good
             })
             .contains("--role")
+        );
+        Setting {
+            admin_values: &["a", "b"],
+            viewer_values: &["c"],
+            ..good
+        }
+        .check()
+        .expect("several values for a role");
+        assert!(
+            bad(Setting {
+                admin_values: &["a", "a"],
+                ..good
+            })
+            .contains("twice")
+        );
+        assert!(
+            bad(Setting {
+                admin_values: &["a"],
+                viewer_values: &["a"],
+                ..good
+            })
+            .contains("for admin and for viewer")
+        );
+        assert!(
+            bad(Setting {
+                admin_values: &["a", " "],
+                ..good
+            })
+            .contains("empty")
         );
         let secret_text = bad(Setting {
             client_secret_file: "/nonexistent/secret",

@@ -22,6 +22,7 @@
 mod capacity;
 mod cpu;
 mod fill;
+mod fleet;
 mod growth;
 mod ha;
 #[path = "../../tests/ha/cluster.rs"]
@@ -196,6 +197,8 @@ pub struct Results {
     /// Item 15: item 1's cycle statement by statement, without and with
     /// headroom.
     pub statements: Vec<statements::Table>,
+    /// Item 16: every page and read at fleet size beside a small pool.
+    pub fleet: Option<fleet::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -326,6 +329,11 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         results.race = Some((first, ours));
         db.setup.close().await;
         drop_database(cluster, &db.name).await?;
+    }
+
+    if cfg.runs_item("fleet") {
+        eprintln!("fleet: sizes {:?}", cfg.fleet_sizes);
+        results.fleet = Some(fleet::run(cluster, cfg).await?);
     }
 
     if cfg.runs_item("growth") {

@@ -789,11 +789,52 @@ fn results_section(report: &Report) -> String {
     if let Some(ha) = &results.ha {
         let _ = writeln!(w, "{}", crate::ha::row(ha));
     }
+    if let Some(f) = &results.fleet {
+        fleet_rows(w, f);
+    }
     for s in &results.skipped {
         let _ = writeln!(w, "\nLeft out: {s}.");
     }
     statement_tables(w, &results.statements);
     md
+}
+
+/// Item 16: each read's p50 alone at the largest size beside the first
+/// (the baseline), and under item 1's load.
+fn fleet_rows(w: &mut String, f: &crate::fleet::Result) {
+    let (Some(small), Some(large)) = (f.sizes.first(), f.sizes.last()) else {
+        return;
+    };
+    for (s, l) in small.reads.iter().zip(&large.reads) {
+        let growth = l.alone.p50_ms / s.alone.p50_ms.max(0.001);
+        let page = !l.path.starts_with("/api/");
+        let ok = growth <= 2.0 && (!page || l.alone.p50_ms <= 50.0);
+        let _ = writeln!(
+            w,
+            "| 16 | {} (`{}`) at {} machines and {} reservations of history beside {} machines: p50 alone (one client), then under item 1's 8-client load | alone p50 {:.1} ms against {:.1} ms: ×{:.2}; p99 {:.1} ms; loaded p50 {:.1} ms against {:.1} ms | ×2 at most{} | {} |",
+            l.name,
+            l.path,
+            thousands(large.machines),
+            thousands(large.reservations),
+            thousands(small.machines),
+            l.alone.p50_ms,
+            s.alone.p50_ms,
+            growth,
+            l.alone.p99_ms,
+            l.loaded.p50_ms,
+            s.loaded.p50_ms,
+            if page { ", a page ≤ 50 ms" } else { "" },
+            met(ok)
+        );
+    }
+    let _ = writeln!(
+        w,
+        "| 16 | the allocation load meanwhile (8 HTTP clients), at {} and {} machines | {:.0} and {:.0} reservations/s | | |",
+        thousands(small.machines),
+        thousands(large.machines),
+        small.load_cycles_per_s,
+        large.load_cycles_per_s
+    );
 }
 
 /// Item 15: where a cycle's time goes inside PostgreSQL, per statement, so

@@ -41,6 +41,9 @@ pub struct Config {
     pub page_machines: i64,
     pub page_held: i64,
     pub page_sold: i64,
+    /// Item 16: the fleet sizes whose reads are set side by side
+    /// (`BENCH_FLEET`, machines; the first is the baseline).
+    pub fleet_sizes: Vec<i64>,
     /// Reserve+cancel cycles of one run of the fill item.
     pub fill_cycles: u64,
     /// Readers of the dashboard pages.
@@ -108,6 +111,10 @@ impl Config {
             page_sold: env_or("BENCH_PAGE_SOLD", pick(quick, 25_000, 10_000)),
             page_readers: env_or("BENCH_PAGE_READERS", 8),
             fill_cycles: env_or("BENCH_FILL", pick(quick, 30_000, 3_000)),
+            fleet_sizes: env_list(
+                "BENCH_FLEET",
+                pick(quick, vec![10_000, 400_000], vec![2_000, 20_000]),
+            ),
             server_log: std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "info".to_owned()),
             only: env_list(
                 "BENCH_ONLY",
@@ -125,6 +132,7 @@ impl Config {
                     "fill",
                     "pooler",
                     "ha",
+                    "fleet",
                 ]
                 .map(String::from)
                 .to_vec(),

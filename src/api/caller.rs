@@ -57,7 +57,7 @@ impl ApiClient {
 
 /// The bearer token of a request, as its SHA-256, parsed without a
 /// database round trip: the order endpoints pass it to the function that
-/// decides (`api_reserve_order_request`, `api_transition`, `api_order_transition`), which checks it in the same
+/// decides (`api_reserve_order_request`, `api_transition_request`, `api_order_request`), which checks it in the same
 /// statement. Missing or malformed: 401.
 #[derive(Debug, Clone)]
 pub struct BearerToken {

@@ -17,7 +17,7 @@ use crate::api::schemas::{
     UnknownPoolError, WriteUnavailable,
 };
 use crate::api::write::{Shape, write};
-use crate::capacity::{self, Change, Filter, MAX_HEADROOM};
+use crate::capacity::{self, Change, Filter, HeadroomSetting, MAX_HEADROOM};
 use crate::db::Db;
 use crate::domain::{Profile, Scope, Segment, Site, Vendor};
 use crate::error::{ApiError, invalid};
@@ -238,24 +238,14 @@ pub(crate) async fn put_headroom(
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;
     let body: HeadroomBody = json_body(&read_body(payload).await?)?;
-    let machines = i32::try_from(body.machines)
-        .ok()
-        .filter(|n| (0..=MAX_HEADROOM).contains(n))
+    let setting = HeadroomSetting::new(body.site, body.profile, body.segment, body.machines)
         .ok_or_else(|| invalid(format!("machines: must be between 0 and {MAX_HEADROOM}")))?;
+    let machines = setting.machines;
     let actor = format!("token:{}", client.token_name);
     let source = crate::dashboard::session::source_addr(&req);
     let (row, change) = write(&pool, Shape::Transaction, async |tx| {
-        let (row, change) = capacity::set(
-            tx,
-            client.org_id,
-            &body.site,
-            &body.profile,
-            &body.segment,
-            machines,
-            &client.token_name,
-        )
-        .await?;
-        let Some((action, detail)) = change.audit(machines, &body.segment) else {
+        let (row, change) = capacity::set(tx, client.org_id, &setting, &client.token_name).await?;
+        let Some((action, detail)) = change.audit(machines, &setting.segment) else {
             return Ok((row, change));
         };
         crate::audit::record(
@@ -264,7 +254,7 @@ pub(crate) async fn put_headroom(
                 org_id: Some(client.org_id),
                 actor: &actor,
                 action,
-                object: &format!("pool:{}/{}", body.site, body.profile),
+                object: &format!("pool:{}/{}", setting.site, setting.profile),
                 source_addr: &source,
                 detail: Some(&detail),
             },
@@ -280,7 +270,7 @@ pub(crate) async fn put_headroom(
             code: "unknown_pool",
             message: format!(
                 "no machine of this organization is at site {} with profile {}: headroom is kept only for a pool that has machines",
-                body.site, body.profile
+                setting.site, setting.profile
             ),
         });
     }

@@ -641,8 +641,9 @@ pub(crate) async fn events(
     Ok(HttpResponse::Ok().json(EventList { events }))
 }
 
-/// A refused transition, in docs/api.md's codes.
-fn refusal(e: TransitionError) -> ApiError {
+/// A refused transition, in docs/api.md's codes; `fields` are what a
+/// replay of this action must repeat (named by an idempotency mismatch).
+fn refusal(e: TransitionError, fields: Vec<&'static str>) -> ApiError {
     match e {
         TransitionError::NotFound => not_found("reservation"),
         TransitionError::StaleFence => conflict("stale_fence", e.to_string()),
@@ -678,6 +679,7 @@ fn refusal(e: TransitionError) -> ApiError {
             .with("reservation_id", json!(reservation_id))
             .with("machine_id", json!(machine_id))
             .with("asset_tag", json!(asset_tag)),
+        TransitionError::IdempotencyMismatch => ApiError::ReplayMismatch { fields },
         TransitionError::Database(db) => db.into(),
     }
 }
@@ -691,7 +693,7 @@ pub struct ConvertBody {
     service_ref: ServiceRef,
 }
 
-/// Cancel or convert through `api_transition`: one statement.
+/// Cancel or convert through `api_transition_request`: one statement.
 async fn transition(
     token: &BearerToken,
     settings: &Settings,
@@ -701,6 +703,7 @@ async fn transition(
     what: Transition<'_>,
 ) -> Result<HttpResponse, ApiError> {
     // F3, as for reserve: the replay with the same fence says.
+    let fields = what.replay_fields();
     let (r, link) = write(pool, Shape::Statement, async |conn| {
         reservations::transition_for_token(
             conn,
@@ -714,7 +717,7 @@ async fn transition(
     })
     .await?
     .map_err(caller_refused)?
-    .map_err(refusal)?;
+    .map_err(|e| refusal(e, fields))?;
     Ok(HttpResponse::Ok().json(body_with(&r, link)?))
 }
 
@@ -733,6 +736,7 @@ async fn transition(
         (status = 403, response = Forbidden),
         (status = 404, response = NotFound),
         (status = 409, description = "expired (past its deadline; the reservation is then expired), stale_fence (the fence is not this reservation's), not_held (it has already ended by another action than this one; state says how), or machine_not_ready (the machine under it is not ready at the commit; asset_tag names it, nothing is written)", body = TransitionRefused),
+        (status = 422, description = "idempotency_mismatch: this caller already converted it with the same fence and another service_ref; fields names it. The reservation stays as the first request left it; nothing written", body = IdempotencyMismatchError),
         (status = 503, response = WriteUnavailable),
     )
 )]
@@ -785,6 +789,7 @@ pub struct CancelBody {
         (status = 403, response = Forbidden),
         (status = 404, response = NotFound),
         (status = 409, description = "expired (past its deadline; the reservation is then expired), stale_fence (the fence is not this reservation's), or not_held (it has already ended by another action than this one; state says how)", body = TransitionRefused),
+        (status = 422, description = "idempotency_mismatch: this caller already cancelled it with the same fence and another reason; fields names it. The reservation stays as the first request left it; nothing written", body = IdempotencyMismatchError),
         (status = 503, response = WriteUnavailable),
     )
 )]
@@ -869,7 +874,7 @@ fn extend_reason(reason: Option<String>) -> Result<Option<String>, ApiError> {
         .transpose()
 }
 
-/// An order action through `api_order_transition`: one statement.
+/// An order action through `api_order_request`: one statement.
 async fn order_transition(
     token: &BearerToken,
     settings: &Settings,
@@ -878,6 +883,7 @@ async fn order_transition(
     named: &[Named],
     what: OrderAction<'_>,
 ) -> Result<OrderAfter, ApiError> {
+    let fields = what.replay_fields();
     write(pool, Shape::Statement, async |conn| {
         reservations::order_transition_for_token(
             conn,
@@ -891,7 +897,7 @@ async fn order_transition(
     })
     .await?
     .map_err(caller_refused)?
-    .map_err(refusal)
+    .map_err(|e| refusal(e, fields))
 }
 
 /// `POST /reservations/{id}/extend` (R14): the reservation of an order of
@@ -1256,6 +1262,7 @@ impl OrderRequest for ExtendOrder {
         (status = 403, response = Forbidden),
         (status = 404, response = NotFound),
         (status = 409, description = "order_mismatch (the body does not name every reservation of the order once), stale_fence (a fence is not its reservation's), not_held (one has ended; state says how), expired (past the order's deadline: every reservation of it is then recorded expired). Nothing else is written. Or machine_not_ready (a machine under the order is not ready at the commit; asset_tag names it), and nothing is written", body = TransitionRefused),
+        (status = 422, description = "idempotency_mismatch: this caller already converted it with the same fence and another service_ref; fields names it. The reservation stays as the first request left it; nothing written", body = IdempotencyMismatchError),
         (status = 503, response = WriteUnavailable),
     )
 )]
@@ -1283,6 +1290,7 @@ pub(crate) async fn convert_order(
         (status = 403, response = Forbidden),
         (status = 404, response = NotFound),
         (status = 409, description = "order_mismatch (the body does not name every reservation of the order once), stale_fence (a fence is not its reservation's), not_held (one has ended; state says how), or expired (past the order's deadline: every reservation of it is then recorded expired). Nothing else is written", body = TransitionRefused),
+        (status = 422, description = "idempotency_mismatch: this caller already cancelled it with the same fence and another reason; fields names it. The reservation stays as the first request left it; nothing written", body = IdempotencyMismatchError),
         (status = 503, response = WriteUnavailable),
     )
 )]

@@ -567,7 +567,7 @@ shared_response!(
     retry_after()
 );
 
-/// the order_ref was first used with another request: the fields that differ; the original order stands, nothing written
+/// the order_ref was first used with another request (or a convert or cancel this caller made is replayed with another service_ref or reason): the fields that differ; the original stands, nothing written
 #[derive(ToSchema)]
 #[allow(dead_code)]
 pub(crate) struct IdempotencyMismatchError {
@@ -591,6 +591,8 @@ fn mismatch_fields() -> utoipa::openapi::schema::ArrayBuilder {
                     "hold_seconds",
                     "segment",
                     "customer_ref",
+                    "service_ref",
+                    "reason",
                 ])),
         )
         .min_items(Some(1))

@@ -132,7 +132,7 @@ pub(crate) async fn put(
             tx,
             &req,
             &client,
-            "org.webhook_set",
+            crate::audit::AuditAction::OrgWebhookSet,
             &if b.rotate_secret {
                 format!("{url} (secret rotated)")
             } else {
@@ -177,7 +177,7 @@ pub(crate) async fn delete(
             tx,
             &req,
             &client,
-            "org.webhook_removed",
+            crate::audit::AuditAction::OrgWebhookRemoved,
             &format!("{dropped} pending deliveries dropped"),
         )
         .await?;
@@ -197,7 +197,7 @@ async fn record(
     conn: &mut sqlx::PgConnection,
     req: &HttpRequest,
     client: &ApiClient,
-    action: &str,
+    action: crate::audit::AuditAction,
     detail: &str,
 ) -> Result<(), sqlx::Error> {
     crate::audit::record(

@@ -2,6 +2,7 @@
 //! handler checks the role on the server; every write checks CSRF first and
 //! commits its audit row in the same transaction as the change.
 
+use super::layout::Flash;
 use crate::db::Db;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -20,7 +21,11 @@ const AUDIT_PAGE: i64 = 50;
 pub struct AuditView {
     pub at: String,
     pub actor: String,
+    /// S1: the actor's name beside the email, when it is not the email.
+    pub actor_name: Option<String>,
     pub action: String,
+    /// The action's words for people; empty for a name no longer written.
+    pub action_words: &'static str,
     pub object: String,
     pub source_addr: String,
     pub detail: String,
@@ -58,7 +63,11 @@ pub(crate) async fn audit_log(
             .into_iter()
             .map(|r| AuditView {
                 at: fmt_time(&r.at),
+                actor_name: r.actor_name.filter(|name| *name != r.actor),
                 actor: r.actor,
+                action_words: crate::audit::AuditAction::parse(&r.action)
+                    .map(crate::audit::AuditAction::words)
+                    .unwrap_or_default(),
                 action: r.action,
                 object: r.object.unwrap_or_default(),
                 source_addr: r.source_addr.unwrap_or_default(),
@@ -181,7 +190,7 @@ pub(crate) async fn add_user(
         &mut tx,
         &req,
         &staff,
-        "user.add",
+        crate::audit::AuditAction::UserAdd,
         &format!("user:{}", email.as_str()),
         Some(&format!("id {id}, role {}", role.as_str())),
     )
@@ -195,7 +204,7 @@ pub(crate) async fn add_user(
         ),
     )
     .await?;
-    Ok(see_other("/users?flash=user_added"))
+    Ok(see_other(&Flash::UserAdded.after("/users")))
 }
 
 pub(crate) async fn disable_user(
@@ -219,7 +228,7 @@ pub(crate) async fn disable_user(
         &mut tx,
         &req,
         &staff,
-        "user.disable",
+        crate::audit::AuditAction::UserDisable,
         &format!("user:{email}"),
         Some("sessions revoked"),
     )
@@ -233,7 +242,7 @@ pub(crate) async fn disable_user(
         ),
     )
     .await?;
-    Ok(see_other("/users?flash=user_disabled"))
+    Ok(see_other(&Flash::UserDisabled.after("/users")))
 }
 
 // ---- /tokens ----
@@ -352,7 +361,7 @@ pub(crate) async fn add_token(
         &mut tx,
         &req,
         &staff,
-        "token.create",
+        crate::audit::AuditAction::TokenCreate,
         &format!("token:{name}"),
         Some(&scope_text.join(",")),
     )
@@ -394,7 +403,7 @@ pub(crate) async fn revoke_token(
         &mut tx,
         &req,
         &staff,
-        "token.revoke",
+        crate::audit::AuditAction::TokenRevoke,
         &format!("token:{name}"),
         None,
     )
@@ -408,5 +417,5 @@ pub(crate) async fn revoke_token(
         ),
     )
     .await?;
-    Ok(see_other("/tokens?flash=token_revoked"))
+    Ok(see_other(&Flash::TokenRevoked.after("/tokens")))
 }

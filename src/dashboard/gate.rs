@@ -158,6 +158,7 @@ mod tests {
             user_id: 1,
             org_id: 1,
             email: "someone@example.com".into(),
+            display_name: None,
             role,
             org_name: "Acme".into(),
             datacenter_enabled,

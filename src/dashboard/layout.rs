@@ -20,6 +20,8 @@ pub struct Chrome {
 #[derive(Debug, Clone)]
 pub struct UserView {
     pub email: String,
+    /// S1: the provider's name for the user, when it is not the email.
+    pub name: Option<String>,
     pub role: &'static str,
     pub org_name: String,
     pub is_admin: bool,

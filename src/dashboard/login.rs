@@ -2,6 +2,7 @@
 //! token), throttled password checks, the session renewed at login and
 //! revoked at logout. The session itself is `session`'s.
 
+use super::layout::Flash;
 use std::sync::OnceLock;
 
 use crate::db::Db;
@@ -117,7 +118,7 @@ pub(crate) async fn login(
                     &account,
                     &addr,
                     false,
-                    "login_refused_sso",
+                    crate::audit::AuditAction::LoginRefusedSso,
                     None,
                 )
                 .await?;
@@ -132,7 +133,7 @@ pub(crate) async fn login(
                 &account,
                 &addr,
                 false,
-                "login_failed",
+                crate::audit::AuditAction::LoginFailed,
                 None,
             )
             .await?;
@@ -169,7 +170,16 @@ async fn refuse_if_throttled(pool: &Db, account: &str, addr: &str) -> Result<(),
         .bind(account)
         .fetch_optional(pool)
         .await?;
-    record_attempt(pool, org_id, account, addr, false, "login_throttled", None).await?;
+    record_attempt(
+        pool,
+        org_id,
+        account,
+        addr,
+        false,
+        crate::audit::AuditAction::LoginThrottled,
+        None,
+    )
+    .await?;
     Err(DashError::Throttled)
 }
 
@@ -235,7 +245,7 @@ async fn logged_in(
         account,
         addr,
         true,
-        "login",
+        crate::audit::AuditAction::Login,
         Some(NewSession {
             token: &token,
             user_id: user.id,
@@ -271,7 +281,7 @@ async fn record_attempt(
     email: &str,
     addr: &str,
     succeeded: bool,
-    action: &str,
+    action: crate::audit::AuditAction,
     session: Option<NewSession<'_>>,
 ) -> Result<(), DashError> {
     let mut tx = pool.begin().await?;
@@ -298,7 +308,7 @@ async fn record_attempt(
     sqlx::query("INSERT INTO audit_log (org_id, actor, action, object, source_addr) VALUES ($1, $2, $3, $4, $5)")
         .bind(org_id)
         .bind(email)
-        .bind(action)
+        .bind(action.as_str())
         .bind(format!("user:{email}"))
         .bind(addr)
         .execute(&mut *tx)
@@ -327,7 +337,15 @@ pub(crate) async fn logout(
         .execute(&mut *tx)
         .await?;
     let object = format!("user:{}", staff.email);
-    audit_on(&mut tx, &req, &staff, "logout", &object, None).await?;
+    audit_on(
+        &mut tx,
+        &req,
+        &staff,
+        crate::audit::AuditAction::Logout,
+        &object,
+        None,
+    )
+    .await?;
     commit(
         tx,
         Written::new(
@@ -350,7 +368,7 @@ pub(crate) async fn logout(
         .secure(settings.secure_cookies)
         .finish();
     gone.make_removal();
-    let mut resp = provider.unwrap_or_else(|| see_other("/login?flash=logged_out"));
+    let mut resp = provider.unwrap_or_else(|| see_other(&Flash::LoggedOut.after("/login")));
     resp.add_cookie(&gone)
         .map_err(|e| DashError::Internal(e.into()))?;
     Ok(resp)

@@ -4,6 +4,8 @@
 //! organization's webhook: its URL, its signing secret, its backlog and
 //! last failures.
 
+use super::layout::Flash;
+use crate::capacity::HeadroomSetting;
 use crate::db::Db;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -62,9 +64,8 @@ pub struct HeadroomRow {
 
 /// Bounds of R19's cap, as the organizations table's check says.
 pub const MAX_CUSTOMER_HOLD_LIMIT: i32 = 10_000;
-/// Bound of R18's headroom per pool and segment, as the headroom table's
-/// check says (0 removes it).
-pub const MAX_HEADROOM: i32 = 100_000;
+/// Bound of R18's headroom per pool and segment (0 removes it).
+pub use crate::capacity::MAX_HEADROOM;
 
 pub struct WebhookView {
     pub url: String,
@@ -295,7 +296,7 @@ pub(crate) async fn save(
             &mut tx,
             &req,
             &staff,
-            "org.expiry_warning",
+            crate::audit::AuditAction::OrgExpiryWarning,
             &format!("org:{}", staff.org_id),
             Some(&format!("{seconds} s before a deadline")),
         )
@@ -307,7 +308,7 @@ pub(crate) async fn save(
         &mut tx,
         &req,
         &staff,
-        "org.datacenter_enabled",
+        crate::audit::AuditAction::OrgDatacenterEnabled,
         &format!("org:{}", staff.org_id),
         Some(if enabled { "on" } else { "off" }),
     )
@@ -323,7 +324,7 @@ pub(crate) async fn save(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=settings_saved"))
+    Ok(see_other(&Flash::SettingsSaved.after("/settings")))
 }
 
 /// R19's cap, with its audit row when it changed.
@@ -353,7 +354,7 @@ async fn save_hold_limit(
             conn,
             req,
             staff,
-            "org.customer_hold_limit",
+            crate::audit::AuditAction::OrgCustomerHoldLimit,
             &object,
             Some(&detail),
         )
@@ -385,7 +386,7 @@ async fn save_repairs_segment(
             conn,
             req,
             staff,
-            "org.repairs_segment",
+            crate::audit::AuditAction::OrgRepairsSegment,
             &object,
             Some(segment.unwrap_or("none")),
         )
@@ -461,7 +462,7 @@ async fn set_webhook(
         &mut tx,
         req,
         staff,
-        "org.webhook_set",
+        crate::audit::AuditAction::OrgWebhookSet,
         &object,
         Some(url.as_str()),
     )
@@ -476,7 +477,7 @@ async fn set_webhook(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=webhook_saved"))
+    Ok(see_other(&Flash::WebhookSaved.after("/settings")))
 }
 
 /// `rotate`: a new signing secret.
@@ -487,14 +488,14 @@ async fn rotate_webhook_secret(
 ) -> Result<HttpResponse, DashError> {
     let mut tx = pool.begin().await?;
     if !webhooks::rotate_secret_on(&mut tx, staff.org_id, &staff.email).await? {
-        return Ok(see_other("/settings?flash=webhook_absent"));
+        return Ok(see_other(&Flash::WebhookAbsent.after("/settings")));
     }
     let object = format!("org:{}", staff.org_id);
     audit_on(
         &mut tx,
         req,
         staff,
-        "org.webhook_secret_rotated",
+        crate::audit::AuditAction::OrgWebhookSecretRotated,
         &object,
         None,
     )
@@ -510,7 +511,7 @@ async fn rotate_webhook_secret(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=webhook_rotated"))
+    Ok(see_other(&Flash::WebhookRotated.after("/settings")))
 }
 
 /// `remove`: the webhook and its pending deliveries.
@@ -521,7 +522,7 @@ async fn remove_webhook(
 ) -> Result<HttpResponse, DashError> {
     let mut tx = pool.begin().await?;
     let Some(dropped) = webhooks::remove_on(&mut tx, staff.org_id).await? else {
-        return Ok(see_other("/settings?flash=webhook_absent"));
+        return Ok(see_other(&Flash::WebhookAbsent.after("/settings")));
     };
     let detail = format!("{dropped} pending deliveries dropped");
     let object = format!("org:{}", staff.org_id);
@@ -529,7 +530,7 @@ async fn remove_webhook(
         &mut tx,
         req,
         staff,
-        "org.webhook_removed",
+        crate::audit::AuditAction::OrgWebhookRemoved,
         &object,
         Some(&detail),
     )
@@ -544,7 +545,7 @@ async fn remove_webhook(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=webhook_removed"))
+    Ok(see_other(&Flash::WebhookRemoved.after("/settings")))
 }
 
 #[derive(Deserialize)]
@@ -574,33 +575,31 @@ pub(crate) async fn save_headroom(
     let site = Site::parse(form.site.trim()).map_err(|e| bad(e.to_string()))?;
     let profile = Profile::parse(form.profile.trim()).map_err(|e| bad(e.to_string()))?;
     let segment = Segment::parse(form.segment.trim()).map_err(|e| bad(e.to_string()))?;
-    let machines = super::input::whole_number::<i32>(form.machines.trim())
-        .filter(|n| (0..=MAX_HEADROOM).contains(n))
+    let setting = super::input::whole_number::<i64>(form.machines.trim())
+        .and_then(|n| HeadroomSetting::new(site, profile, segment, n))
         .ok_or_else(|| {
             bad(format!(
                 "“Machines” is a whole number from 0 to {MAX_HEADROOM} (0 removes the headroom)"
             ))
         })?;
+    let HeadroomSetting {
+        site,
+        profile,
+        segment,
+        machines,
+    } = &setting;
+    let machines = *machines;
     let mut tx = pool.begin().await?;
     // The API's path (the pool's turn first, then the row): one rule for
     // both, and one audit name for each change.
-    let (_, change) = crate::capacity::set(
-        &mut tx,
-        staff.org_id,
-        &site,
-        &profile,
-        &segment,
-        machines,
-        &staff.email,
-    )
-    .await?;
+    let (_, change) = crate::capacity::set(&mut tx, staff.org_id, &setting, &staff.email).await?;
     if change == Change::NoSuchPool {
         return Err(bad(format!(
             "No machine of {} is at site {site} with profile {profile}: headroom is kept only for a pool that has machines",
             staff.org_name
         )));
     }
-    if let Some((action, detail)) = change.audit(machines, &segment) {
+    if let Some((action, detail)) = change.audit(machines, segment) {
         audit_on(
             &mut tx,
             &req,
@@ -621,9 +620,10 @@ pub(crate) async fn save_headroom(
         ),
     )
     .await?;
-    Ok(see_other(if machines == 0 {
-        "/settings?flash=headroom_removed#headroom"
+    let flash = if machines == 0 {
+        Flash::HeadroomRemoved
     } else {
-        "/settings?flash=headroom_saved#headroom"
-    }))
+        Flash::HeadroomSaved
+    };
+    Ok(see_other(&format!("{}#headroom", flash.after("/settings"))))
 }

@@ -609,7 +609,7 @@ pub(crate) async fn save_lead_time(
         &mut tx,
         &req,
         &staff,
-        planning::LEAD_TIME_AUDIT,
+        crate::audit::AuditAction::SiteLeadTimeSet,
         &format!("site:{site}"),
         Some(&format!("{before} -> {days} days")),
     )
@@ -623,7 +623,10 @@ pub(crate) async fn save_lead_time(
         ),
     )
     .await?;
-    Ok(see_other("/settings?flash=lead_time_saved#lead-times"))
+    Ok(see_other(&format!(
+        "{}#lead-times",
+        super::layout::Flash::LeadTimeSaved.after("/settings")
+    )))
 }
 
 #[cfg(test)]

@@ -23,6 +23,9 @@ pub struct Staff {
     pub user_id: i64,
     pub org_id: i64,
     pub email: String,
+    /// S1: the name from the provider's last sign-in; `None` for a user
+    /// who never signed in through one.
+    pub display_name: Option<String>,
     pub role: Role,
     pub org_name: String,
     pub datacenter_enabled: bool,
@@ -109,6 +112,7 @@ struct SessionRow {
     org_id: i64,
     email: String,
     role: String,
+    display_name: Option<String>,
     org_name: String,
     datacenter_enabled: bool,
     csrf_token: String,
@@ -139,7 +143,7 @@ impl FromRequest for Staff {
             let row: Option<SessionRow> = sqlx::query_as(
                 "WITH live AS (
                      SELECT s.token_hash, s.last_seen_at, u.id AS user_id, u.org_id, u.email, u.role,
-                            o.name AS org_name, o.datacenter_enabled, s.csrf_token
+                            u.display_name, o.name AS org_name, o.datacenter_enabled, s.csrf_token
                        FROM sessions s JOIN users u ON u.id = s.user_id
                        JOIN organizations o ON o.id = u.org_id
                       WHERE s.token_hash = $1
@@ -152,7 +156,9 @@ impl FromRequest for Staff {
                       WHERE t.token_hash = live.token_hash AND t.revoked_at IS NULL
                         AND live.last_seen_at < clock_timestamp() - make_interval(secs => $4)
                      RETURNING 1)
-                 SELECT user_id, org_id, email, role, org_name, datacenter_enabled, csrf_token FROM live",
+                 SELECT user_id, org_id, email, role, display_name, org_name, datacenter_enabled,
+                        csrf_token
+                   FROM live",
             )
             .bind(&token_hash)
             .bind(settings.session_idle.as_secs_f64())
@@ -166,6 +172,7 @@ impl FromRequest for Staff {
                 user_id: row.user_id,
                 org_id: row.org_id,
                 email: row.email,
+                display_name: row.display_name,
                 role,
                 org_name: row.org_name,
                 datacenter_enabled: row.datacenter_enabled,
@@ -196,7 +203,7 @@ pub async fn audit_on(
     conn: &mut sqlx::PgConnection,
     req: &HttpRequest,
     staff: &Staff,
-    action: &str,
+    action: crate::audit::AuditAction,
     object: &str,
     detail: Option<&str>,
 ) -> Result<(), sqlx::Error> {

@@ -11,6 +11,7 @@
 //! so that the first request after the provider's cross-site redirect is a
 //! same-site one and carries the `SameSite=Strict` session cookie.
 
+use super::layout::Flash;
 use actix_web::cookie::{Cookie, SameSite, time::Duration as CookieDuration};
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -119,6 +120,7 @@ pub struct StartQuery {
 
 /// `GET /login/sso?org=SLUG`: to the organization's provider (S1).
 pub(crate) async fn start(
+    req: HttpRequest,
     pool: web::Data<Db>,
     settings: web::Data<Settings>,
     query: web::Query<StartQuery>,
@@ -131,6 +133,12 @@ pub(crate) async fn start(
         ));
     }
     let public = public_url(&settings)?;
+    // Bounded per client address before anything else is looked up.
+    let addr = source_addr(&req);
+    let Some(start_id) = super::throttle::sso_start(pool.get_ref(), &addr).await? else {
+        tracing::warn!(source_addr = %addr, "single sign-on: too many starts from one address");
+        return Err(DashError::Throttled);
+    };
     // Unknown and without single sign-on read alike: the page lists and
     // confirms no organization.
     let Some(config) = sso::config_by_slug(pool.get_ref(), &slug).await? else {
@@ -156,6 +164,7 @@ pub(crate) async fn start(
         &auth,
         &hash_token(&auth.state),
         &hash_token(&browser),
+        start_id,
     )
     .await?;
     let mut resp = if query.via == "form" {
@@ -214,7 +223,19 @@ pub(crate) async fn callback(
     let Some(role) = identity.values.as_deref().and_then(|v| config.role_for(v)) else {
         return no_role(&config, &identity);
     };
-    sign_in(&req, &pool, &settings, &config, &identity, role).await
+    let signed = Signed {
+        identity: &identity,
+        role,
+        state_hash: hash_token(&query.state),
+    };
+    sign_in(&req, &pool, &settings, &config, &signed).await
+}
+
+/// Who the provider signed in, with which role, by which sign-in.
+struct Signed<'a> {
+    identity: &'a sso::Identity,
+    role: Role,
+    state_hash: Vec<u8>,
 }
 
 /// The sign-in under way that this answer's state names, consumed, if this
@@ -349,6 +370,7 @@ fn no_role(config: &sso::Config, identity: &sso::Identity) -> Result<HttpRespons
 struct Landed {
     user_id: i64,
     email: String,
+    name: String,
     created: bool,
     previous_role: Option<String>,
 }
@@ -360,9 +382,9 @@ async fn sign_in(
     pool: &Db,
     settings: &Settings,
     config: &sso::Config,
-    identity: &sso::Identity,
-    role: Role,
+    signed: &Signed<'_>,
 ) -> Result<HttpResponse, DashError> {
+    let (identity, role) = (signed.identity, signed.role);
     let addr = source_addr(req);
     let mut tx = pool.begin().await?;
     let account = sso::account_on(&mut tx, config.org_id, identity, role)
@@ -375,11 +397,13 @@ async fn sign_in(
         Account::Ready {
             user_id,
             email,
+            name,
             created,
             previous_role,
         } => Landed {
             user_id,
             email,
+            name,
             created,
             previous_role,
         },
@@ -393,6 +417,7 @@ async fn sign_in(
         }
     };
     record_sign_in(&mut tx, config, identity, role, &landed, &addr).await?;
+    sso::completed(&mut tx, &signed.state_hash).await?;
     let token = open_session(&mut tx, req, settings, landed.user_id).await?;
     commit(
         tx,
@@ -403,7 +428,7 @@ async fn sign_in(
         ),
     )
     .await?;
-    signed_in_page(settings, token, &landed.email, role)
+    signed_in_page(settings, token, &landed, role)
 }
 
 /// The audit rows of a sign-in: the user made, the role changed by the
@@ -421,13 +446,13 @@ async fn record_sign_in(
     let mut audit = vec![];
     if landed.created {
         audit.push((
-            "user.add",
+            crate::audit::AuditAction::UserAdd,
             format!("{} by single sign-on, {subject}", role.as_str()),
         ));
     }
     if let Some(before) = &landed.previous_role {
         audit.push((
-            "user.role_changed",
+            crate::audit::AuditAction::UserRoleChanged,
             format!(
                 "{before} to {} by the provider's {:?} claim, {subject}",
                 role.as_str(),
@@ -435,14 +460,17 @@ async fn record_sign_in(
             ),
         ));
     }
-    audit.push(("login", format!("single sign-on, {subject}")));
+    audit.push((
+        crate::audit::AuditAction::Login,
+        format!("single sign-on, {subject}"),
+    ));
     for (action, detail) in &audit {
         crate::audit::record(
             &mut *conn,
             &crate::audit::Entry {
                 org_id: Some(config.org_id),
                 actor: &landed.email,
-                action,
+                action: *action,
                 object: &object,
                 source_addr: addr,
                 detail: Some(detail),
@@ -482,7 +510,7 @@ async fn open_session(
 fn signed_in_page(
     settings: &Settings,
     token: String,
-    email: &str,
+    landed: &Landed,
     role: Role,
 ) -> Result<HttpResponse, DashError> {
     let session = super::session::session_cookie(settings, token);
@@ -491,7 +519,16 @@ fn signed_in_page(
     let mut resp = sso_page(
         StatusCode::OK,
         "Signed in",
-        vec![format!("Signed in as {email} ({}).", role.as_str())],
+        vec![if landed.name == landed.email {
+            format!("Signed in as {} ({}).", landed.email, role.as_str())
+        } else {
+            format!(
+                "Signed in as {} <{}> ({}).",
+                landed.name,
+                landed.email,
+                role.as_str()
+            )
+        }],
         Some(("/".to_owned(), "Open the overview")),
     )?;
     resp.add_cookie(&session)
@@ -551,7 +588,7 @@ pub(crate) async fn end_provider_session(
             return Ok(None);
         }
     };
-    let back = format!("{public}/login?flash=logged_out");
+    let back = format!("{public}{}", Flash::LoggedOut.after("/login"));
     let Some(url) = provider.end_session_url(&config.client_id, &back) else {
         return Ok(None);
     };

@@ -268,7 +268,7 @@ pub(crate) async fn apply(
         &mut tx,
         &req,
         &staff,
-        "machine.status",
+        crate::audit::AuditAction::MachineStatus,
         &object,
         Some(&detail),
     )

@@ -1,7 +1,8 @@
 //! Password throttling that cannot lock an account's owner out: failures
 //! count per account *and* source address together, with a higher bound
-//! per source address; and the source address of a request, read from the
-//! forwarding headers only when the peer is a trusted proxy.
+//! per source address; the bound on single sign-on starts per source
+//! address; and the source address of a request, read from the forwarding
+//! headers only when the peer is a trusted proxy.
 
 use std::net::IpAddr;
 
@@ -33,6 +34,46 @@ pub async fn refused(db: &Db, account: &str, addr: &str) -> Result<bool, sqlx::E
     .fetch_one(db)
     .await?;
     Ok(pair >= MAX_FAILURES_PER_ACCOUNT_AND_ADDRESS || by_address >= MAX_FAILURES_PER_ADDRESS)
+}
+
+/// S1: sign-ins started at `/login/sso` from one address in the last 15
+/// minutes that did not complete: the 31st is refused before the provider
+/// is asked anything. A completed sign-in frees its place (so an office
+/// behind one address is not held up by its own staff signing in), an
+/// unknown organization's name never does (so names cannot be tried
+/// without bound), and neither does a start abandoned at the provider.
+pub const MAX_SSO_STARTS_PER_ADDRESS: i64 = 30;
+
+/// Records a sign-in started from `addr`: the id of its row, or `None` when
+/// the address has `MAX_SSO_STARTS_PER_ADDRESS` that did not complete, and
+/// nothing is recorded. The count and the new row agree however many
+/// starts from one address arrive at once: they are taken under a
+/// transaction-scoped advisory lock of the address.
+pub async fn sso_start(db: &Db, addr: &str) -> Result<Option<i64>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('sso_starts ' || $1, 0))")
+        .bind(addr)
+        .execute(&mut *tx)
+        .await?;
+    // Rows past the window count for no one.
+    sqlx::query("DELETE FROM sso_starts WHERE at < clock_timestamp() - interval '15 minutes'")
+        .execute(&mut *tx)
+        .await?;
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM sso_starts WHERE source_addr = $1")
+        .bind(addr)
+        .fetch_one(&mut *tx)
+        .await?;
+    if open >= MAX_SSO_STARTS_PER_ADDRESS {
+        tx.commit().await?;
+        return Ok(None);
+    }
+    let id: i64 =
+        sqlx::query_scalar("INSERT INTO sso_starts (source_addr) VALUES ($1) RETURNING id")
+            .bind(addr)
+            .fetch_one(&mut *tx)
+            .await?;
+    tx.commit().await?;
+    Ok(Some(id))
 }
 
 /// The client of a request whose TCP peer is `peer`. A peer that is not a

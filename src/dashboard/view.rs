@@ -24,6 +24,10 @@ impl Chrome {
             section,
             user: Some(UserView {
                 email: staff.email.clone(),
+                name: staff
+                    .display_name
+                    .clone()
+                    .filter(|name| *name != staff.email),
                 role: staff.role.as_str(),
                 org_name: staff.org_name.clone(),
                 is_admin: staff.is_admin(),

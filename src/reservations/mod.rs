@@ -3,14 +3,14 @@
 //! deadline (R11) in the same transaction that writes it.
 //!
 //! Cancel and convert run inside PostgreSQL, each as one statement: the
-//! function `reservation_transition` of `sql/transitions.sql` locks the
+//! function `transition_request_of` of `sql/transitions.sql` locks the
 //! machine row first,
 //! then the reservation row (the allocator's order too, so the two never
 //! deadlock and a new order can never slip in while a conversion is half
 //! done), checks fence, state and deadline in that order, records an
 //! overdue hold as expired (R11), and for a conversion writes the service
 //! link before the reservation turns converted (R10: promote, never
-//! release-then-write). The API calls it through `api_transition`, with the
+//! release-then-write). The API calls it through `api_transition_request`, with the
 //! token check in the same statement.
 //!
 //! By concern: `rows` the values and their columns, `reads` the reads,

@@ -1,7 +1,7 @@
 //! Whole orders (R13): cancel, convert or extend every reservation of an
 //! order or none, and the extension of one reservation (R14), each one
-//! statement (`order_transition`, or `api_order_transition` for an API
-//! caller).
+//! statement (`order_request_transition`, or `api_order_request` for an API
+//! caller), the request passed as one value (`OrderRequest`).
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -11,7 +11,7 @@ use super::transitions::{TransitionError, TransitionRow, transition_columns};
 
 static ORDER_TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT {} FROM order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) x
+        "SELECT {} FROM order_request_transition($1, $2, jsonb_populate_record(NULL::order_request, $3)) x
            LEFT JOIN reservations r ON r.id = x.id",
         transition_columns("x")
     )
@@ -19,7 +19,7 @@ static ORDER_TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(
 
 static API_ORDER_TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT c.caller, {} FROM api_order_transition($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) c
+        "SELECT c.caller, {} FROM api_order_request($1, $2, $3) c
            LEFT JOIN reservations r ON r.id = (c.result).id",
         transition_columns("(c.result)")
     )
@@ -49,6 +49,19 @@ pub enum OrderAction<'a> {
 }
 
 impl OrderAction<'_> {
+    /// The request's fields that a replay must repeat (F3): what an
+    /// `IdempotencyMismatch` names (an extension is never one: with the
+    /// same fence, another deadline is a new extension).
+    pub fn replay_fields(&self) -> Vec<&'static str> {
+        match self {
+            OrderAction::Cancel { .. } => vec!["reason"],
+            OrderAction::Convert { .. } => vec!["service_ref"],
+            OrderAction::Extend { .. } => Vec::new(),
+        }
+    }
+}
+
+impl<'a> OrderAction<'a> {
     fn action(&self) -> &'static str {
         match self {
             OrderAction::Cancel { .. } => "cancel",
@@ -57,16 +70,16 @@ impl OrderAction<'_> {
         }
     }
 
-    fn reason(&self) -> Option<&str> {
-        match self {
+    fn reason(&self) -> Option<&'a str> {
+        match *self {
             OrderAction::Cancel { reason } => Some(reason),
             OrderAction::Convert { .. } => None,
-            OrderAction::Extend { reason, .. } => *reason,
+            OrderAction::Extend { reason, .. } => reason,
         }
     }
 
-    fn texts(&self) -> Vec<&str> {
-        match self {
+    fn texts(&self) -> Vec<&'a str> {
+        match *self {
             OrderAction::Convert { service_refs } => {
                 service_refs.iter().map(ServiceRef::as_str).collect()
             }
@@ -107,6 +120,41 @@ impl OrderAction<'_> {
     }
 }
 
+/// An order action as PostgreSQL reads it: one jsonb value read into the
+/// `order_request` type, so that a field added here is an attribute there
+/// and never another argument of a function (a key an older binary does
+/// not send reads NULL).
+#[derive(Debug, serde::Serialize)]
+struct OrderRequest<'a> {
+    order_ref: Option<&'a str>,
+    ids: Vec<i64>,
+    fences: Vec<i64>,
+    texts: Vec<&'a str>,
+    action: &'static str,
+    reason: Option<&'a str>,
+    seconds: Option<i32>,
+    cap: Option<i32>,
+    until: Option<DateTime<Utc>>,
+}
+
+impl<'a> OrderRequest<'a> {
+    fn of(order_ref: Option<&'a str>, named: &[Named], what: &OrderAction<'a>) -> Self {
+        let (seconds, cap) = what.seconds();
+        let (ids, fences) = named.iter().map(|n| (n.id, n.fence)).unzip();
+        OrderRequest {
+            order_ref,
+            ids,
+            fences,
+            texts: what.texts(),
+            action: what.action(),
+            reason: what.reason(),
+            seconds,
+            cap,
+            until: what.until(),
+        }
+    }
+}
+
 /// A reservation named by a request: its id and the fence the caller holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Named {
@@ -119,7 +167,7 @@ pub struct Named {
 pub type OrderAfter = Vec<(Reservation, Option<ServiceLink>)>;
 
 /// Cancel, convert or extend a whole order in the caller's transaction
-/// (`order_transition`): all of its reservations or none (R13). With
+/// (`order_request_transition`): all of its reservations or none (R13). With
 /// `order_ref` `None`, the order of reservation `named[0]`, which must be an
 /// order of one (`PartOfOrder` otherwise): the single-reservation extension.
 /// Finish with `settle` (an expiry found at the point of use is committed).
@@ -147,23 +195,14 @@ pub async fn order_transition_changed_on(
     actor: &str,
     what: OrderAction<'_>,
 ) -> Result<(OrderAfter, bool), TransitionError> {
-    let (seconds, cap) = what.seconds();
-    let (ids, fences): (Vec<i64>, Vec<i64>) = named.iter().map(|n| (n.id, n.fence)).unzip();
+    let request = sqlx::types::Json(OrderRequest::of(order_ref, named, &what));
     let mut run = 1;
     let rows: Vec<TransitionRow> = loop {
         let mut savepoint = Savepoint::begin(&mut *conn).await?;
         let outcome = sqlx::query_as(sqlx::AssertSqlSafe(ORDER_TRANSITION.as_str()))
             .bind(org_id)
-            .bind(order_ref)
-            .bind(&ids)
-            .bind(&fences)
-            .bind(what.texts())
             .bind(actor)
-            .bind(what.action())
-            .bind(what.reason())
-            .bind(seconds)
-            .bind(cap)
-            .bind(what.until())
+            .bind(&request)
             .fetch_all(savepoint.conn())
             .await;
         match savepoint.end(outcome, run).await? {
@@ -178,7 +217,7 @@ pub async fn order_transition_changed_on(
 }
 
 /// `order_transition_on` for an API caller, in one autocommitted statement
-/// (`api_order_transition`): the token, its scope and both module switches
+/// (`api_order_request`): the token, its scope and both module switches
 /// checked in the same statement as the transition.
 pub async fn order_transition_for_token(
     conn: &mut PgConnection,
@@ -189,20 +228,11 @@ pub async fn order_transition_for_token(
     what: OrderAction<'_>,
 ) -> Result<Result<Result<OrderAfter, TransitionError>, crate::tokens::CallerRefusal>, sqlx::Error>
 {
-    let (seconds, cap) = what.seconds();
     let rows: Vec<crate::tokens::CallerRow<TransitionRow>> =
         sqlx::query_as(sqlx::AssertSqlSafe(API_ORDER_TRANSITION.as_str()))
             .bind(token_hash)
             .bind(module_on)
-            .bind(order_ref)
-            .bind(named.iter().map(|n| n.id).collect::<Vec<i64>>())
-            .bind(named.iter().map(|n| n.fence).collect::<Vec<i64>>())
-            .bind(what.texts())
-            .bind(what.action())
-            .bind(what.reason())
-            .bind(seconds)
-            .bind(cap)
-            .bind(what.until())
+            .bind(sqlx::types::Json(OrderRequest::of(order_ref, named, &what)))
             .fetch_all(conn)
             .await?;
     let caller = rows
@@ -232,6 +262,7 @@ impl TransitionRow {
         match outcome.as_str() {
             "ok" | "unchanged" => rows.into_iter().map(TransitionRow::into_result).collect(),
             "not_found" => Err(TransitionError::NotFound),
+            "idempotency_mismatch" => Err(TransitionError::IdempotencyMismatch),
             "mismatch" => Err(TransitionError::Mismatch {
                 ids: rows
                     .iter()

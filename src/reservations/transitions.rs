@@ -52,6 +52,11 @@ pub enum TransitionError {
         machine_id: i64,
         asset_tag: String,
     },
+    /// F3: the replay of a convert or cancel this caller made, with the
+    /// same fence but another service_ref or reason: another request under
+    /// the same key, refused; the reservation stays as the original left it.
+    #[error("this reservation was already ended by this caller with another request")]
+    IdempotencyMismatch,
     #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
@@ -122,7 +127,16 @@ pub enum Transition<'a> {
     Convert(&'a ServiceRef),
 }
 
-impl Transition<'_> {
+impl<'a> Transition<'a> {
+    /// The request's fields that a replay must repeat (F3): what an
+    /// `IdempotencyMismatch` names.
+    pub fn replay_fields(&self) -> Vec<&'static str> {
+        match self {
+            Transition::Cancel(_) => vec!["reason"],
+            Transition::Convert(_) => vec!["service_ref"],
+        }
+    }
+
     fn action(&self) -> &'static str {
         match self {
             Transition::Cancel(_) => "cancel",
@@ -130,15 +144,35 @@ impl Transition<'_> {
         }
     }
 
-    fn text(&self) -> &str {
-        match self {
-            Transition::Cancel(reason) => reason,
-            Transition::Convert(service_ref) => service_ref.as_str(),
-        }
+    /// The request as PostgreSQL reads it: one jsonb value read into the
+    /// `transition_request` type (a field added here is an attribute
+    /// there, never another argument of a function).
+    fn request(&self, id: i64, fence: i64) -> sqlx::types::Json<TransitionRequest<'a>> {
+        let (reason, service_ref) = match *self {
+            Transition::Cancel(reason) => (Some(reason), None),
+            Transition::Convert(service_ref) => (None, Some(service_ref.as_str())),
+        };
+        sqlx::types::Json(TransitionRequest {
+            id,
+            fence,
+            action: self.action(),
+            reason,
+            service_ref,
+        })
     }
 }
 
-/// One transition, as one statement (`reservation_transition`).
+/// A cancel or convert of one reservation, as `transition_request`.
+#[derive(Debug, serde::Serialize)]
+struct TransitionRequest<'a> {
+    id: i64,
+    fence: i64,
+    action: &'static str,
+    reason: Option<&'a str>,
+    service_ref: Option<&'a str>,
+}
+
+/// One transition, as one statement (`transition_request_of`).
 async fn transition_on(
     conn: &mut PgConnection,
     org_id: i64,
@@ -152,11 +186,8 @@ async fn transition_on(
         let mut savepoint = Savepoint::begin(&mut *conn).await?;
         let outcome = sqlx::query_as(sqlx::AssertSqlSafe(TRANSITION.as_str()))
             .bind(org_id)
-            .bind(id)
-            .bind(fence)
             .bind(actor)
-            .bind(what.action())
-            .bind(what.text())
+            .bind(what.request(id, fence))
             .fetch_one(savepoint.conn())
             .await;
         match savepoint.end(outcome, run).await? {
@@ -168,7 +199,7 @@ async fn transition_on(
 }
 
 /// `POST /api/v1/reservations/{id}/cancel` or `.../convert` in one statement
-/// (`api_transition`): the token, its scope and both module switches are
+/// (`api_transition_request`): the token, its scope and both module switches are
 /// checked in the same statement as the transition. Autocommit: an expiry
 /// found at the point of use (R11) is committed with the refusal.
 pub async fn transition_for_token(
@@ -189,10 +220,7 @@ pub async fn transition_for_token(
         sqlx::query_as(sqlx::AssertSqlSafe(API_TRANSITION.as_str()))
             .bind(token_hash)
             .bind(module_on)
-            .bind(id)
-            .bind(fence)
-            .bind(what.action())
-            .bind(what.text())
+            .bind(what.request(id, fence))
             .fetch_one(db)
             .await?;
     match crate::tokens::CallerRefusal::parse(&row.caller)? {
@@ -251,7 +279,7 @@ pub(super) fn transition_columns(of: &str) -> String {
 
 static TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT {} FROM reservation_transition($1, $2, $3, $4, $5, $6) x
+        "SELECT {} FROM transition_request_of($1, $2, jsonb_populate_record(NULL::transition_request, $3)) x
            LEFT JOIN reservations r ON r.id = x.id",
         transition_columns("x")
     )
@@ -259,7 +287,7 @@ static TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
 
 static API_TRANSITION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     format!(
-        "SELECT c.caller, {} FROM api_transition($1, $2, $3, $4, $5, $6) c
+        "SELECT c.caller, {} FROM api_transition_request($1, $2, $3) c
            LEFT JOIN reservations r ON r.id = (c.result).id",
         transition_columns("(c.result)")
     )
@@ -338,6 +366,7 @@ impl TransitionRow {
                 Ok((r, link))
             }
             "stale_fence" => Err(TransitionError::StaleFence),
+            "idempotency_mismatch" => Err(TransitionError::IdempotencyMismatch),
             "part_of_order" => Err(TransitionError::PartOfOrder {
                 id: r.id,
                 order_ref: r.order_ref,

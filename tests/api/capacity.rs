@@ -672,10 +672,10 @@ async fn org_set_changes_the_cap_and_the_repairs_segment() {
     assert_eq!(
         audit,
         vec![
-            ("org.customer_hold_limit_set", "command line", Some("5")),
-            ("org.repairs_segment_set", "command line", Some("repairs")),
-            ("org.customer_hold_limit_set", "command line", Some("0")),
-            ("org.repairs_segment_set", "command line", Some("")),
+            ("org.customer_hold_limit", "command line", Some("5")),
+            ("org.repairs_segment", "command line", Some("repairs")),
+            ("org.customer_hold_limit", "command line", Some("0")),
+            ("org.repairs_segment", "command line", Some("")),
         ]
     );
 }

@@ -589,3 +589,114 @@ async fn the_previous_releases_entry_points_answer_as_they_did() {
     .expect("the previous release's reserve_order");
     assert_eq!((outcome.as_deref(), held_by), (Some("existing"), Some(id)));
 }
+
+/// Rolling deploys: the previous release's positional transition entry
+/// points (`api_transition`, `reservation_transition`,
+/// `api_order_transition`, `order_transition`) still answer as they did;
+/// they wrap the one-value functions (`transition_request`,
+/// `order_request`).
+#[tokio::test]
+async fn the_previous_releases_transition_entry_points_answer_as_they_did() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = crate::helpers::create_org(&pool, "rolling-t", true).await;
+    for tag in ["T-1", "T-2", "T-3", "T-4"] {
+        crate::helpers::FakeMachine::new()
+            .tag(tag)
+            .create(&pool, org.id)
+            .await;
+    }
+    let mut conn = db.connection().await;
+    let mut held = Vec::new();
+    for order_ref in ["T-CANCEL", "T-CONVERT", "T-ORDER", "T-EXTEND"] {
+        let (id, fence): (i64, i64) = sqlx::query_as(
+            "SELECT (r.reservation).id, (r.reservation).fence
+               FROM reserve_order_request($1, 'old', jsonb_build_object('order_ref', $2::text,
+                    'site', $3::text, 'profile', $4::text, 'hold_seconds', 900, 'quantity', 1)) r",
+        )
+        .bind(org.id)
+        .bind(order_ref)
+        .bind(crate::helpers::SITE)
+        .bind(crate::helpers::PROFILE)
+        .fetch_one(&mut conn)
+        .await
+        .expect("a hold");
+        held.push((id, fence));
+    }
+    let digest = poolkeeper::tokens::digest(&org.token);
+    // A cancel through the API's positional entry point, then its replay.
+    let cancel = |id: i64, fence: i64| {
+        sqlx::query_as::<_, (String, Option<String>, Option<String>, Option<String>)>(
+            "SELECT c.caller, (c.result).outcome, (c.result).state, (c.result).end_reason
+               FROM api_transition($1, true, $2, $3, 'cancel', 'old reason') c",
+        )
+        .bind(digest.clone())
+        .bind(id)
+        .bind(fence)
+    };
+    let (id, fence) = held[0];
+    let first = cancel(id, fence)
+        .fetch_one(&mut conn)
+        .await
+        .expect("cancel");
+    assert_eq!(
+        first,
+        (
+            "ok".to_owned(),
+            Some("ok".to_owned()),
+            Some("cancelled".to_owned()),
+            Some("old reason".to_owned())
+        )
+    );
+    let again = cancel(id, fence)
+        .fetch_one(&mut conn)
+        .await
+        .expect("replay");
+    assert_eq!(again, first, "the replay answers what it did");
+    // A convert through the positional function without the token check.
+    let (id, fence) = held[1];
+    let (outcome, state, service): (String, String, Option<String>) = sqlx::query_as(
+        "SELECT x.outcome, x.state, x.link_service_ref FROM reservation_transition($1, $2, $3, 'old', 'convert', 'SRV-OLD') x",
+    )
+    .bind(org.id)
+    .bind(id)
+    .bind(fence)
+    .fetch_one(&mut conn)
+    .await
+    .expect("convert");
+    assert_eq!(
+        (outcome.as_str(), state.as_str(), service.as_deref()),
+        ("ok", "converted", Some("SRV-OLD"))
+    );
+    // An order's cancel through the API's positional entry point.
+    let (id, fence) = held[2];
+    let (caller, outcome, state): (String, Option<String>, Option<String>) = sqlx::query_as(
+        "SELECT c.caller, (c.result).outcome, (c.result).state
+           FROM api_order_transition($1, true, 'T-ORDER', ARRAY[$2::bigint], ARRAY[$3::bigint], '{}',
+                                     'cancel', 'old order reason', NULL, NULL) c",
+    )
+    .bind(digest.clone())
+    .bind(id)
+    .bind(fence)
+    .fetch_one(&mut conn)
+    .await
+    .expect("order cancel");
+    assert_eq!(
+        (caller.as_str(), outcome.as_deref(), state.as_deref()),
+        ("ok", Some("ok"), Some("cancelled"))
+    );
+    // An extension through the positional function without the token check.
+    let (id, fence) = held[3];
+    let (outcome, extended): (String, bool) = sqlx::query_as(
+        "SELECT x.outcome, x.expires_at > clock_timestamp() + interval '20 minutes'
+           FROM order_transition($1, NULL, ARRAY[$2::bigint], ARRAY[$3::bigint], '{}', 'old', 'extend',
+                                 NULL, 1800, 3600) x",
+    )
+    .bind(org.id)
+    .bind(id)
+    .bind(fence)
+    .fetch_one(&mut conn)
+    .await
+    .expect("extend");
+    assert_eq!((outcome.as_str(), extended), ("ok", true));
+}

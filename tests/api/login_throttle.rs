@@ -6,6 +6,7 @@
 //! clients bind to other loopback addresses (127.0.0.0/8 is this machine).
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
 use crate::helpers::{STAFF_PASSWORD, StaffClient, TestApp, hidden_field, spawn_app_with};
 
@@ -140,4 +141,113 @@ async fn through_a_trusted_proxy_the_limit_applies_to_each_client() {
         recorded,
         ["127.0.0.3", "198.51.100.7", "203.0.113.5", "203.0.113.6"]
     );
+}
+
+/// S1: the sign-ins started at `/login/sso` from one address that did not
+/// complete are bounded (`throttle::MAX_SSO_STARTS_PER_ADDRESS`), exactly,
+/// with every start of the round released at once; unknown organizations'
+/// names count; the bound refuses before the provider is asked; another
+/// address, and another client behind a trusted proxy, start freely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn single_sign_on_starts_are_bounded_per_client_address() {
+    use poolkeeper::dashboard::throttle::MAX_SSO_STARTS_PER_ADDRESS as MAX;
+    let app = app_with(|s| {
+        // Never reached: the provider's issuer is a closed port.
+        s.public_url = Some("http://127.0.0.1:9".into());
+        s.trusted_proxies = vec![poolkeeper::settings::Cidr::parse("127.0.0.4").expect("cidr")];
+    })
+    .await;
+    let dir = std::env::temp_dir().join(format!("pk-sso-starts-{}", rand::random::<u64>()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "s3cret\n").expect("secret");
+    poolkeeper::sso::set(
+        &app.pool,
+        app.org.id,
+        &poolkeeper::sso::Setting {
+            issuer: "http://127.0.0.1:9",
+            client_id: "poolkeeper",
+            client_secret_file: &secret.to_string_lossy(),
+            claim: "groups",
+            admin_values: &["pk-admins"],
+            support_values: &[],
+            viewer_values: &[],
+            passwords: poolkeeper::sso::Passwords::On,
+        },
+        "test",
+    )
+    .await
+    .expect("configure");
+    let attacker = Ipv4Addr::new(127, 0, 0, 2);
+    // Ten more than the bound, released together, each on its own client.
+    let n = MAX as usize + 10;
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let c = client_from(&app, attacker);
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                c.get(&format!("/login/sso?org=guess-{i}"))
+                    .await
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let statuses = tokio::time::timeout(Duration::from_secs(120), async {
+        let mut statuses = Vec::new();
+        for t in tasks {
+            statuses.push(t.await.expect("task"));
+        }
+        statuses
+    })
+    .await
+    .expect("every start answered within the bound");
+    let count = |s: u16| statuses.iter().filter(|x| **x == s).count();
+    assert_eq!((count(404), count(429)), (MAX as usize, 10), "{statuses:?}");
+    let c = client_from(&app, attacker);
+    let r = c.get("/login/sso?org=acme").await;
+    assert_eq!(r.status().as_u16(), 429, "a real organization too");
+    let body = r.text().await.expect("body");
+    assert!(body.contains("/static/app.css"), "a page of the dashboard");
+    assert!(body.contains("try again"), "{body}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM sso_pending").await,
+        0,
+        "refused before anything else"
+    );
+    // Another address: the provider is asked (and is down: 503), counted.
+    let other = client_from(&app, Ipv4Addr::new(127, 0, 0, 3));
+    assert_eq!(
+        other.get("/login/sso?org=acme").await.status().as_u16(),
+        503
+    );
+    // Behind the trusted proxy, each client is its own address.
+    let proxy = client_from(&app, Ipv4Addr::new(127, 0, 0, 4));
+    for (client, want) in [("198.51.100.7", 404), ("203.0.113.5", 404)] {
+        let r = proxy
+            .http
+            .get(proxy.url("/login/sso?org=nobody"))
+            .header("x-forwarded-for", client)
+            .send()
+            .await
+            .expect("GET");
+        assert_eq!(r.status().as_u16(), want, "{client}");
+    }
+    let per_address: Vec<(String, i64)> =
+        sqlx::query_as("SELECT source_addr, count(*) FROM sso_starts GROUP BY 1 ORDER BY 1")
+            .fetch_all(&app.pool)
+            .await
+            .expect("starts");
+    assert_eq!(
+        per_address,
+        vec![
+            ("127.0.0.2".to_owned(), MAX),
+            ("127.0.0.3".to_owned(), 1),
+            ("198.51.100.7".to_owned(), 1),
+            ("203.0.113.5".to_owned(), 1),
+        ]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -339,6 +339,18 @@ async fn real_answers_validate_against_the_documented_schemas() {
         .await;
     c.check(CANCEL, "post", cancel(id, fence).await.expect("not held"))
         .await;
+    // The same fence into another service: 422 idempotency_mismatch.
+    c.check(
+        CONVERT,
+        "post",
+        post(
+            format!("/reservations/{id}/convert"),
+            json!({"fence": fence, "service_ref": "SRV-OTHER"}),
+        )
+        .await
+        .expect("mismatch"),
+    )
+    .await;
     c.check(
         ONE,
         "get",
@@ -374,6 +386,18 @@ async fn real_answers_validate_against_the_documented_schemas() {
     );
     c.check(CANCEL, "post", cancel(id3, fence3).await.expect("cancel"))
         .await;
+    // The same fence with another reason: 422 idempotency_mismatch.
+    c.check(
+        CANCEL,
+        "post",
+        post(
+            format!("/reservations/{id3}/cancel"),
+            json!({"fence": fence3, "reason": "another reason"}),
+        )
+        .await
+        .expect("mismatch"),
+    )
+    .await;
     let fourth = c
         .check(R, "post", reserve("ORD-E", "epyc").await.expect("reserve"))
         .await;
@@ -529,6 +553,21 @@ async fn real_answers_validate_against_the_documented_schemas() {
             "/orders/ORD-P2/cancel",
             json!({"reservations": named(&p2, 0, false), "reason": "gave up"}),
         ),
+        // Replayed with another reason, and into other services: 422.
+        (
+            ORDER_CANCEL,
+            "/orders/ORD-P2/cancel",
+            json!({"reservations": named(&p2, 0, false), "reason": "another"}),
+        ),
+        (ORDER_CONVERT, "/orders/ORD-P1/convert", {
+            let mut items = named(&p1, 0, true);
+            if let Some(items) = items.as_array_mut() {
+                for item in items {
+                    item["service_ref"] = json!("SRV-ELSEWHERE");
+                }
+            }
+            json!({ "reservations": items })
+        }),
     ];
     for (doc_path, path, body) in cases {
         c.check(

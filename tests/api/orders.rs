@@ -169,19 +169,38 @@ async fn reserve_replay_read_convert_and_end_a_service() {
         .get_json(&app.org.token, &format!("/api/v1/reservations/{id}"))
         .await;
     assert_eq!(got["service"]["id"], service);
-    // Ended now: not_held with the state, for convert and cancel alike.
-    for (action, extra) in [
-        ("convert", json!({"service_ref": "SRV-10"})),
-        ("cancel", json!({"reason": "late"})),
+    // Ended now: a convert into another service by the same caller is
+    // another request under the same key (422, naming the field) ...
+    let (status, body) = app
+        .post_as(
+            &app.org.token,
+            &format!("/api/v1/reservations/{id}/convert"),
+            &json!({"fence": fence, "service_ref": "SRV-10"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &body["error"], &body["fields"]),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &json!("idempotency_mismatch"),
+            &json!(["service_ref"])
+        ),
+        "{body}"
+    );
+    // ... and a cancel, or a convert by another caller, is not_held with
+    // the state.
+    for (token, action, extra) in [
+        (&app.org.token, "cancel", json!({"reason": "late"})),
+        (
+            &app.org.orders_token,
+            "convert",
+            json!({"service_ref": "SRV-10"}),
+        ),
     ] {
         let mut b = extra;
         b["fence"] = json!(fence);
         let r = app
-            .post(
-                &app.org.token,
-                &format!("/api/v1/reservations/{id}/{action}"),
-                &b,
-            )
+            .post(token, &format!("/api/v1/reservations/{id}/{action}"), &b)
             .await;
         assert_eq!(r.status(), 409);
         let body: Value = r.json().await.expect("json");

@@ -703,6 +703,117 @@ async fn an_order_of_three_over_http() {
     );
 }
 
+/// F3 for the actions of an order and of a single reservation: the same
+/// action replayed unchanged answers what it did; the same key (the ids
+/// and fences) with another reason or other services is `422
+/// idempotency_mismatch` naming the field, and writes nothing.
+#[tokio::test]
+async fn a_replayed_cancel_or_convert_with_another_reason_or_service_is_refused_naming_it() {
+    let app = spawn_app().await;
+    for i in 0..5 {
+        FakeMachine::new()
+            .tag(&format!("RM-{i}"))
+            .create(&app.pool, app.org.id)
+            .await;
+    }
+    let post = async |path: &str, b: Value| app.post_as(&app.org.token, path, &b).await;
+    let reserve = async |order_ref: &str, quantity: i64| {
+        let (status, body) = post(
+            "/api/v1/reservations",
+            json!({"order_ref": order_ref, "site": SITE, "profile": PROFILE, "quantity": quantity}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body
+    };
+    let written = async || -> i64 {
+        sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM reservation_events) + (SELECT count(*) FROM service_links)
+                  + (SELECT count(*) FROM reservations WHERE state = 'held')",
+        )
+        .fetch_one(&app.pool)
+        .await
+        .expect("count")
+    };
+    let mismatch = |what: &str, status: StatusCode, body: &Value, field: &str| {
+        assert_eq!(
+            (status, &body["error"], &body["fields"]),
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &json!("idempotency_mismatch"),
+                &json!([field])
+            ),
+            "{what}: {body}"
+        );
+    };
+
+    // One reservation, cancelled: again with the same reason 200, with
+    // another reason 422.
+    let one = reserve("RM-ONE", 1).await;
+    let (id, fence) = (&one["id"], &one["fence"]);
+    let cancel = format!("/api/v1/reservations/{id}/cancel");
+    let (status, first) = post(&cancel, json!({"fence": fence, "reason": "declined"})).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (status, again) = post(&cancel, json!({"fence": fence, "reason": "declined"})).await;
+    assert_eq!((status, &again), (StatusCode::OK, &first));
+    let before = written().await;
+    let (status, other) = post(&cancel, json!({"fence": fence, "reason": "fraud"})).await;
+    mismatch("cancel", status, &other, "reason");
+    assert_eq!(written().await, before, "nothing written");
+
+    // An order of two, cancelled: the same, for the whole order.
+    let two = reserve("RM-TWO", 2).await;
+    let named: Vec<Value> = two["reservations"]
+        .as_array()
+        .expect("reservations")
+        .iter()
+        .map(|r| json!({"id": r["id"], "fence": r["fence"]}))
+        .collect();
+    let body = |reason: &str| json!({"reservations": named, "reason": reason});
+    let (status, first) = post("/api/v1/orders/RM-TWO/cancel", body("declined")).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (status, again) = post("/api/v1/orders/RM-TWO/cancel", body("declined")).await;
+    assert_eq!((status, &again), (StatusCode::OK, &first));
+    let before = written().await;
+    let (status, other) = post("/api/v1/orders/RM-TWO/cancel", body("fraud")).await;
+    mismatch("order cancel", status, &other, "reason");
+    assert_eq!(written().await, before, "nothing written");
+
+    // An order of two, converted: other services for the same ids and
+    // fences are another request.
+    let conv = reserve("RM-CONV", 2).await;
+    let items = |prefix: &str| -> Vec<Value> {
+        conv["reservations"]
+            .as_array()
+            .expect("reservations")
+            .iter()
+            .enumerate()
+            .map(|(i, r)| json!({"id": r["id"], "fence": r["fence"], "service_ref": format!("{prefix}-{i}")}))
+            .collect()
+    };
+    let path = "/api/v1/orders/RM-CONV/convert";
+    let (status, first) = post(path, json!({"reservations": items("SRV")})).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let (status, again) = post(path, json!({"reservations": items("SRV")})).await;
+    assert_eq!((status, &again), (StatusCode::OK, &first));
+    let before = written().await;
+    let (status, other) = post(path, json!({"reservations": items("OTHER")})).await;
+    mismatch("order convert", status, &other, "service_ref");
+    assert_eq!(written().await, before, "nothing written");
+    let links: Vec<String> = sqlx::query_scalar(
+        "SELECT s.service_ref FROM service_links s JOIN reservations r ON r.id = s.reservation_id
+          WHERE r.order_ref = 'RM-CONV' ORDER BY r.slot",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("links");
+    assert_eq!(
+        links,
+        ["SRV-0", "SRV-1"],
+        "the first request's services stand"
+    );
+}
+
 /// R13 at the end of a hold: three orders (of 2, 3 and 2 machines) past
 /// their deadline are expired at once by two sweep batches of one order
 /// each and by three orders of one that want their machines (the

@@ -440,8 +440,9 @@ async fn a_connection_lost_before_the_commit_was_sent_is_unavailable_not_outcome
 
 /// F3 for orders (R13): an order's convert or cancel retried unchanged
 /// after it committed answers `200` with the order as that action left it;
-/// another action, other service refs or another actor stay `409
-/// not_held`; a convert replayed after its service ended shows the end.
+/// other service refs by the same caller are `422 idempotency_mismatch`;
+/// another action or another actor stay `409 not_held`; a convert replayed
+/// after its service ended shows the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
     let app = spawn_app().await;
@@ -482,11 +483,11 @@ async fn an_order_action_replayed_answers_200_with_the_order_it_left() {
         false,
         &replay,
     );
-    // Other service refs: not this action.
+    // Other service refs under the same fences: another request.
     let mut other = convert.clone();
     other["reservations"][0]["service_ref"] = json!("SRV-R-OTHER");
-    let refused = ok_json(send(&app, "post", url, Some(&other)).await, 409).await;
-    assert_eq!(refused["error"], "not_held", "{refused}");
+    let refused = ok_json(send(&app, "post", url, Some(&other)).await, 422).await;
+    assert_eq!(refused["error"], "idempotency_mismatch", "{refused}");
     // A cancel of the converted order: not this action either.
     let cancel_converted = json!({"reservations": named(&order), "reason": "too late"});
     let refused = ok_json(

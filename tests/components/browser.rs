@@ -1114,12 +1114,12 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_sign_on_through_the_browser_and_out_through_the_provider() {
     require_browser();
-    let app = crate::sso::app_with(|_| {}).await;
+    let app = crate::helpers::oidc::app_with(|_| {}).await;
     let provider = crate::helpers::oidc::Provider::start(
         &app.address,
         &json!({"ana": {"email": "ana@corp.example", "name": "Ana", "groups": ["pk-support"]}}),
     );
-    crate::sso::configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    crate::helpers::oidc::configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
     let axe = axe_source();
     let shots = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/screenshots");
     std::fs::create_dir_all(&shots).expect("screenshots dir");

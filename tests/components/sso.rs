@@ -4,28 +4,24 @@
 //! roles, the refusals, key rotation, the provider down with a break-glass
 //! admin, sign-out. The ID token refusals a real provider will not produce
 //! on request (another audience, expired, a wrong nonce, `alg: none`, an
-//! unknown key) are the unit tests of `src/sso.rs`; the browser's walk
+//! unknown key) go through a man in the middle of the test's own between
+//! poolkeeper and the provider, which changes the provider's ID token
+//! (`an_id_token_that_fails_any_check_is_refused_and_writes_nothing`); the
+//! unit tests of `src/sso.rs` check `verify` alone; the browser's walk
 //! through the redirects is `browser::single_sign_on_through_the_browser`.
 
+use std::sync::Mutex;
+
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer, web};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use openidconnect::core::{CoreJwsSigningAlgorithm, CoreRsaPrivateSigningKey};
+use openidconnect::{JsonWebKeyId, PrivateSigningKey};
 use serde_json::{Value, json};
 
-use crate::helpers::oidc::{self, Provider};
-use crate::helpers::{FakeHold, FakeMachine, STAFF_PASSWORD, StaffClient, TestApp, spawn_app_with};
-
-/// The app on a port chosen first, so that its public URL (the redirect
-/// URI the provider must know) can be set before it starts.
-pub async fn app_with(adjust: impl FnOnce(&mut poolkeeper::settings::Settings)) -> TestApp {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    spawn_app_with(|s| {
-        s.bind = format!("127.0.0.1:{port}").parse().expect("address");
-        s.public_url = Some(format!("http://127.0.0.1:{port}"));
-        adjust(s);
-    })
-    .await
-}
+use crate::helpers::oidc::{self, Provider, app_with, callback_for, configure, finish, signed_in};
+use crate::helpers::{FakeHold, FakeMachine, STAFF_PASSWORD, StaffClient, TestApp};
+use crate::helpers::{crawler, matrix};
 
 fn accounts() -> Value {
     json!({
@@ -36,81 +32,11 @@ fn accounts() -> Value {
     })
 }
 
-/// The app with acme's single sign-on through `provider`.
-pub async fn configure(app: &TestApp, provider: &Provider, passwords: poolkeeper::sso::Passwords) {
-    let secret = provider.secret_file().to_string_lossy().into_owned();
-    poolkeeper::sso::set(
-        &app.pool,
-        app.org.id,
-        &poolkeeper::sso::Setting {
-            issuer: &provider.issuer,
-            client_id: oidc::CLIENT_ID,
-            client_secret_file: &secret,
-            claim: "groups",
-            admin_value: Some("pk-admins"),
-            support_value: Some("pk-support"),
-            viewer_value: Some("pk-viewers"),
-            passwords,
-        },
-        "test",
-    )
-    .await
-    .expect("configure single sign-on");
-}
-
 async fn setup() -> (TestApp, Provider) {
     let app = app_with(|_| {}).await;
     let provider = Provider::start(&app.address, &accounts());
     configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
     (app, provider)
-}
-
-/// Starts a sign-in at `/login/sso?org=acme`: the URL of the provider it
-/// redirects to.
-async fn start(c: &StaffClient) -> String {
-    let r = c.get("/login/sso?org=acme").await;
-    assert_eq!(r.status().as_u16(), 303, "to the provider");
-    let to = r.headers()["location"]
-        .to_str()
-        .expect("location")
-        .to_owned();
-    for part in [
-        "code_challenge_method=S256",
-        "code_challenge=",
-        "state=",
-        "nonce=",
-        "scope=openid",
-    ] {
-        assert!(to.contains(part), "{part} in {to}");
-    }
-    to
-}
-
-/// The callback URL the provider sends `account` back with.
-async fn callback_for(app: &TestApp, c: &StaffClient, account: &str) -> String {
-    let to = start(c).await;
-    oidc::sign_in_at_provider(c, &app.address, &to, account).await
-}
-
-/// Requests `callback` (a full URL of the app): status and body.
-async fn finish(c: &StaffClient, callback: &str) -> (u16, String) {
-    let r = c.http.get(callback).send().await.expect("callback");
-    let status = r.status().as_u16();
-    (status, r.text().await.expect("body"))
-}
-
-/// Signs `account` in with a new client; asserts it worked.
-async fn signed_in(app: &TestApp, account: &str) -> StaffClient {
-    let c = StaffClient::new(&app.address);
-    let callback = callback_for(app, &c, account).await;
-    let (status, body) = finish(&c, &callback).await;
-    assert_eq!(status, 200, "{body}");
-    assert!(
-        body.contains("http-equiv=\"refresh\""),
-        "moves on to /: {body}"
-    );
-    assert!(c.session_cookie().is_some(), "a session");
-    c
 }
 
 /// What a refusal must leave alone: users, sessions, audit rows.
@@ -144,7 +70,11 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
     let c = signed_in(&app, "ana").await;
     let (status, body) = c.page("/").await;
     assert_eq!(status, 200);
-    assert!(body.contains("ana@corp.example"), "{body}");
+    // The layout shows the provider's name beside the email.
+    assert!(
+        body.contains("Ana &lt;ana@corp.example&gt;"),
+        "the name beside the email: {body}"
+    );
     // S1: made at the first sign-in, with the provider's subject, audited.
     let (role, subject): (String, Option<String>) =
         sqlx::query_as("SELECT role, sso_subject FROM users WHERE email = 'ana@corp.example'")
@@ -202,6 +132,29 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
     assert_eq!(actor, "ana@corp.example");
     assert!(detail.contains("customer changed plan"), "{detail}");
     assert!(detail.contains("subject \"ana\""), "{detail}");
+    // The audit log keeps the name beside the email of what she did, and
+    // shows it; not beside a failed password typed for her email, which
+    // anyone may have typed.
+    let names: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT action, actor_name FROM audit_log WHERE actor = 'ana@corp.example' ORDER BY id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("audit");
+    let named = |name: Option<&str>| name.map(str::to_owned);
+    assert_eq!(
+        names,
+        vec![
+            ("user.add".to_owned(), named(Some("Ana"))),
+            ("login".to_owned(), named(Some("Ana"))),
+            ("login_failed".to_owned(), named(None)),
+            ("reservation.cancel".to_owned(), named(Some("Ana"))),
+        ]
+    );
+    let admin = app.staff("root@acme.example", "admin").await;
+    let (status, audit) = admin.page("/audit").await;
+    assert_eq!(status, 200);
+    assert!(audit.contains("Ana &lt;ana@corp.example&gt;"), "{audit}");
     // A second sign-in finds the same user.
     signed_in(&app, "ana").await;
     assert_eq!(
@@ -209,6 +162,8 @@ async fn a_support_user_signs_in_through_the_provider_and_cancels_a_hold() {
             .await,
         1
     );
+    // Completed sign-ins do not count against their address's bound.
+    assert_eq!(app.count("SELECT count(*) FROM sso_starts").await, 0);
 }
 
 #[tokio::test]
@@ -232,6 +187,8 @@ async fn no_mapped_group_is_a_403_that_says_what_was_seen_and_expected() {
         assert!(c.session_cookie().is_none());
     }
     assert_eq!(written(&app).await, before, "nothing written");
+    // Refused sign-ins still count against their address's bound.
+    assert_eq!(app.count("SELECT count(*) FROM sso_starts").await, 2);
 }
 
 #[tokio::test]
@@ -244,8 +201,33 @@ async fn roles_are_recomputed_at_every_sign_in() {
     let mut moved = accounts();
     moved["di"]["groups"] = json!(["pk-viewers"]);
     provider.set_accounts(&moved);
+    // Renamed at the provider too: the name is recomputed with the role.
+    moved["di"]["name"] = json!("Di Renamed");
+    provider.set_accounts(&moved);
     let second = signed_in(&app, "di").await;
     assert_eq!(role_of(&app, "di@corp.example").await, "viewer");
+    assert!(
+        second
+            .page("/")
+            .await
+            .1
+            .contains("Di Renamed &lt;di@corp.example&gt;")
+    );
+    // No name claim: the email is the name, shown once.
+    moved["di"]
+        .as_object_mut()
+        .expect("an account")
+        .remove("name");
+    moved["di"]["groups"] = json!(["pk-viewers"]);
+    provider.set_accounts(&moved);
+    let third = signed_in(&app, "di").await;
+    let name: Option<String> =
+        sqlx::query_scalar("SELECT display_name FROM users WHERE email = 'di@corp.example'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("the user");
+    assert_eq!(name.as_deref(), Some("di@corp.example"));
+    assert!(!third.page("/").await.1.contains("&lt;di@corp.example&gt;"));
     assert_eq!(second.page("/settings").await.0, 403);
     // The role is the user's: the earlier session is a viewer's too.
     assert_eq!(first.page("/settings").await.0, 403);
@@ -508,6 +490,8 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
         "admin=ops",
         "--role",
         "viewer=staff",
+        "--role",
+        "admin=cn=sre,ou=groups,dc=corp",
         "--passwords",
         "admins",
     ]);
@@ -519,8 +503,11 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
     );
     assert!(!said.contains("warning"), "discovery worked: {said}");
     assert!(!said.contains(oidc::CLIENT_SECRET), "{said}");
-    let stored: (String, Option<String>, Option<String>, String) = sqlx::query_as(
-        "SELECT claim, admin_value, support_value, passwords FROM org_sso WHERE org_id = $1",
+    // Several values for one role, each taken whole (commas and all); the
+    // single-value column keeps the first, for the previous release.
+    let stored: (String, Vec<String>, Vec<String>, Option<String>, String) = sqlx::query_as(
+        "SELECT claim, admin_values, support_values, admin_value, passwords FROM org_sso
+          WHERE org_id = $1",
     )
     .bind(app.org.id)
     .fetch_one(&app.pool)
@@ -528,9 +515,20 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
     .expect("stored");
     assert_eq!(
         stored,
-        ("roles".into(), Some("ops".into()), None, "admins".into())
+        (
+            "roles".into(),
+            vec!["ops".into(), "cn=sre,ou=groups,dc=corp".into()],
+            vec![],
+            Some("ops".into()),
+            "admins".into()
+        )
     );
-    // Refused, and nothing changed: a plain http issuer, a role twice, no role.
+    assert!(
+        said.contains(r#"admin: "ops" or "cn=sre,ou=groups,dc=corp", viewer: "staff""#),
+        "{said}"
+    );
+    // Refused, and nothing changed: a plain http issuer, a value twice for
+    // one role, one value for two roles, no role.
     for bad in [
         vec!["--issuer", "http://idp.example", "--role", "admin=x"],
         vec![
@@ -539,7 +537,15 @@ async fn the_command_line_sets_shows_and_removes_single_sign_on() {
             "--role",
             "admin=x",
             "--role",
-            "admin=y",
+            "admin=x",
+        ],
+        vec![
+            "--issuer",
+            provider.issuer.as_str(),
+            "--role",
+            "admin=x",
+            "--role",
+            "viewer=x",
         ],
         vec!["--issuer", provider.issuer.as_str()],
     ] {
@@ -631,4 +637,557 @@ async fn first_sign_ins_at_once_make_one_user() {
         1
     );
     signed_in(&app, "ana").await;
+}
+
+// The access matrix and the crawler of the dashboard's forms with users who
+// signed in through the provider. They run here, not in the `api` binary:
+// only a sign-in through a real provider (its code, its signed ID token,
+// our callback) makes such a session, and the `api` binary has no provider;
+// a session written into the database by the test would prove nothing
+// about the sessions the callback makes.
+
+/// Every dashboard route and method as the organization's viewer, support
+/// and admin who signed in through the provider: the statuses of the
+/// password sessions' matrix, but for the sign-out, which goes on to the
+/// provider (S3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_matrix_holds_for_users_signed_in_through_the_provider() {
+    let app = app_with(|_| {}).await;
+    let provider = Provider::start(&app.address, &matrix::provider_accounts());
+    configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    let world = matrix::World::through_provider(&app).await;
+    let emails = [
+        matrix::email_of(matrix::Who::Viewer),
+        matrix::email_of(matrix::Who::Support),
+        matrix::email_of(matrix::Who::Admin),
+    ];
+    // The provider's users, made by their sign-in, never by a password.
+    let made: Vec<(String, String)> = sqlx::query_as(
+        "SELECT email, role FROM users WHERE email = ANY($1) AND sso_subject IS NOT NULL ORDER BY role",
+    )
+    .bind(&emails[..])
+    .fetch_all(&app.pool)
+    .await
+    .expect("users");
+    assert_eq!(
+        made,
+        vec![
+            (emails[2].to_owned(), "admin".to_owned()),
+            (emails[1].to_owned(), "support".to_owned()),
+            (emails[0].to_owned(), "viewer".to_owned()),
+        ]
+    );
+    let failures = matrix::dashboard_failures(&app, &world).await;
+    assert!(
+        failures.is_empty(),
+        "matrix cells that differ:\n{}",
+        failures.join("\n")
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM login_attempts WHERE email IN ('vera@acme.example', 'sam@acme.example', 'ada@acme.example')")
+            .await,
+        0,
+        "no password of theirs was used"
+    );
+}
+
+/// The crawler of the dashboard's forms as the demo organization's viewer,
+/// support and admin signed in through the provider: a provider's session
+/// finds exactly the forms a password session of its role finds, no
+/// hostile value makes an answer a 5xx, and the session survives every
+/// form.
+#[tokio::test]
+async fn every_form_survives_hostile_values_as_users_signed_in_through_the_provider() {
+    let app = app_with(|_| {}).await;
+    poolkeeper::demo::load(&app.pool).await.expect("demo");
+    let demo: i64 = sqlx::query_scalar("SELECT id FROM organizations WHERE slug = $1")
+        .bind(poolkeeper::demo::ORG)
+        .fetch_one(&app.pool)
+        .await
+        .expect("the demo organization");
+    let provider = Provider::start(
+        &app.address,
+        &json!({
+            "viv": {"email": "viv@demo.example", "name": "Viv", "groups": ["pk-viewers"]},
+            "sue": {"email": "sue@demo.example", "name": "Sue", "groups": ["pk-support"]},
+            "abe": {"email": "abe@demo.example", "name": "Abe", "groups": ["everyone", "pk-admins"]},
+        }),
+    );
+    oidc::configure_org(&app, demo, &provider, poolkeeper::sso::Passwords::On).await;
+    let values = crawler::demo_values(&app).await;
+    let mut log = crawler::Crawl::new();
+    let mut found = crawler::FormsFound::new();
+    // The admin last: its forms change the organization.
+    for (role, email, account) in [
+        ("viewer", "viewer@demo.example", "viv"),
+        ("support", "support@demo.example", "sue"),
+        ("admin", "admin@demo.example", "abe"),
+    ] {
+        let password = app.logged_in_with(email, poolkeeper::demo::PASSWORD).await;
+        let through = oidc::signed_in_to(&app, poolkeeper::demo::ORG, account).await;
+        // Both find their forms before any is submitted, which changes
+        // the organization. The password session's hostile submissions
+        // are `hostile_forms`'s.
+        let by_password = crawler::crawl(&password, &mut log).await;
+        let forms = crawler::crawl(&through, &mut log).await;
+        let keys = |forms: &[crawler::Form]| -> std::collections::BTreeSet<String> {
+            forms.iter().map(crawler::key).collect()
+        };
+        assert_eq!(
+            keys(&forms),
+            keys(&by_password),
+            "{role}: the same forms through the provider as with a password"
+        );
+        found.insert(role.to_owned(), forms.iter().map(crawler::key).collect());
+        crawler::submit_hostile(&through, &forms, &values, &mut log).await;
+        assert_eq!(through.page("/jobs").await.0, 200, "{role} still signed in");
+    }
+    crawler::as_anonymous(&app.address, &values, &mut log).await;
+    eprintln!("crawler: {} requests", log.requests);
+    crawler::assert_held(&log, &found);
+    let roles: Vec<(String, String)> = sqlx::query_as(
+        "SELECT email, role FROM users WHERE sso_subject IS NOT NULL ORDER BY email",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .expect("users");
+    assert_eq!(
+        roles,
+        vec![
+            ("abe@demo.example".to_owned(), "admin".to_owned()),
+            ("sue@demo.example".to_owned(), "support".to_owned()),
+            ("viv@demo.example".to_owned(), "viewer".to_owned()),
+        ]
+    );
+}
+
+/// S1: a role given by several values of the claim: any one of them gives
+/// it, a user's highest wins.
+#[tokio::test]
+async fn any_of_a_roles_several_values_gives_it() {
+    let app = app_with(|_| {}).await;
+    let provider = Provider::start(
+        &app.address,
+        &json!({
+            "eve": {"email": "eve@corp.example", "groups": ["sre"]},
+            "fay": {"email": "fay@corp.example", "groups": ["contractors"]},
+            "gus": {"email": "gus@corp.example", "groups": ["contractors", "pk-admins"]},
+        }),
+    );
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    poolkeeper::sso::set(
+        &app.pool,
+        app.org.id,
+        &poolkeeper::sso::Setting {
+            issuer: &provider.issuer,
+            client_id: oidc::CLIENT_ID,
+            client_secret_file: &secret,
+            claim: "groups",
+            admin_values: &["pk-admins", "sre"],
+            support_values: &[],
+            viewer_values: &["pk-viewers", "contractors"],
+            passwords: poolkeeper::sso::Passwords::On,
+        },
+        "test",
+    )
+    .await
+    .expect("configure");
+    for (account, role) in [("eve", "admin"), ("fay", "viewer"), ("gus", "admin")] {
+        signed_in(&app, account).await;
+        assert_eq!(
+            role_of(&app, &format!("{account}@corp.example")).await,
+            role,
+            "{account}"
+        );
+    }
+}
+
+// The ID token checks through HTTP. A real provider signs only good
+// tokens, so a man in the middle of our own stands between poolkeeper and
+// it: a proxy whose address is the provider's issuer (the provider is
+// started with it), which relays every request, and changes only the ID
+// token in the token endpoint's answers (one way per sign-in) and the key
+// set, to which it adds a test key of its own. A token re-signed with that
+// key and its claims unchanged signs in (the control below), so each
+// refusal is the one claim or signature changed, not the relaying.
+
+/// What the man in the middle does to the next ID token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tamper {
+    /// The provider's token as it is.
+    Untouched,
+    /// Its claims re-signed with the published test key.
+    Resigned,
+    /// Re-signed with the published test key, with another nonce.
+    WrongNonce,
+    /// Re-signed with the published test key, expired an hour ago.
+    Expired,
+    /// Re-signed with the published test key, for another client.
+    OtherAudience,
+    /// Re-signed with the published test key, from another issuer.
+    OtherIssuer,
+    /// `alg: none` over the provider's claims, no signature.
+    AlgNone,
+    /// `alg: none` over the provider's claims, its signature kept.
+    AlgNoneSignatureKept,
+    /// Signed by a key the key set does not hold (its own key id).
+    UnknownKey,
+    /// Signed by a key the key set does not hold, under the provider's
+    /// key id.
+    ForgedUnderProvidersKeyId,
+    /// The provider's token with its groups claim changed, its signature
+    /// kept.
+    ChangedClaim,
+}
+
+/// One ID token the man in the middle changed: the provider's and the one
+/// poolkeeper received.
+#[derive(Clone, Debug)]
+struct Rewritten {
+    tamper: Tamper,
+    original: String,
+    sent: String,
+}
+
+const MITM_KID: &str = "mitm-published-test-key";
+const UNPUBLISHED_KID: &str = "never-published-key";
+
+fn mitm_key() -> CoreRsaPrivateSigningKey {
+    CoreRsaPrivateSigningKey::from_pem(
+        include_str!("../fixtures/sso/known-key.pem"),
+        Some(JsonWebKeyId::new(MITM_KID.to_owned())),
+    )
+    .expect("a test key fixture")
+}
+
+fn unpublished_key(kid: &str) -> CoreRsaPrivateSigningKey {
+    CoreRsaPrivateSigningKey::from_pem(
+        include_str!("../fixtures/sso/unknown-key.pem"),
+        Some(JsonWebKeyId::new(kid.to_owned())),
+    )
+    .expect("a test key fixture")
+}
+
+fn b64(value: &Value) -> String {
+    URL_SAFE_NO_PAD.encode(value.to_string())
+}
+
+fn unb64(part: &str) -> Value {
+    serde_json::from_slice(&URL_SAFE_NO_PAD.decode(part).expect("base64url")).expect("JSON")
+}
+
+/// `claims` signed (RS256) by `key` under the key id `kid`.
+fn signed_jwt(key: &CoreRsaPrivateSigningKey, kid: &str, claims: &Value) -> String {
+    let message = format!(
+        "{}.{}",
+        b64(&json!({"alg": "RS256", "typ": "JWT", "kid": kid})),
+        b64(claims)
+    );
+    let signature = key
+        .sign(
+            &CoreJwsSigningAlgorithm::RsaSsaPkcs1V15Sha256,
+            message.as_bytes(),
+        )
+        .expect("sign");
+    format!("{message}.{}", URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// The provider's ID token `original` changed as `tamper` says.
+fn tampered(original: &str, tamper: Tamper) -> String {
+    let parts: Vec<&str> = original.split('.').collect();
+    assert_eq!(parts.len(), 3, "a signed JWT from the provider: {original}");
+    let header = unb64(parts[0]);
+    let mut claims = unb64(parts[1]);
+    let now = chrono::Utc::now().timestamp();
+    let none = b64(&json!({"alg": "none", "typ": "JWT"}));
+    match tamper {
+        Tamper::Untouched => original.to_owned(),
+        Tamper::Resigned => signed_jwt(&mitm_key(), MITM_KID, &claims),
+        Tamper::WrongNonce => {
+            claims["nonce"] = json!("not-the-nonce-of-this-sign-in");
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::Expired => {
+            claims["iat"] = json!(now - 7200);
+            claims["exp"] = json!(now - 3600);
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::OtherAudience => {
+            claims["aud"] = json!("another-app");
+            if let Some(c) = claims.as_object_mut() {
+                c.remove("azp");
+            }
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::OtherIssuer => {
+            claims["iss"] = json!("https://idp.evil.example");
+            signed_jwt(&mitm_key(), MITM_KID, &claims)
+        }
+        Tamper::AlgNone => format!("{none}.{}.", parts[1]),
+        Tamper::AlgNoneSignatureKept => format!("{none}.{}.{}", parts[1], parts[2]),
+        Tamper::UnknownKey => {
+            signed_jwt(&unpublished_key(UNPUBLISHED_KID), UNPUBLISHED_KID, &claims)
+        }
+        Tamper::ForgedUnderProvidersKeyId => {
+            let kid = header["kid"].as_str().expect("the provider's key id");
+            signed_jwt(&unpublished_key(kid), kid, &claims)
+        }
+        Tamper::ChangedClaim => {
+            claims["groups"] = json!(["pk-admins"]);
+            format!("{}.{}.{}", parts[0], b64(&claims), parts[2])
+        }
+    }
+}
+
+/// The man in the middle: a relay on its own port in front of the
+/// provider.
+struct Mitm {
+    state: web::Data<MitmState>,
+}
+
+struct MitmState {
+    /// The provider's own address.
+    upstream: Mutex<String>,
+    client: reqwest::Client,
+    tamper: Mutex<Tamper>,
+    log: Mutex<Vec<Rewritten>>,
+}
+
+/// Headers of one hop only, and `accept-encoding`: the token endpoint's
+/// answer must come back readable to be rewritten.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name.to_ascii_lowercase().as_str(),
+        "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "content-length"
+            | "te"
+            | "trailer"
+            | "upgrade"
+            | "proxy-connection"
+            | "accept-encoding"
+    )
+}
+
+impl Mitm {
+    /// Listens on a free port, relaying nowhere yet: its URL is the
+    /// provider's issuer, known before the provider starts.
+    fn listen() -> (Mitm, std::net::TcpListener) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .expect("a client");
+        let state = web::Data::new(MitmState {
+            upstream: Mutex::new(String::new()),
+            client,
+            tamper: Mutex::new(Tamper::Untouched),
+            log: Mutex::new(Vec::new()),
+        });
+        (Mitm { state }, listener)
+    }
+
+    fn serve(&self, listener: std::net::TcpListener, upstream: String) {
+        *self.state.upstream.lock().expect("upstream") = upstream;
+        let state = self.state.clone();
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(state.clone())
+                .app_data(web::PayloadConfig::new(1 << 20))
+                .default_service(web::to(relay))
+        })
+        .workers(1)
+        .disable_signals()
+        .listen(listener)
+        .expect("listen")
+        .run();
+        tokio::spawn(server);
+    }
+
+    fn set(&self, tamper: Tamper) {
+        *self.state.tamper.lock().expect("tamper") = tamper;
+    }
+
+    fn rewritten(&self) -> Vec<Rewritten> {
+        self.state.log.lock().expect("log").clone()
+    }
+}
+
+/// Relays one request to the provider and its answer back, the Host kept
+/// (the provider names its endpoints after it); the key set gains the test
+/// key, the token endpoint's ID token is changed.
+async fn relay(req: HttpRequest, body: web::Bytes, state: web::Data<MitmState>) -> HttpResponse {
+    let upstream = state.upstream.lock().expect("upstream").clone();
+    let path = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let method = reqwest::Method::from_bytes(req.method().as_str().as_bytes()).expect("a method");
+    let mut out = state.client.request(method, format!("{upstream}{path}"));
+    for (name, value) in req.headers() {
+        if !hop_by_hop(name.as_str()) {
+            out = out.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = out
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("the provider answers the relay");
+    let status = answer.status().as_u16();
+    let headers: Vec<(String, Vec<u8>)> = answer
+        .headers()
+        .iter()
+        .filter(|(name, _)| !hop_by_hop(name.as_str()))
+        .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
+        .collect();
+    let mut bytes = answer.bytes().await.expect("the provider's body").to_vec();
+    if req.path() == "/jwks" && status == 200 {
+        let mut set: Value = serde_json::from_slice(&bytes).expect("a key set");
+        let published = serde_json::to_value(mitm_key().as_verification_key()).expect("a JWK");
+        set["keys"].as_array_mut().expect("keys").push(published);
+        bytes = set.to_string().into_bytes();
+    }
+    if req.path() == "/token" && status == 200 {
+        let mut tokens: Value = serde_json::from_slice(&bytes).expect("the token answer");
+        let original = tokens["id_token"].as_str().expect("an ID token").to_owned();
+        let tamper = *state.tamper.lock().expect("tamper");
+        let sent = tampered(&original, tamper);
+        tokens["id_token"] = json!(sent);
+        state.log.lock().expect("log").push(Rewritten {
+            tamper,
+            original,
+            sent,
+        });
+        bytes = tokens.to_string().into_bytes();
+    }
+    let mut response =
+        HttpResponse::build(actix_web::http::StatusCode::from_u16(status).expect("a status"));
+    for header in headers {
+        response.append_header(header);
+    }
+    response.body(bytes)
+}
+
+/// Every row of the tables a sign-in writes, but the sign-ins under way
+/// (which a callback consumes), as text to compare.
+async fn every_row(app: &TestApp) -> Vec<(&'static str, String)> {
+    let mut rows = Vec::new();
+    for table in [
+        "users",
+        "sessions",
+        "audit_log",
+        "login_attempts",
+        "org_sso",
+        "sso_starts",
+    ] {
+        // The table names are the constants above.
+        let dump: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*)::text || ' ' || coalesce(string_agg(row_to_json(t)::text, ' ' \
+             ORDER BY row_to_json(t)::text), '') FROM {table} t"
+        )))
+        .fetch_one(&app.pool)
+        .await
+        .expect("a dump");
+        rows.push((table, dump));
+    }
+    rows
+}
+
+/// S1: through the real provider's code flow, an ID token with a wrong
+/// nonce, expired, for another audience or from another issuer, unsigned (`alg: none`), signed by
+/// a key the provider does not publish, or with a claim changed under the
+/// provider's signature is refused: a 403 that says why, no session, and
+/// nothing written but the consumed sign-in under way.
+#[tokio::test]
+async fn an_id_token_that_fails_any_check_is_refused_and_writes_nothing() {
+    let app = app_with(|_| {}).await;
+    let (mitm, listener) = Mitm::listen();
+    let front = format!(
+        "http://127.0.0.1:{}",
+        listener.local_addr().expect("address").port()
+    );
+    let provider = Provider::start_behind(&app.address, &accounts(), &front);
+    mitm.serve(listener, provider.address());
+    assert_eq!(provider.issuer, front);
+    configure(&app, &provider, poolkeeper::sso::Passwords::On).await;
+    // Discovery, through the relay, sends the code exchange and the key set
+    // through it too.
+    let discovery: Value = reqwest::get(format!("{front}/.well-known/openid-configuration"))
+        .await
+        .expect("discovery")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(discovery["issuer"], json!(front));
+    assert_eq!(discovery["token_endpoint"], json!(format!("{front}/token")));
+    assert_eq!(discovery["jwks_uri"], json!(format!("{front}/jwks")));
+    // The controls: the provider's token relayed as it is, and its claims
+    // re-signed with the published test key, both sign in.
+    for tamper in [Tamper::Untouched, Tamper::Resigned] {
+        mitm.set(tamper);
+        signed_in(&app, "ana").await;
+        let last = mitm.rewritten().pop().expect("relayed");
+        assert_eq!(last.tamper, tamper);
+        assert_eq!(last.sent == last.original, tamper == Tamper::Untouched);
+    }
+    // Each refusal as di (the admins' group, never signed in) or bo (in no
+    // mapped group, claiming the admins' group under the provider's
+    // signature), and what the page says.
+    let cases = [
+        (Tamper::WrongNonce, "di", "Invalid nonce"),
+        (Tamper::Expired, "di", "Expired"),
+        (Tamper::OtherAudience, "di", "Invalid audiences"),
+        (Tamper::OtherIssuer, "di", "Invalid issuer"),
+        (Tamper::AlgNone, "di", "No signature found"),
+        (Tamper::AlgNoneSignatureKept, "di", "No signature found"),
+        (Tamper::UnknownKey, "di", "No matching key"),
+        (Tamper::ForgedUnderProvidersKeyId, "di", "bad signature"),
+        (Tamper::ChangedClaim, "bo", "bad signature"),
+    ];
+    for (tamper, account, why) in cases {
+        mitm.set(tamper);
+        let c = StaffClient::new(&app.address);
+        let callback = callback_for(&app, &c, account).await;
+        let before = every_row(&app).await;
+        assert_eq!(app.count("SELECT count(*) FROM sso_pending").await, 1);
+        let relayed = mitm.rewritten().len();
+        let (status, body) = finish(&c, &callback).await;
+        assert_eq!(status, 403, "{tamper:?}: {body}");
+        assert!(
+            body.contains("The sign-in was refused"),
+            "{tamper:?}: {body}"
+        );
+        assert!(body.contains(why), "{tamper:?}: {why:?} in {body}");
+        // The token poolkeeper refused is the one changed here.
+        let log = mitm.rewritten();
+        assert_eq!(log.len(), relayed + 1, "{tamper:?}: one code exchange");
+        let last = log.last().expect("relayed");
+        assert_eq!(last.tamper, tamper);
+        assert_ne!(last.sent, last.original, "{tamper:?}");
+        // No session: no cookie, and the dashboard sends it to log in.
+        assert!(c.session_cookie().is_none(), "{tamper:?}");
+        let r = c.get("/").await;
+        assert_eq!(r.status().as_u16(), 303, "{tamper:?}");
+        // Nothing written; the sign-in under way is consumed, so its answer
+        // cannot be tried again.
+        assert_eq!(every_row(&app).await, before, "{tamper:?}: nothing written");
+        assert_eq!(app.count("SELECT count(*) FROM sso_pending").await, 0);
+        assert_eq!(finish(&c, &callback).await.0, 400, "{tamper:?}: used");
+    }
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM users WHERE email IN ('di@corp.example', 'bo@corp.example')"
+        )
+        .await,
+        0
+    );
+    // The same accounts sign in once their tokens are left alone: what
+    // refused them was the change. bo is in no mapped group: 403 for that.
+    mitm.set(Tamper::Untouched);
+    signed_in(&app, "di").await;
+    let c = StaffClient::new(&app.address);
+    let callback = callback_for(&app, &c, "bo").await;
+    let (status, body) = finish(&c, &callback).await;
+    assert_eq!(status, 403);
+    assert!(body.contains("everyone"), "the claim seen: {body}");
 }

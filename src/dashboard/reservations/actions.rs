@@ -163,6 +163,14 @@ fn refused(id: i64, e: TransitionError) -> DashError {
             link,
         },
         TransitionError::NotHeld { state } => not_held(id, state),
+        // Only the API's replay answers it; a second submit here is refused.
+        TransitionError::IdempotencyMismatch => DashError::Stale {
+            heading: "This reservation has already ended".into(),
+            message: format!(
+                "Reservation {id} was already ended by another request. Nothing was changed."
+            ),
+            link,
+        },
         TransitionError::Expired { expires_at } => DashError::Stale {
             heading: "This reservation had already expired".into(),
             message: format!(
@@ -325,7 +333,7 @@ async fn act_on_order(
     order_ref: &str,
     named: &[Named],
     what: OrderAction<'_>,
-    audit: (&str, &str),
+    audit: (crate::audit::AuditAction, &str),
 ) -> Result<(), DashError> {
     let mut tx = pool.begin().await?;
     let outcome = reservations::order_transition_changed_on(
@@ -341,7 +349,7 @@ async fn act_on_order(
         let object = format!("order:{order_ref}");
         audit_on(&mut tx, req, staff, audit.0, &object, Some(audit.1)).await?;
     }
-    let action = audit.0.trim_start_matches("order.");
+    let action = audit.0.as_str().trim_start_matches("order.");
     settle_action(tx, outcome, id, action).await?;
     Ok(())
 }
@@ -375,7 +383,7 @@ pub(crate) async fn cancel(
             &order_ref,
             &named,
             OrderAction::Cancel { reason },
-            ("order.cancel", reason),
+            (crate::audit::AuditAction::OrderCancel, reason),
         )
         .await?;
         return Ok(see_other(
@@ -392,7 +400,7 @@ pub(crate) async fn cancel(
             &mut tx,
             &req,
             &staff,
-            "reservation.cancel",
+            crate::audit::AuditAction::ReservationCancel,
             &object,
             Some(reason),
         )
@@ -447,7 +455,7 @@ pub(crate) async fn convert(
             OrderAction::Convert {
                 service_refs: &refs,
             },
-            ("order.convert", &listed),
+            (crate::audit::AuditAction::OrderConvert, &listed),
         )
         .await?;
         return Ok(see_other(
@@ -465,7 +473,7 @@ pub(crate) async fn convert(
             &mut tx,
             &req,
             &staff,
-            "reservation.convert",
+            crate::audit::AuditAction::ReservationConvert,
             &object,
             Some(service_ref.as_str()),
         )
@@ -520,7 +528,7 @@ pub(crate) async fn extend(
                 &order_ref,
                 &named,
                 what,
-                ("order.extend", &detail),
+                (crate::audit::AuditAction::OrderExtend, &detail),
             )
             .await?
         }
@@ -543,7 +551,7 @@ pub(crate) async fn extend(
                     &mut tx,
                     &req,
                     &staff,
-                    "reservation.extend",
+                    crate::audit::AuditAction::ReservationExtend,
                     &object,
                     Some(&detail),
                 )

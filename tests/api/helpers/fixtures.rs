@@ -88,12 +88,21 @@ pub async fn generated_machines(pool: &Db, org_id: i64, n: i64, spec: Generated<
          RETURNING id",
         spec.tag, spec.site, spec.vendor, spec.profile, spec.status
     );
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+    // A fleet-size load outlasts the session's statement timeout (a limit
+    // for requests, not for loading a test's data).
+    let mut tx = pool.begin().await.expect("begin");
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await
+        .expect("no statement timeout");
+    let ids = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
         .bind(org_id)
         .bind(n)
-        .fetch_all(pool)
+        .fetch_all(&mut *tx)
         .await
-        .expect("insert generated machines")
+        .expect("insert generated machines");
+    tx.commit().await.expect("commit generated machines");
+    ids
 }
 
 /// `n` ready Dell machines of `SITE` and `PROFILE` (tags from the SQL

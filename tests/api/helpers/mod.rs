@@ -5,9 +5,11 @@
 #![allow(dead_code)]
 
 pub mod conformance;
+pub mod crawler;
 mod fake;
 mod fixtures;
 mod http;
+pub mod matrix;
 pub mod oidc;
 pub mod receiver;
 pub mod replicas;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::StaffClient;
+use super::{StaffClient, TestApp, spawn_app_with};
 
 pub const CLIENT_ID: &str = "poolkeeper";
 pub const CLIENT_SECRET: &str = "the-tests-client-secret-0123456789abcdef";
@@ -49,6 +49,17 @@ impl Provider {
     /// is `app`'s callback, and the accounts `accounts` (`{id: {email,
     /// name, groups}}`; an account without `groups` has no such claim).
     pub fn start(app: &str, accounts: &Value) -> Provider {
+        Provider::start_at(app, accounts, None)
+    }
+
+    /// As `start`, but reached at `front` (a proxy of the test in front of
+    /// it, see `address`): its issuer, and the origin of its endpoints for
+    /// requests that come with `front`'s Host.
+    pub fn start_behind(app: &str, accounts: &Value, front: &str) -> Provider {
+        Provider::start_at(app, accounts, Some(front))
+    }
+
+    fn start_at(app: &str, accounts: &Value, issuer: Option<&str>) -> Provider {
         // Fails the test, naming scripts/test, when it is missing.
         super::needs(
             "the OpenID Connect provider (oidc-provider under Node.js)",
@@ -70,7 +81,7 @@ impl Provider {
             dir,
         };
         p.set_accounts(accounts);
-        let config = json!({
+        let mut config = json!({
             "port": 0,
             "accounts": p.dir.join("accounts.json"),
             "clients": [{
@@ -83,6 +94,9 @@ impl Provider {
                 "token_endpoint_auth_method": "client_secret_basic",
             }],
         });
+        if let Some(issuer) = issuer {
+            config["issuer"] = json!(issuer);
+        }
         std::fs::write(p.dir.join("config.json"), config.to_string()).expect("config");
         p.launch();
         p
@@ -114,23 +128,25 @@ impl Provider {
             let _ = std::io::copy(&mut reader, &mut std::io::sink());
         });
         let line = rx.recv_timeout(Duration::from_secs(60)).unwrap_or_default();
-        let issuer = serde_json::from_str::<Value>(&line)
+        let started = serde_json::from_str::<Value>(&line)
             .ok()
-            .and_then(|v| v["issuer"].as_str().map(str::to_owned))
-            .unwrap_or_else(|| {
-                let _ = child.kill();
-                panic!(
-                    "the provider did not start: {line:?}; its log: {}",
-                    std::fs::read_to_string(self.dir.join("provider.log")).unwrap_or_default()
-                )
-            });
-        self.port = issuer
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .expect("a port in the issuer");
+            .and_then(|v| Some((v["issuer"].as_str()?.to_owned(), v["port"].as_u64()?)))
+            .and_then(|(issuer, port)| Some((issuer, u16::try_from(port).ok()?)));
+        let (issuer, port) = started.unwrap_or_else(|| {
+            let _ = child.kill();
+            panic!(
+                "the provider did not start: {line:?}; its log: {}",
+                std::fs::read_to_string(self.dir.join("provider.log")).unwrap_or_default()
+            )
+        });
+        self.port = port;
         self.issuer = issuer;
         self.child = Some(child);
+    }
+
+    /// Where it listens: the issuer, unless it was started behind a proxy.
+    pub fn address(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
     }
 
     /// The file holding the client secret, for `org sso --client-secret-file`.
@@ -270,4 +286,112 @@ pub async fn sign_in_at_provider(
         url = next;
     }
     panic!("the provider never sent the browser back to {app}");
+}
+
+/// The app on a port chosen first, so that its public URL (the redirect
+/// URI the provider must know) can be set before it starts.
+pub async fn app_with(adjust: impl FnOnce(&mut poolkeeper::settings::Settings)) -> TestApp {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    spawn_app_with(|s| {
+        s.bind = format!("127.0.0.1:{port}").parse().expect("address");
+        s.public_url = Some(format!("http://127.0.0.1:{port}"));
+        adjust(s);
+    })
+    .await
+}
+
+/// The app with acme's single sign-on through `provider`.
+pub async fn configure(app: &TestApp, provider: &Provider, passwords: poolkeeper::sso::Passwords) {
+    configure_org(app, app.org.id, provider, passwords).await;
+}
+
+/// Organization `org_id`'s single sign-on through `provider`: the groups
+/// pk-admins, pk-support and pk-viewers give admin, support and viewer.
+pub async fn configure_org(
+    app: &TestApp,
+    org_id: i64,
+    provider: &Provider,
+    passwords: poolkeeper::sso::Passwords,
+) {
+    let secret = provider.secret_file().to_string_lossy().into_owned();
+    poolkeeper::sso::set(
+        &app.pool,
+        org_id,
+        &poolkeeper::sso::Setting {
+            issuer: &provider.issuer,
+            client_id: CLIENT_ID,
+            client_secret_file: &secret,
+            claim: "groups",
+            admin_values: &["pk-admins"],
+            support_values: &["pk-support"],
+            viewer_values: &["pk-viewers"],
+            passwords,
+        },
+        "test",
+    )
+    .await
+    .expect("configure single sign-on");
+}
+
+/// Starts a sign-in at `/login/sso?org=acme`: the URL of the provider it
+/// redirects to.
+pub async fn start(c: &StaffClient) -> String {
+    start_for(c, "acme").await
+}
+
+/// Starts a sign-in to the organization `slug`: the provider's URL.
+pub async fn start_for(c: &StaffClient, slug: &str) -> String {
+    let r = c.get(&format!("/login/sso?org={slug}")).await;
+    assert_eq!(r.status().as_u16(), 303, "to the provider");
+    let to = r.headers()["location"]
+        .to_str()
+        .expect("location")
+        .to_owned();
+    for part in [
+        "code_challenge_method=S256",
+        "code_challenge=",
+        "state=",
+        "nonce=",
+        "scope=openid",
+    ] {
+        assert!(to.contains(part), "{part} in {to}");
+    }
+    to
+}
+
+/// The callback URL the provider sends `account` back with.
+pub async fn callback_for(app: &TestApp, c: &StaffClient, account: &str) -> String {
+    let to = start(c).await;
+    sign_in_at_provider(c, &app.address, &to, account).await
+}
+
+/// Requests `callback` (a full URL of the app): status and body.
+pub async fn finish(c: &StaffClient, callback: &str) -> (u16, String) {
+    let r = c.http.get(callback).send().await.expect("callback");
+    let status = r.status().as_u16();
+    (status, r.text().await.expect("body"))
+}
+
+/// Signs `account` in to acme with a new client; asserts it worked.
+pub async fn signed_in(app: &TestApp, account: &str) -> StaffClient {
+    signed_in_to(app, "acme", account).await
+}
+
+/// Signs `account` in to the organization `slug` with a new client through
+/// the provider (no password); asserts it worked.
+pub async fn signed_in_to(app: &TestApp, slug: &str, account: &str) -> StaffClient {
+    let c = StaffClient::new(&app.address);
+    let to = start_for(&c, slug).await;
+    let callback = sign_in_at_provider(&c, &app.address, &to, account).await;
+    let (status, body) = finish(&c, &callback).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("http-equiv=\"refresh\""),
+        "moves on to /: {body}"
+    );
+    assert!(c.session_cookie().is_some(), "a session");
+    c
 }
