@@ -73,6 +73,8 @@ pub fn document(hold_max_seconds: u32) -> Value {
         crate::api::capacity::get_capacity,
         crate::api::capacity::list_headroom,
         crate::api::capacity::put_headroom,
+        crate::api::planning::get_forecast,
+        crate::api::planning::get_history,
     ),
     components(
         schemas(

@@ -56,6 +56,7 @@ crate::domain::closed_set! {
         WebhookAbsent = "webhook_absent", "No webhook was set; nothing changed.";
         HeadroomSaved = "headroom_saved", "Headroom saved: the pool keeps it from the next reserve on.";
         HeadroomRemoved = "headroom_removed", "Headroom removed: orders of any segment may take those machines.";
+        LeadTimeSaved = "lead_time_saved", "Lead time saved: the planning page flags against it now.";
         UserAdded = "user_added", "The user was added.";
         UserDisabled = "user_disabled", "The user was disabled and their sessions ended.";
         TokenRevoked = "token_revoked", "The token was revoked; it is refused from now on.";

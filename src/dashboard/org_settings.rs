@@ -35,6 +35,10 @@ struct SettingsPage {
     headroom: Vec<HeadroomRow>,
     /// The headroom form's site and profile: the organization's own values.
     headroom_pool: Vec<Select>,
+    /// R21: each site's procurement lead time (days, and whether staff set
+    /// it), and the form's site.
+    lead_times: Vec<(String, i32, bool)>,
+    lead_site: Select,
     deployment_on: bool,
     webhook: Option<WebhookView>,
     /// What the URL field shows (the refused URL after an error).
@@ -124,7 +128,11 @@ async fn settings_page(
     .await?;
     let facets = crate::inventory::facets(pool, staff.org_id).await?;
     let sso = crate::sso::config(pool, staff.org_id).await?;
+    let lead_times =
+        super::planning::lead_times_of_sites(pool, staff.org_id, &facets.sites).await?;
     let body = SettingsPage {
+        lead_site: Select::of("lead-site", "site", "Site", &facets.sites, None).required(),
+        lead_times,
         sso,
         sso_redirect: format!(
             "{}/login/sso/callback",
