@@ -47,6 +47,11 @@ enum Command {
         #[command(subcommand)]
         command: TokenCommand,
     },
+    /// Sites: their procurement lead time (docs/rules.md, R21).
+    Site {
+        #[command(subcommand)]
+        command: SiteCommand,
+    },
     /// Load a demo organization, users, sites and machines (idempotent).
     Demo,
 }
@@ -77,6 +82,21 @@ enum OrgCommand {
     /// Sign the organization's staff in through its OpenID Connect provider
     /// (docs/rules.md S1-S3, docs/configuration.md); or `--off`.
     Sso(SsoArgs),
+}
+
+#[derive(Debug, Subcommand)]
+enum SiteCommand {
+    /// Set a site's procurement lead time: a pool whose run-out falls
+    /// within it is flagged (R21).
+    Set {
+        site: String,
+        /// Days from ordering hardware to having it in the pool, 1 to 730.
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..=730))]
+        lead_time_days: i64,
+        /// The organization; without it, every organization.
+        #[arg(long)]
+        org: Option<String>,
+    },
 }
 
 #[derive(Debug, clap::Args)]
@@ -235,6 +255,14 @@ async fn run_command(
             let (_, token) = crate::tokens::create(&pool, org.id, name.as_deref(), &scopes).await?;
             println!("{token}");
         }
+        Command::Site {
+            command:
+                SiteCommand::Set {
+                    site,
+                    lead_time_days,
+                    org,
+                },
+        } => site_set(&pool, &site, lead_time_days, org.as_deref()).await?,
         Command::Demo => crate::demo::load(&pool).await?.print(),
     }
     pool.close().await;
@@ -336,6 +364,53 @@ async fn org_set(
         },
         repairs.as_deref().unwrap_or("none")
     );
+    Ok(())
+}
+
+/// `site set`: R21's lead time of a site, for one organization or all.
+async fn site_set(
+    pool: &crate::db::Db,
+    site: &str,
+    days: i64,
+    org: Option<&str>,
+) -> anyhow::Result<()> {
+    let site = crate::domain::Site::parse(site)?;
+    let days = crate::planning::lead_time_days(days)?;
+    let orgs: Vec<(i64, String)> = match org {
+        Some(slug) => {
+            let o = crate::orgs::by_slug(pool, slug).await?;
+            vec![(o.id, o.slug.to_string())]
+        }
+        None => sqlx::query_as("SELECT id, slug FROM organizations ORDER BY slug")
+            .fetch_all(pool)
+            .await
+            .context("reading the organizations")?,
+    };
+    if orgs.is_empty() {
+        bail!("no organization: create one first (poolkeeper org add)");
+    }
+    for (id, slug) in orgs {
+        let mut tx = pool.begin().await?;
+        let before =
+            crate::planning::set_lead_time(&mut tx, id, &site, days, "command line").await?;
+        crate::audit::record(
+            &mut tx,
+            &crate::audit::Entry {
+                org_id: Some(id),
+                actor: "command line",
+                action: crate::audit::AuditAction::SiteLeadTimeSet,
+                object: &format!("site:{}", site.as_str()),
+                source_addr: "command line",
+                detail: Some(&format!("{before} -> {days} days")),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        eprintln!(
+            "{slug}: site {} lead time {days} days (was {before})",
+            site.as_str()
+        );
+    }
     Ok(())
 }
 

@@ -124,6 +124,9 @@ pub async fn load(pool: &Db) -> anyhow::Result<DemoReport> {
     };
     demo_capacity(pool, org.id).await?;
     let reservations = demo_reservations(pool, org.id).await?;
+    // After the live story: its refusals are made once a window, and the
+    // history's would count as made.
+    demo_history(pool, org.id).await?;
     // The demo's history is dated in the past, which the chart's count (a
     // minute behind the clock) has already passed: count it again.
     crate::activity::recount(pool, org.id).await?;
@@ -789,6 +792,238 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
     .bind(org_id)
     .fetch_one(pool)
     .await?)
+}
+
+// ---------------------------------------------------------------------------
+// R21: 90 days of history for the planning pages
+// ---------------------------------------------------------------------------
+
+/// The profile of the planning story's pools (kept apart from the others,
+/// whose machines are created when the demo loads and have no past).
+const PLAN_PROFILE: &str = "epyc-9754-768g";
+/// The profile the substitute story's orders ask for (no machine has it)
+/// and the one that serves them.
+const PLAN_ASKED: &str = "xeon-6430-768g";
+const PLAN_SERVED: &str = "xeon-6430-512g";
+/// Days of history the demo writes.
+pub const PLAN_DAYS: i64 = 90;
+
+/// One pool of the story: (site, profile), machines at the start, machines
+/// added on a day (days ago, how many), and the machines asked each day,
+/// a pattern repeated over the days.
+struct PlanPool {
+    site: &'static str,
+    profile: &'static str,
+    machines: i64,
+    restock: Option<(i64, i64)>,
+    asked: &'static [i64],
+    /// Orders served by `PLAN_SERVED` machines while asking `PLAN_ASKED`.
+    substitute: bool,
+}
+
+/// The four stories: par1 runs out in about nine days (2 a day on 3 days
+/// in 3, 66 machines, 6 left); ams1 was restocked halfway and its demand
+/// kept its rate; fra1 sold out a week ago and its refused demand keeps its
+/// rate; par2's orders for a profile it lacks are served by substitutes.
+const PLAN_POOLS: [PlanPool; 4] = [
+    PlanPool {
+        site: "par1",
+        profile: PLAN_PROFILE,
+        machines: 66,
+        restock: None,
+        asked: &[1, 1, 0],
+        substitute: false,
+    },
+    PlanPool {
+        site: "ams1",
+        profile: PLAN_PROFILE,
+        machines: 40,
+        restock: Some((45, 40)),
+        asked: &[1, 1, 0],
+        substitute: false,
+    },
+    PlanPool {
+        site: "fra1",
+        profile: PLAN_PROFILE,
+        machines: 83,
+        restock: None,
+        asked: &[1],
+        substitute: false,
+    },
+    PlanPool {
+        site: "par2",
+        profile: PLAN_SERVED,
+        machines: 40,
+        restock: None,
+        asked: &[1, 0, 0],
+        substitute: true,
+    },
+];
+
+/// The instant `hour`:`minute` into the UTC day `ago` days back, as SQL.
+fn plan_at(ago: i64, hour: i64, minute: i64) -> String {
+    format!(
+        "((((clock_timestamp() AT TIME ZONE 'UTC')::date - {ago})::timestamp
+           + make_interval(hours => {hour}, mins => {minute})) AT TIME ZONE 'UTC')"
+    )
+}
+
+/// R21's story: 90 days of machines, sales, refusals and substitutes in
+/// pools of their own, dated in the past, then the days written by the
+/// sweep's job (under its lease, as a server would). Once: a second run
+/// finds the first machine and writes nothing.
+async fn demo_history(pool: &Db, org_id: i64) -> anyhow::Result<()> {
+    if inventory::by_tag(pool, org_id, "PL-par1-0001")
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    for p in &PLAN_POOLS {
+        plan_machines(pool, org_id, p, PLAN_DAYS + 2, p.machines, 0).await?;
+        if let Some((ago, n)) = p.restock {
+            plan_machines(pool, org_id, p, ago, n, p.machines).await?;
+        }
+        for ago in (1..=PLAN_DAYS).rev() {
+            let asked = p.asked[(ago as usize) % p.asked.len()];
+            for k in 0..asked {
+                plan_sale(pool, org_id, p, ago, k).await?;
+            }
+        }
+    }
+    let first = sqlx::query_scalar::<_, chrono::NaiveDate>(
+        "SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date - $1::integer",
+    )
+    .bind((PLAN_DAYS + 2) as i32)
+    .fetch_one(pool)
+    .await?;
+    crate::planning::rewrite_from(pool, first).await?;
+    write_history_now(pool).await
+}
+
+async fn plan_machines(
+    pool: &Db,
+    org_id: i64,
+    p: &PlanPool,
+    ago: i64,
+    n: i64,
+    from: i64,
+) -> anyhow::Result<()> {
+    let t = plan_at(ago, 1, 0);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status, created_at, updated_at)
+         SELECT $1, 'PL-' || $2 || '-' || lpad(g::text, 4, '0'), $2, 'dell', $3, 'ready', {t}, {t}
+           FROM generate_series($4::bigint + 1, $4::bigint + $5::bigint) g"
+    )))
+    .bind(org_id)
+    .bind(p.site)
+    .bind(p.profile)
+    .bind(from)
+    .bind(n)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// One machine asked of `p` on the day `ago` days back: sold (held and
+/// converted within the hour) on the pool's first machine never reserved;
+/// refused as `unavailable` when none is left. A substitute's sale also
+/// writes its `substituted` row against the asked profile.
+async fn plan_sale(pool: &Db, org_id: i64, p: &PlanPool, ago: i64, k: i64) -> anyhow::Result<()> {
+    let (created, ended) = (plan_at(ago, 9 + k, 0), plan_at(ago, 9 + k, 20));
+    let asked = if p.substitute { Some(PLAN_ASKED) } else { None };
+    let sold: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "WITH m AS (
+             SELECT id FROM machines
+              WHERE org_id = $1 AND site = $2 AND profile = $3 AND asset_tag LIKE 'PL-%'
+                AND created_at < {created}
+                AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.machine_id = machines.id)
+              ORDER BY id LIMIT 1
+         ), r AS (
+             INSERT INTO reservations (org_id, order_ref, machine_id, state, spec, machine_snapshot,
+                                       reason, hold_seconds, created_at, expires_at, ended_at,
+                                       ended_by, end_reason, profile_asked)
+             SELECT $1, 'PLAN-' || $2 || '-' || $4 || '-' || $5, m.id, 'converted',
+                    jsonb_build_object('site', $2, 'profile', coalesce($6, $3)), '{{}}',
+                    'demo history', 900, {created}, {created} + interval '15 minutes', {ended},
+                    'conversion', 'payment cleared', $6
+               FROM m
+             RETURNING id, machine_id
+         ), s AS (
+             INSERT INTO service_links (org_id, machine_id, reservation_id, service_ref, created_at)
+             SELECT $1, machine_id, id, 'SRV-PLAN-' || id, {ended} FROM r
+         )
+         SELECT id FROM r"
+    )))
+    .bind(org_id)
+    .bind(p.site)
+    .bind(p.profile)
+    .bind(ago)
+    .bind(k)
+    .bind(asked)
+    .fetch_optional(pool)
+    .await?;
+    let refusal = match (sold, asked) {
+        (None, _) => Some(("unavailable", p.profile, None)),
+        (Some(_), Some(asked)) => Some(("substituted", asked, Some(p.profile))),
+        (Some(_), None) => None,
+    };
+    if let Some((reason, profile, served)) = refusal {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO reservation_refusals (org_id, at, reason, site, profile, excluded, quantity, profile_served)
+             VALUES ($1, {created}, $2, $3, $4,
+                     CASE WHEN $2 = 'unavailable'
+                          THEN jsonb_build_object('in_service',
+                                   (SELECT count(*) FROM machines
+                                     WHERE org_id = $1 AND site = $3 AND profile = $4))
+                          ELSE '{{}}' END, 1, $5)"
+        )))
+        .bind(org_id)
+        .bind(reason)
+        .bind(p.site)
+        .bind(profile)
+        .bind(served)
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
+/// The days not yet written, by the sweep's job under its lease; when a
+/// running server holds the lease, its sweep writes them (31 days a
+/// period).
+async fn write_history_now(pool: &Db) -> anyhow::Result<()> {
+    let replica = format!("demo-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    match lease::claim(
+        pool,
+        SWEEP_KEY,
+        &replica,
+        std::time::Duration::from_secs(60),
+    )
+    .await?
+    {
+        Claim::Acquired(mandate) => {
+            let mut written = Ok(());
+            loop {
+                match crate::planning::write_next_day(pool, &replica, mandate.fence).await {
+                    Ok(Some(crate::planning::Written::Day(..))) => {}
+                    Ok(_) => break,
+                    Err(e) => {
+                        written = Err(e);
+                        break;
+                    }
+                }
+            }
+            lease::release(pool, &mandate).await.ok();
+            written?;
+        }
+        Claim::HeldByOther => {
+            eprintln!(
+                "demo: a running server holds the sweep lease; its sweep writes the planning history"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// R20's pool of the demo: a profile sold out at one site (its one machine

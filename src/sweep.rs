@@ -1,7 +1,9 @@
 //! The sweep (R11): every period, the replica that holds the `sweep` lease
 //! marks overdue held reservations expired. It only tidies: conversion and
 //! the allocator enforce the deadline themselves. Between two sweeps the
-//! holder also writes the R16 warnings as they fall due (`next_warning_in`).
+//! holder also writes the R16 warnings as they fall due (`next_warning_in`),
+//! and each period the chart's count, the fold of the pool figures and
+//! R21's daily history of the pools (src/planning.rs).
 //!
 //! R12: the sweep has no switch. It runs whatever the datacenter-module
 //! switches say, since a switch that disables a deadline is a leak.
@@ -464,6 +466,7 @@ impl Worker {
                     self.purge_refusals().await;
                     self.count_activity().await;
                     self.fold_figures().await;
+                    self.write_history().await;
                 }
                 next_warning = self.plan_warnings().await;
             } else if next_warning.is_some_and(|at| now >= at) {
@@ -628,6 +631,37 @@ impl Worker {
         .await;
         if let Err(e) = counted {
             self.sweep_failed("count activity", fence, e);
+        }
+    }
+
+    /// R21: the days that closed since the last period into each pool's
+    /// history, one statement per day under the same mandate (each checks
+    /// it), at most `DAYS_PER_PERIOD` a period, heartbeating between days
+    /// when one is due: a rebuild of the past is spread over periods.
+    async fn write_history(&mut self) {
+        let Some(fence) = self.lease.fence() else {
+            return;
+        };
+        let replica = self.config.replica.clone();
+        let limit = self.config.lease.call_timeout;
+        for _ in 0..crate::planning::DAYS_PER_PERIOD {
+            if self.stop_requested() || !self.lease.trusted() {
+                return;
+            }
+            let written = bounded(limit, async {
+                crate::planning::write_next_day(&self.pool, &replica, fence)
+                    .await?
+                    .ok_or(SweepError::Lost)
+            })
+            .await;
+            match written {
+                Ok(crate::planning::Written::UpToDate) => return,
+                Ok(crate::planning::Written::Day(day, pools)) => {
+                    tracing::info!(replica = %replica, fence, %day, pools, "sweep wrote a day of pool history");
+                }
+                Err(e) => return self.sweep_failed("write pool history", fence, e),
+            }
+            self.lease.heartbeat_if_due().await;
         }
     }
 

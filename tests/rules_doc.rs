@@ -41,7 +41,7 @@ fn rule_names(text: &str) -> BTreeSet<String> {
         }
         let n: u32 = digits.parse().unwrap_or(0);
         let known = match b {
-            b'R' => (1..=20).contains(&n),
+            b'R' => (1..=21).contains(&n),
             b'L' => (1..=6).contains(&n),
             b'S' => (1..=3).contains(&n),
             _ => (1..=5).contains(&n),

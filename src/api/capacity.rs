@@ -363,8 +363,17 @@ pub(crate) async fn put_substitutes(
 ) -> Result<HttpResponse, ApiError> {
     client.module_call(&settings, Scope::Inventory)?;
     let body: SubstitutesBody = json_body(&read_body(payload).await?)?;
+    let asked = body.segments.unwrap_or_default();
+    // The document's bound is on the list as sent, repeats included.
+    if asked.len() > capacity::MAX_SUBSTITUTE_SEGMENTS {
+        return Err(invalid(format!(
+            "segments: at most {}, not {}",
+            capacity::MAX_SUBSTITUTE_SEGMENTS,
+            asked.len()
+        )));
+    }
     let mut segments: Vec<Segment> = Vec::new();
-    for s in body.segments.unwrap_or_default() {
+    for s in asked {
         if !segments.contains(&s) {
             segments.push(s);
         }

@@ -5,6 +5,7 @@ pub mod capacity;
 pub mod json;
 pub mod machines;
 pub mod openapi;
+pub mod planning;
 pub mod reservations;
 pub mod schemas;
 pub mod services;
@@ -21,6 +22,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             .app_data(crate::error::query_config())
             .configure(capacity::configure)
             .configure(machines::configure)
+            .configure(planning::configure)
             .configure(reservations::configure)
             .configure(services::configure)
             .configure(webhook::configure),

@@ -75,6 +75,8 @@ pub fn document(hold_max_seconds: u32) -> Value {
         crate::api::capacity::put_headroom,
         crate::api::capacity::list_substitutes,
         crate::api::capacity::put_substitutes,
+        crate::api::planning::get_forecast,
+        crate::api::planning::get_history,
     ),
     components(
         schemas(

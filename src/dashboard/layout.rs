@@ -58,6 +58,7 @@ crate::domain::closed_set! {
         HeadroomRemoved = "headroom_removed", "Headroom removed: orders of any segment may take those machines.";
         SubstitutesSaved = "substitutes_saved", "Substitutes saved: reserves that allow them use this list from the next one on.";
         SubstitutesRemoved = "substitutes_removed", "Substitutes removed: orders of this profile are served by its own pool only.";
+        LeadTimeSaved = "lead_time_saved", "Lead time saved: the planning page flags against it now.";
         UserAdded = "user_added", "The user was added.";
         UserDisabled = "user_disabled", "The user was disabled and their sessions ended.";
         TokenRevoked = "token_revoked", "The token was revoked; it is refused from now on.";

@@ -17,6 +17,7 @@ pub mod machines;
 pub mod org_settings;
 pub mod outcome;
 pub mod overview;
+pub mod planning;
 pub mod reasons;
 pub mod reservations;
 pub mod search;
@@ -93,10 +94,14 @@ routes! {
     "/jobs" => Staff [get => jobs::jobs],
     "/demand" => Staff [get => demand::demand],
     "/demand.csv" => Staff [get => demand::export],
+    "/planning" => Staff [get => planning::list],
+    "/planning.csv" => Staff [get => planning::export],
+    "/planning/pool" => Staff [get => planning::pool_page],
     "/settings" => Settings [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => Settings [post => org_settings::save_webhook],
     "/settings/headroom" => DatacenterSettings [post => org_settings::save_headroom],
     "/settings/substitutes" => DatacenterSettings [post => org_settings::save_substitutes],
+    "/settings/lead-time" => Settings [post => planning::save_lead_time],
     "/audit" => Admin [get => admin::audit_log],
     "/users" => Admin [get => admin::users, post => admin::add_user],
     "/users/{id}/disable" => Admin [post => admin::disable_user],

@@ -39,6 +39,10 @@ struct SettingsPage {
     substitutes: Vec<crate::capacity::Substitutes>,
     /// The substitutes form's profile: the organization's own profiles.
     substitutes_profile: Select,
+    /// R21: each site's procurement lead time (days, and whether staff set
+    /// it), and the form's site.
+    lead_times: Vec<(String, i32, bool)>,
+    lead_site: Select,
     deployment_on: bool,
     webhook: Option<WebhookView>,
     /// What the URL field shows (the refused URL after an error).
@@ -129,6 +133,8 @@ async fn settings_page(
     let facets = crate::inventory::facets(pool, staff.org_id).await?;
     let sso = crate::sso::config(pool, staff.org_id).await?;
     let substitutes = crate::capacity::list_substitutes(pool, staff.org_id).await?;
+    let lead_times =
+        super::planning::lead_times_of_sites(pool, staff.org_id, &facets.sites).await?;
     let body = SettingsPage {
         substitutes,
         substitutes_profile: Select::of(
@@ -139,6 +145,8 @@ async fn settings_page(
             None,
         )
         .required(),
+        lead_site: Select::of("lead-site", "site", "Site", &facets.sites, None).required(),
+        lead_times,
         sso,
         sso_redirect: format!(
             "{}/login/sso/callback",

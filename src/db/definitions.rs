@@ -46,6 +46,7 @@ pub const FILES: &[(&str, &str)] = &[
     ),
     ("healing.sql", include_str!("../../sql/healing.sql")),
     ("incarnation.sql", include_str!("../../sql/incarnation.sql")),
+    ("planning.sql", include_str!("../../sql/planning.sql")),
 ];
 
 /// One line per version of the set: `<version> <sha256 of the set>`,

@@ -5,7 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use prometheus::{Gauge, IntCounter, IntGauge, IntGaugeVec, Opts};
+use prometheus::{Gauge, GaugeVec, IntCounter, IntGauge, IntGaugeVec, Opts};
 
 use super::refusals::OTHER;
 use crate::db::Db;
@@ -42,6 +42,10 @@ struct Snapshot {
     /// R18: machines kept per (organization, site, profile, segment).
     #[serde(default)]
     kept: Vec<(String, String, String, String, i64)>,
+    /// R21: per (organization, site, profile) the days left (None: no
+    /// run-out, no demand or no history) and the site's lead time.
+    #[serde(default)]
+    runout: Vec<(String, String, String, Option<f64>, i32)>,
 }
 
 /// One pool of one organization (by its slug), as R17 counts it.
@@ -80,6 +84,8 @@ pub struct DbState {
     pub machines: IntGaugeVec,
     pub headroom: IntGaugeVec,
     pub available: IntGaugeVec,
+    pub days_left: GaugeVec,
+    pub lead_time: IntGaugeVec,
     pub holds_expiring_soon: IntGauge,
     pub holds_overdue: IntGauge,
     pub webhooks_pending: IntGauge,
@@ -120,6 +126,22 @@ impl DbState {
                 Opts::new(
                     "poolkeeper_pool_available",
                     "Machines of a pool an order without a segment could take now: sellable less the headroom kept for segments (R17), by organization, site and profile",
+                ),
+                &["org", "site", "profile"],
+            )
+            .expect("static metric definition"),
+            days_left: GaugeVec::new(
+                Opts::new(
+                    "poolkeeper_pool_days_left",
+                    "R21: days until a pool's available machines run out at its fitted demand, by organization, site and profile; +Inf without demand or history",
+                ),
+                &["org", "site", "profile"],
+            )
+            .expect("static metric definition"),
+            lead_time: IntGaugeVec::new(
+                Opts::new(
+                    "poolkeeper_pool_lead_time_days",
+                    "R21: the procurement lead time of a pool's site, in days, by organization, site and profile",
                 ),
                 &["org", "site", "profile"],
             )
@@ -182,6 +204,8 @@ impl DbState {
             Box::new(self.machines.clone()),
             Box::new(self.headroom.clone()),
             Box::new(self.available.clone()),
+            Box::new(self.days_left.clone()),
+            Box::new(self.lead_time.clone()),
             Box::new(self.holds_expiring_soon.clone()),
             Box::new(self.holds_overdue.clone()),
             Box::new(self.webhooks_pending.clone()),
@@ -321,10 +345,12 @@ impl DbState {
         )
         .fetch_all(&mut *conn)
         .await?;
+        let runout = Self::runout(conn).await?;
         Ok(Snapshot {
             machines: Vec::new(),
             pools,
             kept,
+            runout,
             holds_soon,
             holds_overdue,
             pending,
@@ -332,6 +358,66 @@ impl DbState {
             sweep_finished_at,
             leases,
         })
+    }
+
+    /// R21: every organization's forecast, by the method the API answers
+    /// with (`forecast::read`, one statement per organization).
+    async fn runout(
+        conn: &mut sqlx::PgConnection,
+    ) -> Result<Vec<(String, String, String, Option<f64>, i32)>, sqlx::Error> {
+        let orgs: Vec<(i64, String)> = sqlx::query_as("SELECT id, slug FROM organizations")
+            .fetch_all(&mut *conn)
+            .await?;
+        let mut out = Vec::new();
+        for (id, slug) in orgs {
+            let f = crate::forecast::read(&mut *conn, id, None, None).await?;
+            out.extend(f.pools.into_iter().map(|p| {
+                (
+                    slug.clone(),
+                    p.site,
+                    p.profile,
+                    p.days_left,
+                    p.lead_time_days,
+                )
+            }));
+        }
+        Ok(out)
+    }
+
+    /// R21's gauges: pools without labels of their own (past
+    /// `MAX_POOL_PAIRS`) have none, since days left cannot be summed.
+    fn apply_runout(&self, snapshot: &Snapshot, labels: &PoolLabels) {
+        self.days_left.reset();
+        self.lead_time.reset();
+        // A pool asked for but without machines (its demand all refused)
+        // is in no capacity row: it keeps its labels, up to the bound.
+        let stocked: HashSet<(&str, &str, &str)> = snapshot
+            .pools
+            .iter()
+            .map(|p| (p.org.as_str(), p.site.as_str(), p.profile.as_str()))
+            .collect();
+        let mut unstocked = 0;
+        for (org, site, profile, days, lead) in &snapshot.runout {
+            let own = if stocked.contains(&(org.as_str(), site.as_str(), profile.as_str())) {
+                labels.of(org, site, profile)
+            } else {
+                unstocked += 1;
+                if unstocked > MAX_POOL_PAIRS {
+                    continue;
+                }
+                [org.clone(), site.clone(), profile.clone()]
+            };
+            let [org, site, profile] = own;
+            if site == OTHER && profile == OTHER {
+                continue;
+            }
+            self.days_left
+                .with_label_values(&[&org, &site, &profile])
+                .set(days.unwrap_or(f64::INFINITY));
+            self.lead_time
+                .with_label_values(&[&org, &site, &profile])
+                .set(i64::from(*lead));
+        }
     }
 
     /// Sets the series from a snapshot; `now` is the database clock when
@@ -393,6 +479,7 @@ impl DbState {
                 .with_label_values(&[&k[0], &k[1], &k[2], &k[3]])
                 .set(n);
         }
+        self.apply_runout(snapshot, &labels);
         self.holds_expiring_soon.set(snapshot.holds_soon);
         self.holds_overdue.set(snapshot.holds_overdue);
         self.webhooks_pending.set(snapshot.pending);

@@ -55,6 +55,8 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/substitutes",                "get",  "inventory", [401, 403, 200, 200]),
     ("/api/v1/substitutes",                "put",  "inventory", [401, 403, 200, 422]),
     ("/api/v1/capacity",                   "get",  "orders",    [401, 403, 200, 200]),
+    ("/api/v1/forecast",                   "get",  "orders|inventory", [401, 403, 200, 200]),
+    ("/api/v1/pools/history",              "get",  "orders|inventory", [401, 403, 200, 200]),
     ("/api/v1/reservations",               "post", "orders",    [401, 403, 201, 409]),
     ("/api/v1/reservations",               "get",  "orders",    [401, 403, 200, 404]),
     ("/api/v1/reservations/{id}",          "get",  "orders",    [401, 403, 200, 404]),
@@ -125,6 +127,7 @@ async fn api_cell(
     let n = next();
     let token = match (caller, scope) {
         (Caller::NoToken, _) => None,
+        (Caller::WrongScope, "orders|inventory") => Some(app.org.metrics_token.clone()),
         (Caller::WrongScope, "orders") => Some(app.org.inventory_token.clone()),
         (Caller::WrongScope, _) => Some(app.org.orders_token.clone()),
         (Caller::Right, "orders") => Some(app.org.orders_token.clone()),
@@ -704,6 +707,8 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             Some(json!({"url": "https://203.0.113.10/hooks"})),
         ),
         ("DELETE", "/api/v1/webhook".into(), None),
+        ("GET", "/api/v1/forecast".into(), None),
+        ("GET", "/api/v1/pools/history".into(), None),
     ];
     // Every operation of the OpenAPI document is among the calls.
     for (path, m) in openapi_operations(app).await {

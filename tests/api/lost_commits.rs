@@ -822,6 +822,19 @@ async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made()
             ),
         },
         Form {
+            name: "settings: lead time",
+            route: "/settings/lead-time",
+            path: "/settings/lead-time".into(),
+            fields: vec![c(), ("site", "par1".into()), ("days", "45".into())],
+            by: "boss@acme.example",
+            check: ("/settings#lead-times", "Open the settings"),
+            says: "the lead time of the site",
+            written: format!(
+                "(SELECT lead_time_days FROM site_lead_times WHERE org_id = {org} AND site = 'par1') = 45
+                 AND (SELECT count(*) FROM audit_log WHERE action = 'site.lead_time_set') = 1"
+            ),
+        },
+        Form {
             name: "settings: substitutes",
             route: "/settings/substitutes",
             path: "/settings/substitutes".into(),

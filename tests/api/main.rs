@@ -32,6 +32,7 @@ mod migrations;
 mod openapi;
 mod orders;
 mod orders_of_several;
+mod planning;
 mod pool_figures;
 mod privilege;
 mod restore;

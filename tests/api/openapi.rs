@@ -740,6 +740,27 @@ async fn real_answers_validate_against_the_documented_schemas() {
         .expect("capacity");
     c.check(CAP, "get", r).await;
 
+    // R21: the forecast and the history, read, refused (a bad filter, a
+    // token of neither scope).
+    const FC: &str = "/api/v1/forecast";
+    const PH: &str = "/api/v1/pools/history";
+    for (path, query, token) in [
+        (FC, "/forecast?site=par1", t),
+        (FC, "/forecast?site=bad%20site", t),
+        (FC, "/forecast", &app.org.metrics_token),
+        (PH, "/pools/history?days=30&profile=epyc", t),
+        (PH, "/pools/history?days=731", t),
+        (PH, "/pools/history", &app.org.metrics_token),
+    ] {
+        let r = http
+            .get(api(query))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("planning");
+        c.check(path, "get", r).await;
+    }
+
     // 503: the same routes on a pool with no connection to give.
     let pool = poolkeeper::db::connect_with_acquire_timeout(
         app.db.options.clone(),
@@ -842,6 +863,8 @@ async fn real_answers_validate_against_the_documented_schemas() {
             Some(declare.clone()),
         ),
         ("get", CAP, format!("{base}/capacity"), None),
+        ("get", FC, format!("{base}/forecast"), None),
+        ("get", PH, format!("{base}/pools/history"), None),
     ];
     for (method, path, url, body) in cases {
         let mut req = http

@@ -203,6 +203,8 @@ async fn declarations_are_checked_audited_and_listed() {
         json!({"profile": ASKED, "substitutes": nine}),
         json!({"profile": ASKED, "substitutes": [BETTER], "segments": ["Not A Segment"]}),
         json!({"profile": ASKED, "substitutes": BETTER}),
+        // More than 16 segments as sent, even if they repeat.
+        json!({"profile": ASKED, "substitutes": [BETTER], "segments": vec!["enterprise"; 17]}),
         json!({"profile": ASKED}),
     ] {
         let (code, body) = put_substitutes(&app, bad.clone()).await;

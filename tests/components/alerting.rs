@@ -167,6 +167,17 @@ async fn metrics_export_the_kit_with_route_templates_and_pool_numbers() {
         text.contains("poolkeeper_pool_available{org=\"acme\",profile=\"m5\",site=\"fra1\"} 1"),
         "{text}"
     );
+    // R21: no history yet, so no demand: no run-out, never "0 days".
+    assert!(
+        text.contains("poolkeeper_pool_days_left{org=\"acme\",profile=\"m5\",site=\"fra1\"} inf"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "poolkeeper_pool_lead_time_days{org=\"acme\",profile=\"m5\",site=\"fra1\"} 30"
+        ),
+        "{text}"
+    );
     assert!(
         text.contains("poolkeeper_sweep_last_success_age_seconds inf"),
         "{text}"
@@ -207,6 +218,8 @@ pub const SERIES: &[&str] = &[
     "poolkeeper_machines",
     "poolkeeper_pool_headroom",
     "poolkeeper_pool_available",
+    "poolkeeper_pool_days_left",
+    "poolkeeper_pool_lead_time_days",
     "poolkeeper_holds_expiring_soon",
     "poolkeeper_holds_overdue",
     "poolkeeper_webhook_deliveries_pending",

@@ -671,7 +671,11 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     let profiles = d
         .texts("section.site:first-of-type table.profiles tbody th")
         .await;
-    assert_eq!(profiles.len(), 4, "three, and ams1's GPU: {profiles:?}");
+    assert_eq!(
+        profiles.len(),
+        5,
+        "three, ams1's GPU and the planning story's: {profiles:?}"
+    );
     assert!(
         d.text("section.site:first-of-type h3")
             .await
@@ -987,8 +991,11 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         ("contended_7d", 1),
         ("substituted_7d", 1),
     ] {
+        // Besides the planning story's pools (R21), refused for days.
         let total: i64 = d
-            .texts(&format!("table.demand td[data-k={k}]"))
+            .texts(&format!(
+                "table.demand tr:not([data-profile=\"epyc-9754-768g\"]):not([data-profile=\"xeon-6430-768g\"]) td[data-k={k}]"
+            ))
             .await
             .iter()
             .filter_map(|t| t.parse::<i64>().ok())
@@ -1004,11 +1011,41 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
         ("spark-customer_limit", 1),
     ] {
         assert_eq!(
-            d.texts(&format!("svg.spark rect.{class}")).await.len(),
+            d.texts(&format!(
+                "tr:not([data-profile=\"epyc-9754-768g\"]) svg.spark rect.{class}"
+            ))
+            .await
+            .len(),
             bars,
             "{class} drawn"
         );
     }
+
+    // R21: the planning page ranks the pools by days left (the sold-out
+    // fra1 pool and the profile served only by substitutes first), flags
+    // them in words, and a pool's page draws its 90 days with a table.
+    d.goto(&app.url("/planning")).await;
+    let first = d.texts("table.planning tbody tr th").await;
+    assert_eq!(first.first().map(String::as_str), Some("fra1"), "{first:?}");
+    let flags = d.texts("table.planning td[data-k=order_by] strong").await;
+    assert!(
+        flags.len() >= 3 && flags.iter().all(|f| f == "Flagged"),
+        "{flags:?}"
+    );
+    check_page(&d, &shots, "23-planning", &axe, &mut problems).await;
+    d.screenshot(&readme_img, "planning.png").await;
+    d.goto(&app.url("/planning/pool?site=par1&profile=epyc-9754-768g"))
+        .await;
+    assert_eq!(d.text("dd[data-k=available]").await, "6");
+    assert!(
+        d.texts("table.plan-days tbody tr").await.len() >= 90,
+        "a row per day of history"
+    );
+    assert!(
+        !d.texts("svg.plan line.proj").await.is_empty(),
+        "the projection"
+    );
+    check_page(&d, &shots, "23b-planning-pool", &axe, &mut problems).await;
 
     // A hold with its customer and segment: in the live list and on its page.
     let enterprise = id_of(&app, "DEMO-ENT-1").await;
@@ -1049,7 +1086,8 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     .await;
     d.goto(&app.url("/")).await;
     assert_eq!(
-        d.texts("table.demand .badge.substituted").await,
+        d.texts("table.demand tr[data-profile=\"epyc-9124-128g\"] .badge.substituted")
+            .await,
         ["served by substitutes: 1"]
     );
 

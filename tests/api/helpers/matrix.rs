@@ -71,11 +71,15 @@ pub const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/jobs",                       "get",  [303, 200, 200, 200, 200]),
     ("/demand",                     "get",  [303, 200, 200, 200, 200]),
     ("/demand.csv",                 "get",  [303, 200, 200, 200, 200]),
+    ("/planning",                   "get",  [303, 200, 200, 200, 200]),
+    ("/planning.csv",               "get",  [303, 200, 200, 200, 200]),
+    ("/planning/pool",              "get",  [303, 400, 400, 400, 400]),
     ("/settings",                   "get",  [303, 403, 403, 200, 200]),
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
     ("/settings/webhook",           "post", [303, 403, 403, 303, 303]),
     ("/settings/headroom",          "post", [303, 403, 403, 303, 303]),
     ("/settings/substitutes",       "post", [303, 403, 403, 303, 303]),
+    ("/settings/lead-time",         "post", [303, 403, 403, 303, 303]),
     ("/audit",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "post", [303, 403, 403, 303, 303]),
@@ -309,6 +313,10 @@ pub async fn dashboard_cell(
             fields.push(("profile".into(), profile.into()));
             fields.push(("segment".into(), "enterprise".into()));
             fields.push(("machines".into(), "1".into()));
+        }
+        "/settings/lead-time" => {
+            fields.push(("site".into(), "par1".into()));
+            fields.push(("days".into(), "45".into()));
         }
         "/users" => {
             fields.push(("email".into(), format!("new{n}@example.com")));

@@ -1,0 +1,185 @@
+-- R21: the history of each pool per UTC day (tables:
+-- migrations/20261209200001_pool_days.sql). `pool_day_rows` computes one
+-- day from the rows kept anyway (machine_changes, reservations, service
+-- links, refusals), by their own times, so that a day computed as it
+-- closes and the same day computed months later agree: a later change of a
+-- machine or a reservation never moves a past day.
+
+-- Every change of a machine's pool or status, dated at its `updated_at`
+-- (its `created_at` for an insert; the clock when a writer left
+-- `updated_at` as it was): statement triggers with transition tables, as
+-- sql/pool_figures.sql, so a load of many machines is one insert. An
+-- update that changes none of them logs nothing.
+CREATE OR REPLACE FUNCTION machine_changes_log() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO machine_changes (machine_id, org_id, at, site, profile, status)
+        SELECT n.id, n.org_id, n.created_at, n.site, n.profile, n.status
+          FROM machine_changes_new n;
+    ELSIF TG_OP = 'DELETE' THEN
+        INSERT INTO machine_changes (machine_id, org_id, at, site, profile, status)
+        SELECT o.id, o.org_id, clock_timestamp(), NULL, NULL, NULL
+          FROM machine_changes_old o;
+    ELSE
+        INSERT INTO machine_changes (machine_id, org_id, at, site, profile, status)
+        SELECT n.id, n.org_id,
+               CASE WHEN n.updated_at IS DISTINCT FROM o.updated_at THEN n.updated_at
+                    ELSE clock_timestamp() END,
+               n.site, n.profile, n.status
+          FROM machine_changes_new n JOIN machine_changes_old o ON o.id = n.id
+         WHERE (n.org_id, n.site, n.profile, n.status) IS DISTINCT FROM (o.org_id, o.site, o.profile, o.status);
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS machines_changes_insert ON machines;
+CREATE TRIGGER machines_changes_insert
+    AFTER INSERT ON machines REFERENCING NEW TABLE AS machine_changes_new
+    FOR EACH STATEMENT EXECUTE FUNCTION machine_changes_log();
+DROP TRIGGER IF EXISTS machines_changes_update ON machines;
+CREATE TRIGGER machines_changes_update
+    AFTER UPDATE ON machines REFERENCING OLD TABLE AS machine_changes_old NEW TABLE AS machine_changes_new
+    FOR EACH STATEMENT EXECUTE FUNCTION machine_changes_log();
+DROP TRIGGER IF EXISTS machines_changes_delete ON machines;
+CREATE TRIGGER machines_changes_delete
+    AFTER DELETE ON machines REFERENCING OLD TABLE AS machine_changes_old
+    FOR EACH STATEMENT EXECUTE FUNCTION machine_changes_log();
+
+-- A truncation of machines empties their history with it.
+CREATE OR REPLACE FUNCTION machine_changes_truncate() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM machine_changes;
+    RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS machines_changes_truncate ON machines;
+CREATE TRIGGER machines_changes_truncate
+    AFTER TRUNCATE ON machines
+    FOR EACH STATEMENT EXECUTE FUNCTION machine_changes_truncate();
+
+-- A machine that has no change yet (those from before the log) is logged
+-- as it is now, dated at its creation, in the transaction that attaches the
+-- triggers (they waited for every writer of machines), so none is missed.
+INSERT INTO machine_changes (machine_id, org_id, at, site, profile, status)
+SELECT m.id, m.org_id, m.created_at, m.site, m.profile, m.status
+  FROM machines m
+ WHERE NOT EXISTS (SELECT 1 FROM machine_changes c WHERE c.machine_id = m.id);
+
+-- R21: one UTC day of every pool, from the rows as they are now, each
+-- counted by its own times:
+-- - the counts at the day's end, as R17 counts them: each machine as its
+--   last change before the end left it; sold with a service link live at
+--   the end, held with a hold live at the end (created before, ended and
+--   due after), sellable when ready, not ready otherwise;
+-- - reservations created in the day, and those converted, expired or
+--   cancelled in it (by `ended_at`), under their machine's pool at the
+--   day's end; `substituted_in` the ones created in the day whose order
+--   asked another profile;
+-- - refusals of the day by code (machines asked), `substituted_out` the
+--   orders of the asked pool served by a substitute;
+-- - machines added (in the pool and not retired at the end, not at the
+--   start) and retired (the other way round: retired, deleted or moved);
+-- - demand: converted of what was asked + refused for want of stock
+--   (unavailable, reserved, customer_limit) + substituted_out.
+CREATE OR REPLACE FUNCTION pool_day_rows(p_day date)
+RETURNS TABLE (org_id bigint, site text, profile text, total bigint, sellable bigint, held bigint,
+               sold bigint, not_ready bigint, created bigint, converted bigint, expired bigint,
+               cancelled bigint, refused_unavailable bigint, refused_contended bigint,
+               refused_reserved bigint, refused_customer_limit bigint, substituted_in bigint,
+               substituted_out bigint, added bigint, retired bigint, demand bigint)
+LANGUAGE sql STABLE AS $$
+    WITH b AS MATERIALIZED (
+        SELECT p_day::timestamp AT TIME ZONE 'UTC' AS s, (p_day + 1)::timestamp AT TIME ZONE 'UTC' AS e
+    ), at_end AS MATERIALIZED (
+        SELECT DISTINCT ON (c.machine_id) c.machine_id, c.org_id, c.site, c.profile, c.status
+          FROM machine_changes c, b WHERE c.at < b.e
+         ORDER BY c.machine_id, c.at DESC, c.id DESC
+    ), at_start AS MATERIALIZED (
+        SELECT DISTINCT ON (c.machine_id) c.machine_id, c.org_id, c.site, c.profile, c.status
+          FROM machine_changes c, b WHERE c.at < b.s
+         ORDER BY c.machine_id, c.at DESC, c.id DESC
+    ), states AS (
+        SELECT m.org_id, m.site, m.profile, count(*) AS total,
+               count(*) FILTER (WHERE x.sold) AS sold,
+               count(*) FILTER (WHERE x.held AND NOT x.sold) AS held,
+               count(*) FILTER (WHERE m.status = 'ready' AND NOT x.held AND NOT x.sold) AS sellable
+          FROM b, at_end m
+         CROSS JOIN LATERAL (
+             SELECT EXISTS (SELECT 1 FROM service_links l
+                             WHERE l.machine_id = m.machine_id AND l.created_at < b.e
+                               AND (l.ended_at IS NULL OR l.ended_at >= b.e)) AS sold,
+                    EXISTS (SELECT 1 FROM reservations r
+                             WHERE r.machine_id = m.machine_id AND r.created_at < b.e
+                               AND (r.ended_at IS NULL OR r.ended_at >= b.e)
+                               AND r.expires_at > b.e) AS held
+         ) x
+         WHERE m.status IS NOT NULL
+         GROUP BY 1, 2, 3
+    ), moves AS (
+        SELECT e.org_id, e.site, e.profile, 1 AS added, 0 AS retired
+          FROM at_end e LEFT JOIN at_start s USING (machine_id)
+         WHERE coalesce(e.status <> 'retired', false)
+           AND NOT coalesce(s.status <> 'retired' AND (s.org_id, s.site, s.profile) = (e.org_id, e.site, e.profile), false)
+        UNION ALL
+        SELECT s.org_id, s.site, s.profile, 0, 1
+          FROM at_start s LEFT JOIN at_end e USING (machine_id)
+         WHERE coalesce(s.status <> 'retired', false)
+           AND NOT coalesce(e.status <> 'retired' AND (s.org_id, s.site, s.profile) = (e.org_id, e.site, e.profile), false)
+    ), moved AS (
+        SELECT mv.org_id, mv.site, mv.profile, sum(mv.added)::bigint AS added, sum(mv.retired)::bigint AS retired
+          FROM moves mv GROUP BY 1, 2, 3
+    ), flows AS (
+        -- One range of reservations_recent_activity_idx per organization:
+        -- a reservation created or ended in the day has the later of the
+        -- two at or after the day's start.
+        SELECT m.org_id, m.site, m.profile,
+               count(*) FILTER (WHERE r.created_at >= b.s) AS created,
+               count(*) FILTER (WHERE r.state = 'converted' AND r.ended_at >= b.s AND r.ended_at < b.e) AS converted,
+               count(*) FILTER (WHERE r.state = 'converted' AND r.ended_at >= b.s AND r.ended_at < b.e
+                                  AND r.profile_asked IS NULL) AS converted_asked,
+               count(*) FILTER (WHERE r.state = 'expired' AND r.ended_at >= b.s AND r.ended_at < b.e) AS expired,
+               count(*) FILTER (WHERE r.state = 'cancelled' AND r.ended_at >= b.s AND r.ended_at < b.e) AS cancelled,
+               count(*) FILTER (WHERE r.created_at >= b.s AND r.profile_asked IS NOT NULL) AS substituted_in
+          FROM b, organizations o
+          JOIN reservations r ON r.org_id = o.id
+          JOIN at_end m ON m.machine_id = r.machine_id
+         WHERE coalesce(r.ended_at, r.created_at) >= b.s
+           AND r.created_at < b.e
+           AND (r.created_at >= b.s OR r.ended_at < b.e)
+           AND m.status IS NOT NULL
+         GROUP BY 1, 2, 3
+    ), refused AS (
+        SELECT f.org_id, f.site, f.profile,
+               coalesce(sum(f.quantity) FILTER (WHERE f.reason = 'unavailable'), 0)::bigint AS unavailable,
+               coalesce(sum(f.quantity) FILTER (WHERE f.reason = 'contended'), 0)::bigint AS contended,
+               coalesce(sum(f.quantity) FILTER (WHERE f.reason = 'reserved'), 0)::bigint AS reserved,
+               coalesce(sum(f.quantity) FILTER (WHERE f.reason = 'customer_limit'), 0)::bigint AS customer_limit,
+               coalesce(sum(f.quantity) FILTER (WHERE f.reason = 'substituted'), 0)::bigint AS substituted
+          FROM b, reservation_refusals f
+         WHERE f.at >= b.s AND f.at < b.e
+         GROUP BY 1, 2, 3
+    ), pools AS (
+        SELECT k.org_id, k.site, k.profile FROM states k
+        UNION SELECT k.org_id, k.site, k.profile FROM moved k
+        UNION SELECT k.org_id, k.site, k.profile FROM flows k
+        UNION SELECT k.org_id, k.site, k.profile FROM refused k
+    )
+    SELECT p.org_id, p.site, p.profile,
+           coalesce(st.total, 0), coalesce(st.sellable, 0), coalesce(st.held, 0), coalesce(st.sold, 0),
+           coalesce(st.total - st.sellable - st.held - st.sold, 0),
+           coalesce(fl.created, 0), coalesce(fl.converted, 0), coalesce(fl.expired, 0),
+           coalesce(fl.cancelled, 0),
+           coalesce(rf.unavailable, 0), coalesce(rf.contended, 0), coalesce(rf.reserved, 0),
+           coalesce(rf.customer_limit, 0), coalesce(fl.substituted_in, 0), coalesce(rf.substituted, 0),
+           coalesce(mv.added, 0), coalesce(mv.retired, 0),
+           coalesce(fl.converted_asked, 0) + coalesce(rf.unavailable, 0) + coalesce(rf.reserved, 0)
+             + coalesce(rf.customer_limit, 0) + coalesce(rf.substituted, 0)
+      FROM pools p
+      LEFT JOIN states st USING (org_id, site, profile)
+      LEFT JOIN moved mv USING (org_id, site, profile)
+      LEFT JOIN flows fl USING (org_id, site, profile)
+      LEFT JOIN refused rf USING (org_id, site, profile)
+$$;
