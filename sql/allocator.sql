@@ -290,6 +290,11 @@ BEGIN
             IF v_expired.id IS NOT NULL THEN
                 v_reason := v_reason || format('; its previous reservation %s was overdue and expired at the point of use', v_expired.id);
             END IF;
+            -- R20: served by a declared substitute of the profile asked.
+            IF p_req.profile_asked IS NOT NULL THEN
+                v_reason := v_reason || format('; a declared substitute for profile %s, whose pool could not fill the order',
+                                               p_req.profile_asked);
+            END IF;
             v_reason := v_reason || format('; held for %s s', p_req.hold_seconds);
             -- created_at and expires_at come from one reading of the clock,
             -- the first slot's: an order has one deadline (R13).
@@ -299,14 +304,17 @@ BEGIN
             -- R18/R19: the order's segment and customer, frozen with it.
             INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
                                       hold_seconds, created_at, expires_at, quantity, slot,
-                                      segment, customer_ref)
+                                      segment, customer_ref, profile_asked)
             SELECT p_org, p_req.order_ref, m.id,
+                   -- R20: the spec is the pool that serves (R15 heals
+                   -- within it); what was asked is `profile_asked`.
                    jsonb_build_object('site', p_req.site, 'profile', p_req.profile, 'vendor', p_req.vendor, 'hold_seconds', p_req.hold_seconds,
-                                      'quantity', p_req.quantity),
+                                      'quantity', p_req.quantity, 'profile_asked', p_req.profile_asked,
+                                      'substitutes', p_req.substitutes),
                    jsonb_build_object('asset_tag', m.asset_tag, 'site', m.site, 'vendor', m.vendor,
                                       'profile', m.profile, 'status', m.status, 'updated_at', m.updated_at),
                    v_reason, p_req.hold_seconds, v_at, v_at + make_interval(secs => p_req.hold_seconds), p_req.quantity, cardinality(v_rows) + 1,
-                   p_req.segment, p_req.customer_ref
+                   p_req.segment, p_req.customer_ref, p_req.profile_asked
               FROM machines m
              WHERE m.id = v_machine_id AND m.org_id = p_org
             RETURNING * INTO v_row;
@@ -314,7 +322,9 @@ BEGIN
             VALUES (v_row.id, 'created', NULL, 'held', p_actor,
                     CASE WHEN p_req.quantity = 1 THEN format('order %s on %s', p_req.order_ref, v_verdict.asset_tag)
                          ELSE format('order %s on %s (machine %s of %s)', p_req.order_ref, v_verdict.asset_tag,
-                                     v_row.slot, p_req.quantity) END);
+                                     v_row.slot, p_req.quantity) END
+                    || CASE WHEN p_req.profile_asked IS NOT NULL
+                            THEN format(', served by %s, asked %s', p_req.profile, p_req.profile_asked) ELSE '' END);
             v_rows := v_rows || v_row;
         EXCEPTION WHEN lock_not_available THEN
             -- R13: the overdue order on this machine is being ended by
@@ -426,8 +436,11 @@ DECLARE
     v_live       bigint;
     v_kept       integer := 0;
     v_reserved   boolean := false;
+    v_list       text[];
 BEGIN
     v_req.quantity := coalesce(v_req.quantity, 1);
+    -- Only the allocator says which profile was asked (R20).
+    v_req.profile_asked := NULL;
     IF v_req.quantity NOT BETWEEN 1 AND 16 THEN
         RAISE EXCEPTION 'an order asks for 1 to 16 machines, not %', v_req.quantity;
     END IF;
@@ -465,6 +478,16 @@ BEGIN
             PERFORM record_refusal(p_org, 'customer_limit', v_req.site, v_req.profile, v_req.vendor, v_result.excluded,
                                    v_req.quantity, v_req.segment, v_req.customer_ref);
             RETURN NEXT v_result;
+            RETURN;
+        END IF;
+    END IF;
+    -- R20: a reserve that allows substitutes, of a profile that has some
+    -- for its segment, is decided over the asked pool and its substitutes
+    -- (sql/substitutes.sql), which holds the declaration until commit.
+    IF v_req.substitutes = 'allowed' THEN
+        v_list := substitutes_for(p_org, v_req.profile, v_req.segment);
+        IF cardinality(v_list) > 0 THEN
+            RETURN QUERY SELECT * FROM reserve_substituting(p_org, p_actor, v_req, v_list);
             RETURN;
         END IF;
     END IF;

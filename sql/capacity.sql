@@ -112,12 +112,14 @@ $$;
 
 -- R17's alternatives: the other sites whose pool of profile p_profile (and
 -- vendor p_vendor) could fill an order of p_quantity machines of segment
--- p_segment now, most available first, as [{"site", "available"}].
+-- p_segment now, most available first, as [{"site", "profile",
+-- "available"}] (the profile is the one asked; R20's alternatives name
+-- substitutes too, sql/substitutes.sql).
 CREATE OR REPLACE FUNCTION capacity_alternatives(p_org bigint, p_site text, p_profile text, p_vendor text,
                                                  p_segment text, p_quantity integer)
 RETURNS jsonb
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(jsonb_agg(jsonb_build_object('site', c.site, 'available', c.available)
+    SELECT coalesce(jsonb_agg(jsonb_build_object('site', c.site, 'profile', c.profile, 'available', c.available)
                               ORDER BY c.available DESC, c.site), '[]'::jsonb)
       FROM capacity_pools(p_org, NULL, p_profile, p_vendor, p_segment) c
      WHERE c.site <> p_site AND c.available >= p_quantity

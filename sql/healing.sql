@@ -164,6 +164,12 @@ BEGIN
     IF v_moved.id IS NOT NULL THEN
         RETURN NULL;
     END IF;
+    -- R20: a declared substitute of the profile asked, before the order
+    -- is cancelled (sql/substitutes.sql says which orders and locks).
+    v_moved := heal_hold_onto_substitutes(v_hold, NEW, v_went, v_actor);
+    IF v_moved.id IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
     -- R13: no equivalent machine; the order stays whole by ending whole.
     v_words := format('machine %s %s; %s', NEW.asset_tag, v_went, healing_refusal_words(v_hold));
     FOR v_member IN SELECT * FROM reservations r

@@ -55,7 +55,10 @@ BEGIN
                    'state', e.to_state,
                    'fence', r.fence,
                    'expires_at', to_char(r.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                   'machine', r.machine_snapshot),
+                   'machine', r.machine_snapshot,
+                   -- R20: the profile asked beside the machine's, served.
+                   'profile_asked', coalesce(r.profile_asked, r.machine_snapshot->>'profile', ''),
+                   'substituted', r.profile_asked IS NOT NULL),
                'event', jsonb_build_object(
                    'kind', e.kind,
                    'from_state', e.from_state,
@@ -66,7 +69,7 @@ BEGIN
                    'lease_fence', e.lease_fence))
       FROM inserted e
       CROSS JOIN LATERAL (
-          SELECT rr.id, rr.org_id, rr.order_ref, rr.fence, rr.expires_at, rr.machine_snapshot
+          SELECT rr.id, rr.org_id, rr.order_ref, rr.fence, rr.expires_at, rr.machine_snapshot, rr.profile_asked
             FROM reservations rr WHERE rr.id = e.reservation_id OFFSET 0
       ) r
       JOIN webhooks w ON w.org_id = r.org_id

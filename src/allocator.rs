@@ -42,7 +42,8 @@ use sqlx::{Connection, PgConnection, PgExecutor};
 use tracing::Instrument;
 
 use crate::domain::{
-    CustomerRef, MachineStatus, OrderRef, ParseError, Profile, Segment, Site, Vendor,
+    CustomerRef, MachineStatus, OrderRef, ParseError, Profile, Segment, Site, SubstitutesMode,
+    Vendor,
 };
 use crate::inventory::{Machine, MachineFilter};
 use crate::reservations::{self, Reservation};
@@ -496,6 +497,8 @@ pub struct ReserveRequest {
     pub segment: Option<Segment>,
     /// R19: the end customer, whose live holds the organization may cap.
     pub customer_ref: Option<CustomerRef>,
+    /// R20: whether the declared substitutes of the profile may serve.
+    pub substitutes: SubstitutesMode,
 }
 
 /// What pass two did.
@@ -522,6 +525,8 @@ pub struct AskedWith {
     pub hold_seconds: i32,
     pub segment: Option<String>,
     pub customer_ref: Option<String>,
+    /// R20: "allowed" or NULL (none).
+    pub substitutes: Option<String>,
 }
 
 impl ReserveRequest {
@@ -554,6 +559,10 @@ impl ReserveRequest {
             "customer_ref",
             self.customer_ref.as_ref().map(CustomerRef::as_str) == first.customer_ref.as_deref(),
         );
+        differ(
+            "substitutes",
+            self.substitutes.as_str() == first.substitutes.as_deref().unwrap_or("none"),
+        );
         fields
     }
 }
@@ -566,8 +575,9 @@ pub async fn asked_with(
     order_ref: &str,
 ) -> Result<Option<AskedWith>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT r.spec->>'site' AS site, r.spec->>'profile' AS profile, r.spec->>'vendor' AS vendor,
-                r.quantity, r.hold_seconds, r.segment, r.customer_ref
+        "SELECT r.spec->>'site' AS site, coalesce(r.profile_asked, r.spec->>'profile') AS profile,
+                r.spec->>'vendor' AS vendor, r.quantity, r.hold_seconds, r.segment, r.customer_ref,
+                r.spec->>'substitutes' AS substitutes
            FROM reservations r
           WHERE r.org_id = $1 AND r.order_ref = $2
           ORDER BY r.slot
@@ -620,10 +630,13 @@ pub enum ReserveOutcome {
     CustomerLimit { limit: i64, holds: i64, org_id: i64 },
 }
 
-/// R17: another site whose pool could fill the same order now.
+/// R17: another site whose pool could fill the same order now, or (R20) a
+/// declared substitute at the same site that could.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Alternative {
     pub site: String,
+    /// the profile that would serve: a substitute's at the same site (named first, in the declared order), else the one asked
+    pub profile: String,
     #[schema(minimum = 0)]
     pub available: i64,
 }
@@ -676,25 +689,27 @@ impl ReserveOutcome {
     }
 }
 
-/// R17: the other sites whose pool of the same profile (and vendor) could
-/// fill `req` now, most available first. A statement of its own, read
-/// after a refusal, so that the reserve's turns are not held while the
-/// other sites are counted.
+/// R17 and R20: the declared substitutes at the same site that could fill
+/// `req` now (in the declared order), then the other sites whose pool of
+/// the same profile (and vendor) could, most available first. A statement
+/// of its own, read after a refusal, so that the reserve's turns are not
+/// held while the other pools are counted.
 pub async fn alternatives(
     db: impl PgExecutor<'_>,
     org_id: i64,
     req: &ReserveRequest,
 ) -> Result<Vec<Alternative>, sqlx::Error> {
-    let found: sqlx::types::Json<Vec<Alternative>> =
-        sqlx::query_scalar("SELECT capacity_alternatives($1, $2, $3, $4::text, $5::text, $6)")
-            .bind(org_id)
-            .bind(req.spec.site.as_str())
-            .bind(req.spec.profile.as_str())
-            .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
-            .bind(req.segment.as_ref().map(Segment::as_str))
-            .bind(i32::from(req.quantity.get()))
-            .fetch_one(db)
-            .await?;
+    let found: sqlx::types::Json<Vec<Alternative>> = sqlx::query_scalar(
+        "SELECT alternatives_with_substitutes($1, $2, $3, $4::text, $5::text, $6)",
+    )
+    .bind(org_id)
+    .bind(req.spec.site.as_str())
+    .bind(req.spec.profile.as_str())
+    .bind(req.spec.vendor.as_ref().map(Vendor::as_str))
+    .bind(req.segment.as_ref().map(Segment::as_str))
+    .bind(i32::from(req.quantity.get()))
+    .fetch_one(db)
+    .await?;
     Ok(found.0)
 }
 

@@ -37,6 +37,8 @@ crate::domain::closed_set! {
         OrgWebhookRemoved = "org.webhook_removed", "removed the webhook";
         HeadroomSet = "headroom.set", "set a pool's headroom";
         HeadroomRemoved = "headroom.removed", "removed a pool's headroom";
+        SubstitutesSet = "substitutes.set", "declared a profile's substitutes";
+        SubstitutesRemoved = "substitutes.removed", "removed a profile's substitutes";
         SiteLeadTimeSet = "site.lead_time_set", "set a site's lead time";
         OrgSsoSet = "org.sso_set", "configured single sign-on";
         OrgSsoRemoved = "org.sso_removed", "removed single sign-on";

@@ -35,6 +35,9 @@ pub struct Filter {
     pub vendor: Option<Vendor>,
     pub segment: Option<Segment>,
     pub quantity: Option<i32>,
+    /// R20: each pool also tells what its substitutes could serve, and the
+    /// alternatives name them first.
+    pub substitutes: bool,
 }
 
 /// One snapshot of the pools (R17): `pools` and `alternatives` are the
@@ -63,12 +66,16 @@ pub async fn read(
                         'site', c.site, 'profile', c.profile, 'total', c.total,
                         'sellable', c.sellable, 'held', c.held, 'sold', c.sold,
                         'not_ready', c.not_ready, 'reserved', c.reserved,
-                        'available', c.available) ORDER BY c.site, c.profile), '[]'::jsonb) AS pools
+                        'available', c.available)
+                        || CASE WHEN $7 THEN jsonb_build_object('substitutes',
+                                    capacity_substitutes($1, c.site, c.profile, $4, $5))
+                                ELSE '{}'::jsonb END
+                        ORDER BY c.site, c.profile), '[]'::jsonb) AS pools
                FROM capacity_pools($1, $2, $3, $4, $5) c
          ), a AS (
-             SELECT CASE WHEN $2::text IS NOT NULL AND $3::text IS NOT NULL AND $6::integer IS NOT NULL
-                         THEN capacity_alternatives($1, $2, $3, $4, $5, $6)
-                         ELSE '[]'::jsonb END AS alternatives
+             SELECT CASE WHEN $2::text IS NULL OR $3::text IS NULL OR $6::integer IS NULL THEN '[]'::jsonb
+                         WHEN $7 THEN alternatives_with_substitutes($1, $2, $3, $4, $5, $6)
+                         ELSE capacity_alternatives($1, $2, $3, $4, $5, $6) END AS alternatives
          )
          SELECT clock_timestamp() AS as_of, p.pools, a.alternatives,
                 md5(p.pools::text || ' ' || a.alternatives::text) AS tag
@@ -80,6 +87,7 @@ pub async fn read(
     .bind(f.vendor.as_ref().map(Vendor::as_str))
     .bind(f.segment.as_ref().map(Segment::as_str))
     .bind(f.quantity)
+    .bind(f.substitutes)
     .fetch_one(db)
     .await
 }
@@ -112,6 +120,19 @@ pub struct Pool {
     #[schema(schema_with = reserved_counts)]
     pub reserved: std::collections::BTreeMap<String, i64>,
     /// what an order of the asked segment could take now
+    #[schema(minimum = 0)]
+    pub available: i64,
+    /// R20, with substitutes=allowed only: what each declared substitute of the profile at this site could serve now to an order of the asked segment, in the declared order
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub substitutes: Option<Vec<SubstituteAvailable>>,
+}
+
+/// R20: what one declared substitute of a pool could serve now.
+#[derive(Debug, Clone, serde::Deserialize, utoipa::ToSchema)]
+pub struct SubstituteAvailable {
+    pub profile: String,
+    /// R17's available of the substitute's pool at the same site, for the asked segment (and vendor)
     #[schema(minimum = 0)]
     pub available: i64,
 }
@@ -486,4 +507,292 @@ pub async fn set(
     .fetch_one(&mut *tx)
     .await?;
     Ok((row, Change::Unchanged))
+}
+
+/// R20: the profiles staff declared may serve the orders of `profile`, in
+/// order of preference, for orders of `segments` only (empty: any segment
+/// or none).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+#[schema(as = SubstituteList)]
+pub struct Substitutes {
+    pub profile: String,
+    /// in order of preference, at most 8; empty once removed
+    #[schema(max_items = 8)]
+    pub substitutes: Vec<String>,
+    /// the segments whose orders they serve; empty: orders of any segment or none
+    pub segments: Vec<String>,
+    // Null once removed (an empty list).
+    #[schema(required = true)]
+    pub updated_at: Option<DateTime<Utc>>,
+    /// the token's name or the staff member's email
+    #[schema(required = true)]
+    pub updated_by: Option<String>,
+}
+
+/// The most substitutes one profile may declare (the table's check).
+pub const MAX_SUBSTITUTES: usize = 8;
+/// The most segments one declaration may name (the table's check).
+pub const MAX_SUBSTITUTE_SEGMENTS: usize = 16;
+
+/// R20: what is wrong with a declaration before anything is read: the
+/// profile listed as its own substitute, a duplicate, too many (`None`:
+/// nothing). The words are the `400`'s.
+pub fn substitutes_problem(
+    profile: &Profile,
+    substitutes: &[Profile],
+    segments: &[Segment],
+) -> Option<String> {
+    if substitutes.len() > MAX_SUBSTITUTES {
+        return Some(format!(
+            "substitutes: at most {MAX_SUBSTITUTES} profiles, not {}",
+            substitutes.len()
+        ));
+    }
+    if substitutes.iter().any(|s| s == profile) {
+        return Some(format!(
+            "substitutes: {profile} is the profile itself; list only other profiles"
+        ));
+    }
+    for (i, s) in substitutes.iter().enumerate() {
+        if substitutes[..i].contains(s) {
+            return Some(format!("substitutes: {s} is listed twice"));
+        }
+    }
+    if segments.len() > MAX_SUBSTITUTE_SEGMENTS {
+        return Some(format!(
+            "segments: at most {MAX_SUBSTITUTE_SEGMENTS}, not {}",
+            segments.len()
+        ));
+    }
+    for (i, s) in segments.iter().enumerate() {
+        if segments[..i].contains(s) {
+            return Some(format!("segments: {s} is listed twice"));
+        }
+    }
+    None
+}
+
+/// The organization's substitute declarations, by profile.
+pub async fn list_substitutes(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+) -> Result<Vec<Substitutes>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT profile, substitutes, segments, updated_at, updated_by
+           FROM substitutes WHERE org_id = $1 ORDER BY profile",
+    )
+    .bind(org_id)
+    .fetch_all(db)
+    .await
+}
+
+/// What `set_substitutes` did, or why it wrote nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubstitutesChange {
+    Set,
+    Removed,
+    /// The same declaration was already in force: nothing written (a retry).
+    Unchanged,
+    /// A bad declaration (the `400`'s words): nothing written.
+    Refused(String),
+    /// A profile named has no machine in the organization (the `422`'s
+    /// words): nothing written.
+    UnknownProfiles(String),
+}
+
+impl SubstitutesChange {
+    /// The audit log's action and detail of a change that wrote something.
+    pub fn audit(&self, row: &Substitutes) -> Option<(crate::audit::AuditAction, String)> {
+        match self {
+            SubstitutesChange::Set => Some((
+                crate::audit::AuditAction::SubstitutesSet,
+                format!(
+                    "served by {} for {}",
+                    row.substitutes.join(", then "),
+                    if row.segments.is_empty() {
+                        "orders of any segment".to_owned()
+                    } else {
+                        format!("segments {}", row.segments.join(", "))
+                    }
+                ),
+            )),
+            SubstitutesChange::Removed => Some((
+                crate::audit::AuditAction::SubstitutesRemoved,
+                "no substitutes declared".to_owned(),
+            )),
+            SubstitutesChange::Unchanged
+            | SubstitutesChange::Refused(_)
+            | SubstitutesChange::UnknownProfiles(_) => None,
+        }
+    }
+}
+
+/// R20: declares `substitutes` (in order of preference) for `profile` of
+/// `org_id`, for orders of `segments` (empty: any); an empty list removes
+/// the declaration. A bad declaration is `Refused`, one naming a profile
+/// of which the organization has no machine `UnknownProfiles`; neither
+/// writes anything. Takes the declaration's turn first
+/// (`substitutes_turn`, sql/substitutes.sql): it waits for every reserve
+/// that read the list, and reserves after it wait for its commit, so a
+/// change never lands under a reserve that used the list before it. Runs
+/// on the caller's transaction (its audit row commits with it).
+pub async fn set_substitutes(
+    tx: &mut PgConnection,
+    org_id: i64,
+    profile: &Profile,
+    substitutes: &[Profile],
+    segments: &[Segment],
+    actor: &str,
+) -> Result<(Substitutes, SubstitutesChange), sqlx::Error> {
+    let removed = |profile: &Profile| Substitutes {
+        profile: profile.to_string(),
+        substitutes: Vec::new(),
+        segments: Vec::new(),
+        updated_at: None,
+        updated_by: None,
+    };
+    if let Some(problem) = substitutes_problem(profile, substitutes, segments) {
+        return Ok((removed(profile), SubstitutesChange::Refused(problem)));
+    }
+    sqlx::query("SELECT substitutes_turn($1, $2)")
+        .bind(org_id)
+        .bind(profile.as_str())
+        .execute(&mut *tx)
+        .await?;
+    if substitutes.is_empty() {
+        let gone = sqlx::query("DELETE FROM substitutes WHERE org_id = $1 AND profile = $2")
+            .bind(org_id)
+            .bind(profile.as_str())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let change = if gone > 0 {
+            SubstitutesChange::Removed
+        } else {
+            SubstitutesChange::Unchanged
+        };
+        return Ok((removed(profile), change));
+    }
+    let named: Vec<&str> = std::iter::once(profile)
+        .chain(substitutes)
+        .map(Profile::as_str)
+        .collect();
+    let unknown: Vec<String> = sqlx::query_scalar(
+        "SELECT p FROM unnest($2::text[]) WITH ORDINALITY AS n(p, i)
+          WHERE NOT EXISTS (SELECT 1 FROM pool_machines f
+                             WHERE f.org_id = $1 AND f.profile = n.p AND f.machines > 0)
+          ORDER BY n.i",
+    )
+    .bind(org_id)
+    .bind(&named)
+    .fetch_all(&mut *tx)
+    .await?;
+    if !unknown.is_empty() {
+        return Ok((
+            removed(profile),
+            SubstitutesChange::UnknownProfiles(format!(
+                "no machine of this organization has profile {}: declare substitutes among the profiles it has",
+                unknown.join(", ")
+            )),
+        ));
+    }
+    let subs: Vec<&str> = substitutes.iter().map(Profile::as_str).collect();
+    let segs: Vec<&str> = segments.iter().map(Segment::as_str).collect();
+    let written: Option<Substitutes> = sqlx::query_as(
+        "INSERT INTO substitutes (org_id, profile, substitutes, segments, updated_by)
+         VALUES ($1, $2, $3, $4, $5)
+         ON CONFLICT (org_id, profile) DO UPDATE
+            SET substitutes = EXCLUDED.substitutes, segments = EXCLUDED.segments,
+                updated_at = clock_timestamp(), updated_by = EXCLUDED.updated_by
+          WHERE (substitutes.substitutes, substitutes.segments)
+                IS DISTINCT FROM (EXCLUDED.substitutes, EXCLUDED.segments)
+         RETURNING profile, substitutes, segments, updated_at, updated_by",
+    )
+    .bind(org_id)
+    .bind(profile.as_str())
+    .bind(&subs)
+    .bind(&segs)
+    .bind(actor)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(row) = written {
+        return Ok((row, SubstitutesChange::Set));
+    }
+    // In the declaration's turn nobody else writes the row.
+    let row = sqlx::query_as(
+        "SELECT profile, substitutes, segments, updated_at, updated_by
+           FROM substitutes WHERE org_id = $1 AND profile = $2",
+    )
+    .bind(org_id)
+    .bind(profile.as_str())
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok((row, SubstitutesChange::Unchanged))
+}
+
+/// R17 with R20: what an order of segment `segment` could take now from
+/// pool (site, profile) of `org_id`, and from each declared substitute at
+/// the same site, in the declared order (what a reserve that allows them
+/// would try, counted as capacity counts it).
+pub async fn could_serve(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+    site: &Site,
+    profile: &Profile,
+    vendor: Option<&Vendor>,
+    segment: Option<&Segment>,
+) -> Result<(i64, Vec<SubstituteAvailable>), sqlx::Error> {
+    let (available, substitutes): (i64, sqlx::types::Json<Vec<SubstituteAvailable>>) =
+        sqlx::query_as(
+            "SELECT coalesce((SELECT c.available FROM capacity_pools($1, $2, $3, $4, $5) c), 0)::bigint,
+                    capacity_substitutes($1, $2, $3, $4, $5)",
+        )
+        .bind(org_id)
+        .bind(site.as_str())
+        .bind(profile.as_str())
+        .bind(vendor.map(Vendor::as_str))
+        .bind(segment.map(Segment::as_str))
+        .fetch_one(db)
+        .await?;
+    Ok((available, substitutes.0))
+}
+
+/// R20: which pool a reserve that allows substitutes would take an order
+/// of `quantity` from: the asked one when it can fill it, else the first
+/// declared substitute that can; in words.
+pub fn substitutes_words(
+    profile: &str,
+    quantity: u8,
+    available: i64,
+    substitutes: &[SubstituteAvailable],
+) -> String {
+    let n = i64::from(quantity);
+    if available >= n {
+        return format!(
+            "With substitutes: the pool asked, {profile}, fills it itself ({available} available now); \
+             a substitute serves only an order it cannot fill."
+        );
+    }
+    if substitutes.is_empty() {
+        return format!(
+            "With substitutes: {profile} has no substitutes declared for this order's segment; \
+             the answer above stands."
+        );
+    }
+    match substitutes.iter().find(|s| s.available >= n) {
+        Some(s) => format!(
+            "With substitutes: served by {}, asked {profile}: the first declared substitute that can \
+             fill the whole order ({} available now; the pool asked has {available}).",
+            s.profile, s.available
+        ),
+        None => format!(
+            "With substitutes: neither the pool asked ({available} available) nor its substitutes ({}) \
+             can fill the whole order now.",
+            substitutes
+                .iter()
+                .map(|s| format!("{} {}", s.profile, s.available))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
 }

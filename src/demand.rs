@@ -3,7 +3,10 @@
 //! `contended` means "capacity exists but is hot" (R7: two messages, two
 //! buttons); `reserved` means "the machines left are kept for another
 //! segment" (R18) and `customer_limit` "this customer holds its cap"
-//! (R19). All four are kept apart here as they are in the API.
+//! (R19). All four are kept apart here as they are in the API. Beside
+//! them, `substituted` (R20) is an order the asked pool could not fill
+//! that a declared substitute served: not lost, but demand of the asked
+//! pool, shown in its own column.
 //!
 //! Writing: one row per refusal, in the transaction that read the counts.
 //! Reading: the overview's per site and profile figures and `/demand`'s most
@@ -82,6 +85,42 @@ pub async fn count_refusal(
         .inc();
 }
 
+/// R20: counts a new order in `poolkeeper_orders_served_total` by the
+/// pool asked and the pool that served it; a replay or a refusal counts
+/// nothing here.
+pub async fn count_served(metrics: &Metrics, pool: &Db, outcome: &ReserveOutcome) {
+    let ReserveOutcome::Created { reservation, .. } = outcome else {
+        return;
+    };
+    let (org, site, asked) = metrics
+        .refusal_labels
+        .labels(
+            pool,
+            reservation.org_id,
+            &reservation.machine.site,
+            &reservation.profile_asked,
+        )
+        .await;
+    let (_, _, served) = metrics
+        .refusal_labels
+        .labels(
+            pool,
+            reservation.org_id,
+            &reservation.machine.site,
+            &reservation.machine.profile,
+        )
+        .await;
+    let substituted = if reservation.substituted {
+        "true"
+    } else {
+        "false"
+    };
+    metrics
+        .orders_served
+        .with_label_values(&[&org, &site, &asked, &served, substituted])
+        .inc();
+}
+
 // ---------------------------------------------------------------------------
 // Reading
 // ---------------------------------------------------------------------------
@@ -102,6 +141,9 @@ pub struct RefusedSpec {
     pub reserved_7d: i64,
     /// R19: refused because the order's customer held the cap.
     pub customer_limit_7d: i64,
+    /// R20: not lost, served by a declared substitute: what this pool
+    /// would have sold.
+    pub substituted_7d: i64,
     pub last_at: DateTime<Utc>,
     /// The `excluded` counts of the latest `unavailable` refusal, if any.
     pub last_excluded: Option<sqlx::types::Json<Value>>,
@@ -130,6 +172,7 @@ pub async fn most_refused(
                     count(*) FILTER (WHERE reason = 'contended') AS contended_7d,
                     count(*) FILTER (WHERE reason = 'reserved') AS reserved_7d,
                     count(*) FILTER (WHERE reason = 'customer_limit') AS customer_limit_7d,
+                    count(*) FILTER (WHERE reason = 'substituted') AS substituted_7d,
                     max(at) AS last_at,
                     max(at) FILTER (WHERE reason = 'unavailable') AS last_unavailable_at
                FROM reservation_refusals
@@ -140,7 +183,7 @@ pub async fn most_refused(
               LIMIT $2
          )
          SELECT g.site, g.profile, g.vendor, g.unavailable_24h, g.unavailable_7d, g.contended_7d,
-                g.reserved_7d, g.customer_limit_7d, g.last_at,
+                g.reserved_7d, g.customer_limit_7d, g.substituted_7d, g.last_at,
                 (SELECT l.excluded FROM reservation_refusals l
                   WHERE l.org_id = $1 AND l.at = g.last_unavailable_at AND l.reason = 'unavailable'
                     AND l.site = g.site AND l.profile = g.profile
@@ -173,6 +216,9 @@ pub struct SiteProfileDemand {
     pub reserved_per_hour: Vec<i64>,
     /// `customer_limit` refusals per hour, indexed as `per_hour`.
     pub customer_limit_per_hour: Vec<i64>,
+    /// R20: orders of this pool served by a declared substitute in 7 days
+    /// (not lost, not charted: what the pool would have sold).
+    pub substituted_7d: i64,
 }
 
 impl SiteProfileDemand {
@@ -202,6 +248,7 @@ impl SiteProfileDemand {
             per_hour: hours.clone(),
             reserved_per_hour: hours.clone(),
             customer_limit_per_hour: hours,
+            substituted_7d: 0,
         }
     }
 }
@@ -225,7 +272,7 @@ pub async fn by_site_and_profile(
                 least(greatest(floor(extract(epoch FROM t.now - f.at) / 3600), 0), $2 - 1)::int AS hours_ago,
                 count(*)
            FROM reservation_refusals f, t
-          WHERE f.org_id = $1 AND f.reason IN ('unavailable', 'reserved', 'customer_limit')
+          WHERE f.org_id = $1 AND f.reason IN ('unavailable', 'reserved', 'customer_limit', 'substituted')
             AND f.at > t.now - make_interval(hours => $2)
           GROUP BY 1, 2, 3, 4",
     )
@@ -253,6 +300,10 @@ pub async fn by_site_and_profile(
             }
         };
         let row = &mut rows[i];
+        if reason == "substituted" {
+            row.substituted_7d += n;
+            continue;
+        }
         let series = match reason.as_str() {
             "reserved" => &mut row.reserved_per_hour,
             "customer_limit" => &mut row.customer_limit_per_hour,

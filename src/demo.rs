@@ -267,6 +267,7 @@ async fn order_of(
         actor: CHECKOUT.to_owned(),
         segment: segment.map(Segment::parse).transpose()?,
         customer_ref: customer.map(CustomerRef::parse).transpose()?,
+        substitutes: Default::default(),
     };
     Ok(allocator::reserve(pool, org_id, &req).await?)
 }
@@ -422,6 +423,7 @@ async fn reserve_order(
         actor: CHECKOUT.to_owned(),
         segment: None,
         customer_ref: None,
+        substitutes: Default::default(),
     };
     Ok(match allocator::reserve(pool, org_id, &req).await? {
         ReserveOutcome::Created {
@@ -780,6 +782,7 @@ async fn demo_reservations(pool: &Db, org_id: i64) -> anyhow::Result<i64> {
     demo_late(pool, org_id).await?;
     demo_ended(pool, org_id).await?;
     demo_capacity_orders(pool, org_id).await?;
+    demo_substitutes(pool, org_id).await?;
     demo_trio(pool, org_id).await?;
     demo_healing(pool, org_id).await?;
     demo_live_holds(pool, org_id).await?;
@@ -1018,6 +1021,98 @@ async fn write_history_now(pool: &Db) -> anyhow::Result<()> {
             eprintln!(
                 "demo: a running server holds the sweep lease; its sweep writes the planning history"
             );
+        }
+    }
+    Ok(())
+}
+
+/// R20's pool of the demo: a profile sold out at one site (its one machine
+/// in maintenance) and the better one declared as its substitute.
+pub const SUBSTITUTE_SITE: &str = "fra1";
+pub const ASKED_PROFILE: &str = "epyc-9124-128g";
+pub const SERVED_PROFILE: &str = "epyc-9124-256g";
+/// (asset tag, profile, status) of those machines, all dell.
+const SUBSTITUTE_MACHINES: [(&str, &str, MachineStatus); 3] = [
+    ("PK-S0001", ASKED_PROFILE, MachineStatus::Maintenance),
+    ("PK-S0002", SERVED_PROFILE, MachineStatus::Ready),
+    ("PK-S0003", SERVED_PROFILE, MachineStatus::Ready),
+];
+
+/// R20's story, through the real reserve path: the declaration (written
+/// once), an order that allows substitutes served by the better profile
+/// (DEMO-UP-1), and one that asked for the exact hardware, refused
+/// `unavailable` (once a lost-demand window). Idempotent.
+async fn demo_substitutes(pool: &Db, org_id: i64) -> anyhow::Result<()> {
+    for (tag, profile, status) in SUBSTITUTE_MACHINES {
+        if inventory::by_tag(pool, org_id, tag).await?.is_some() {
+            continue;
+        }
+        let spec = MachineSpec {
+            site: Site::parse(SUBSTITUTE_SITE)?,
+            vendor: Vendor::parse(VENDORS[0])?,
+            profile: Profile::parse(profile)?,
+            status,
+        };
+        inventory::upsert(pool, org_id, &AssetTag::parse(tag)?, &spec, "demo").await?;
+    }
+    sqlx::query(
+        "INSERT INTO substitutes (org_id, profile, substitutes, updated_by)
+         VALUES ($1, $2, ARRAY[$3], $4)
+         ON CONFLICT (org_id, profile) DO NOTHING",
+    )
+    .bind(org_id)
+    .bind(ASKED_PROFILE)
+    .bind(SERVED_PROFILE)
+    .bind(USERS[0].0)
+    .execute(pool)
+    .await?;
+    let asked = || -> anyhow::Result<OrderSpec> {
+        Ok(OrderSpec {
+            site: Site::parse(SUBSTITUTE_SITE)?,
+            profile: Profile::parse(ASKED_PROFILE)?,
+            vendor: None,
+        })
+    };
+    let order = |order_ref: &str, substitutes| -> anyhow::Result<ReserveRequest> {
+        Ok(ReserveRequest {
+            order_ref: OrderRef::parse(order_ref)?,
+            spec: asked()?,
+            hold: HoldSeconds::new(HOLD_SECONDS)?,
+            quantity: Quantity::ONE,
+            actor: CHECKOUT.to_owned(),
+            segment: None,
+            customer_ref: None,
+            substitutes,
+        })
+    };
+    if !exists(pool, org_id, "DEMO-UP-1").await? {
+        let o = allocator::reserve(
+            pool,
+            org_id,
+            &order("DEMO-UP-1", crate::domain::SubstitutesMode::Allowed)?,
+        )
+        .await?;
+        if !matches!(&o, ReserveOutcome::Created { reservation, .. } if reservation.substituted) {
+            eprintln!("demo: DEMO-UP-1 answered {o:?}");
+        }
+    }
+    let refused: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM reservation_refusals WHERE org_id = $1 AND reason = 'unavailable'
+                          AND profile = $2 AND at > clock_timestamp() - interval '7 days')",
+    )
+    .bind(org_id)
+    .bind(ASKED_PROFILE)
+    .fetch_one(pool)
+    .await?;
+    if !refused {
+        let o = allocator::reserve(
+            pool,
+            org_id,
+            &order("DEMO-EXACT-1", crate::domain::SubstitutesMode::None)?,
+        )
+        .await?;
+        if !matches!(o, ReserveOutcome::Unavailable { .. }) {
+            eprintln!("demo: DEMO-EXACT-1 answered {o:?}");
         }
     }
     Ok(())

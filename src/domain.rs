@@ -309,6 +309,28 @@ impl Slug {
     }
 }
 
+/// R20: whether a reserve accepts the declared substitutes of its
+/// profile (`allowed`) or only the profile asked (`none`, the default:
+/// some customers need the exact hardware).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum SubstitutesMode {
+    #[default]
+    None,
+    Allowed,
+}
+
+impl SubstitutesMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubstitutesMode::None => "none",
+            SubstitutesMode::Allowed => "allowed",
+        }
+    }
+}
+
 /// The datacenter team's word on a machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]

@@ -121,6 +121,7 @@ async fn measure(db: &Db, org_id: i64, sites: i64, n: usize, tag: &str) -> anyho
             actor: "bench".to_owned(),
             segment: None,
             customer_ref: None,
+            substitutes: Default::default(),
         };
         let t = Instant::now();
         let outcome = poolkeeper::allocator::reserve(&pool, org_id, &req).await?;

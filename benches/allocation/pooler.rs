@@ -337,6 +337,7 @@ async fn cycle(
         actor: "bench".to_owned(),
         segment: None,
         customer_ref: None,
+        substitutes: Default::default(),
     };
     let t = Instant::now();
     let outcome = poolkeeper::allocator::reserve_for_token(pool, hash, true, &req)

@@ -129,6 +129,7 @@ pub async fn run(db: &Db, rounds: usize) -> anyhow::Result<(Tally, Tally)> {
                     actor: "bench".to_owned(),
                     segment: None,
                     customer_ref: None,
+                    substitutes: Default::default(),
                 };
                 tasks.push(tokio::spawn(async move {
                     barrier.wait().await;

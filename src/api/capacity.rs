@@ -13,8 +13,8 @@ use crate::api::caller::ApiClient;
 use crate::api::json::{self, integer_text};
 use crate::api::reservations::{json_body, read_body};
 use crate::api::schemas::{
-    CapacityAlternative, Forbidden, Invalid, LabelFilter, SegmentFilter, Unauthorized, Unavailable,
-    UnknownPoolError, WriteUnavailable,
+    CapacityAlternative, Forbidden, Invalid, LabelFilter, SegmentFilter, SubstitutesFilter,
+    Unauthorized, Unavailable, UnknownPoolError, UnknownProfileError, WriteUnavailable,
 };
 use crate::api::write::{Shape, write};
 use crate::capacity::{self, Change, Filter, HeadroomSetting, MAX_HEADROOM};
@@ -29,6 +29,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             web::resource("/headroom")
                 .route(web::get().to(list_headroom))
                 .route(web::put().to(put_headroom)),
+        )
+        .service(
+            web::resource("/substitutes")
+                .route(web::get().to(list_substitutes))
+                .route(web::put().to(put_substitutes)),
         );
 }
 
@@ -53,6 +58,9 @@ pub(crate) struct CapacityQuery {
     /// machines the order needs, written in digits: with site and profile, asks for alternatives
     #[param(value_type = i64, required = false, minimum = 1, maximum = 16)]
     quantity: Option<String>,
+    /// R20: allowed adds to each pool what its declared substitutes could serve, and names them first among the alternatives
+    #[param(value_type = SubstitutesFilter, required = false)]
+    substitutes: Option<String>,
 }
 
 // The answer of `GET /capacity`: the snapshot's JSON arrays as read.
@@ -139,6 +147,15 @@ pub(crate) async fn get_capacity(
         vendor: opt(&query.vendor, Vendor::parse)?,
         segment: opt(&query.segment, Segment::parse)?,
         quantity,
+        substitutes: match query.substitutes.as_deref() {
+            None | Some("" | "none") => false,
+            Some("allowed") => true,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "substitutes: allowed or none, not {other:?}"
+                )));
+            }
+        },
     };
     let snap = cache.read(pool.get_ref(), client.org_id, &filter).await?;
     let opaque = format!("\"{}\"", snap.tag);
@@ -273,6 +290,139 @@ pub(crate) async fn put_headroom(
                 setting.site, setting.profile
             ),
         });
+    }
+    Ok(HttpResponse::Ok().json(row))
+}
+
+// The answer of `GET /substitutes`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SubstituteLists {
+    /// by profile
+    substitutes: Vec<capacity::Substitutes>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/api/v1/substitutes",
+    operation_id = "listSubstitutes",
+    summary = "The substitutes declared per profile (scope inventory)",
+    responses(
+        (status = 200, description = "every declaration, by profile: the substitutes in order of preference and the segments they serve", body = SubstituteLists),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 503, response = Unavailable),
+    )
+)]
+pub(crate) async fn list_substitutes(
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Inventory)?;
+    let rows = capacity::list_substitutes(pool.get_ref(), client.org_id).await?;
+    Ok(HttpResponse::Ok().json(SubstituteLists { substitutes: rows }))
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubstitutesBody {
+    profile: Profile,
+    #[schema(schema_with = crate::api::schemas::substitute_profiles)]
+    substitutes: Vec<Profile>,
+    /// the segments whose orders they may serve (at most 16; a repeat counts once); absent, null or empty: orders of any segment or none
+    #[serde(default)]
+    #[schema(max_items = 16)]
+    segments: Option<Vec<Segment>>,
+}
+
+/// R20: declares the substitutes of one profile, audited in the same
+/// transaction. The same PUT again answers `200` with the same row and
+/// writes nothing (F3's retry).
+#[utoipa::path(
+    put,
+    path = "/api/v1/substitutes",
+    operation_id = "putSubstitutes",
+    summary = "Declare the profiles that may serve a profile's orders (scope inventory)",
+    description = "R20: a reserve with substitutes allowed takes the asked profile's pool first and, when it cannot fill the whole order, the first of these, in this order, that can; every machine of an order is of one profile. Equal or better is the declaration's, not judged. An empty list removes the declaration. The profile itself, a duplicate or more than 8 is 400 and writes nothing; a profile of which the organization has no machine is 422 unknown_profile and writes nothing. A change waits for the reserves that are using the list, so each hold was allowed by the list in force when it committed. Each change is audited; the same PUT again answers 200 and writes nothing.",
+    request_body = SubstitutesBody,
+    responses(
+        (status = 200, description = "the declaration now (substitutes empty, updated_at and updated_by null: removed)", body = capacity::Substitutes),
+        (status = 400, response = Invalid),
+        (status = 401, response = Unauthorized),
+        (status = 403, response = Forbidden),
+        (status = 422, description = "a profile named has no machine in the organization (error unknown_profile; the message lists them); nothing written", body = UnknownProfileError),
+        (status = 503, response = WriteUnavailable),
+    )
+)]
+pub(crate) async fn put_substitutes(
+    req: HttpRequest,
+    client: ApiClient,
+    settings: web::Data<Settings>,
+    pool: web::Data<Db>,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    client.module_call(&settings, Scope::Inventory)?;
+    let body: SubstitutesBody = json_body(&read_body(payload).await?)?;
+    let asked = body.segments.unwrap_or_default();
+    // The document's bound is on the list as sent, repeats included.
+    if asked.len() > capacity::MAX_SUBSTITUTE_SEGMENTS {
+        return Err(invalid(format!(
+            "segments: at most {}, not {}",
+            capacity::MAX_SUBSTITUTE_SEGMENTS,
+            asked.len()
+        )));
+    }
+    let mut segments: Vec<Segment> = Vec::new();
+    for s in asked {
+        if !segments.contains(&s) {
+            segments.push(s);
+        }
+    }
+    if let Some(problem) =
+        capacity::substitutes_problem(&body.profile, &body.substitutes, &segments)
+    {
+        return Err(invalid(problem));
+    }
+    let actor = format!("token:{}", client.token_name);
+    let source = crate::dashboard::session::source_addr(&req);
+    let (row, change) = write(&pool, Shape::Transaction, async |tx| {
+        let (row, change) = capacity::set_substitutes(
+            tx,
+            client.org_id,
+            &body.profile,
+            &body.substitutes,
+            &segments,
+            &client.token_name,
+        )
+        .await?;
+        if let Some((action, detail)) = change.audit(&row) {
+            crate::audit::record(
+                tx,
+                &crate::audit::Entry {
+                    org_id: Some(client.org_id),
+                    actor: &actor,
+                    action,
+                    object: &format!("profile:{}", body.profile),
+                    source_addr: &source,
+                    detail: Some(&detail),
+                },
+            )
+            .await?;
+        }
+        Ok((row, change))
+    })
+    .await?;
+    match change {
+        capacity::SubstitutesChange::Refused(problem) => return Err(invalid(problem)),
+        // 422, not 400: the request is well formed; a profile it names
+        // has no machine (as headroom's unknown_pool).
+        capacity::SubstitutesChange::UnknownProfiles(message) => {
+            return Err(ApiError::Unprocessable {
+                code: "unknown_profile",
+                message,
+            });
+        }
+        _ => {}
     }
     Ok(HttpResponse::Ok().json(row))
 }

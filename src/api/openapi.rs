@@ -14,8 +14,8 @@ use utoipa::{OpenApi, ToSchema};
 
 use crate::api::schemas::{
     Error, Forbidden, ForbiddenError, Invalid, InvalidError, LabelFilter, NotFound, NotFoundError,
-    OrderRefPath, SegmentFilter, ServiceUnavailableError, StatusFilter, Unauthorized,
-    UnauthorizedError, Unavailable, WriteUnavailable, WriteUnavailableError,
+    OrderRefPath, SegmentFilter, ServiceUnavailableError, StatusFilter, SubstitutesFilter,
+    Unauthorized, UnauthorizedError, Unavailable, WriteUnavailable, WriteUnavailableError,
 };
 
 /// The generated document, as this deployment answers: a reserve's
@@ -73,6 +73,8 @@ pub fn document(hold_max_seconds: u32) -> Value {
         crate::api::capacity::get_capacity,
         crate::api::capacity::list_headroom,
         crate::api::capacity::put_headroom,
+        crate::api::capacity::list_substitutes,
+        crate::api::capacity::put_substitutes,
         crate::api::planning::get_forecast,
         crate::api::planning::get_history,
     ),
@@ -81,6 +83,7 @@ pub fn document(hold_max_seconds: u32) -> Value {
             // Named by parameters and the webhook, which register none.
             LabelFilter,
             SegmentFilter,
+            SubstitutesFilter,
             StatusFilter,
             OrderRefPath,
             ReservationEventDelivery,
@@ -498,9 +501,13 @@ struct DeliveredReservation {
     state: String,
     fence: i64,
     expires_at: chrono::DateTime<chrono::Utc>,
-    /// the machine as it was when chosen (R8)
+    /// the machine as it was when chosen (R8); its profile is the one that serves
     #[schema(value_type = Object)]
     machine: Value,
+    /// the profile the order asked for (R20)
+    profile_asked: String,
+    /// whether a declared substitute of the asked profile serves the order (R20)
+    substituted: bool,
 }
 
 #[derive(ToSchema)]

@@ -25,8 +25,8 @@ use crate::api::schemas::{
     TransitionError as TransitionRefused, Unauthorized, Unavailable, WriteUnavailable,
 };
 use crate::domain::{
-    CustomerRef, OrderRef, Profile, ReservationState, Scope, Segment, ServiceRef, Site, Vendor,
-    count_of,
+    CustomerRef, OrderRef, Profile, ReservationState, Scope, Segment, ServiceRef, Site,
+    SubstitutesMode, Vendor, count_of,
 };
 use crate::error::{ApiError, conflict, invalid, not_found};
 use crate::metrics::Metrics;
@@ -76,6 +76,10 @@ pub struct ReserveBody {
     /// R19: the end customer, whose live holds the organization may cap. Absent or null: none
     #[serde(default)]
     customer_ref: Option<CustomerRef>,
+    /// R20: "allowed" lets the declared substitutes of the profile serve the whole order when its own pool cannot (all machines of one profile); absent, null or "none": the profile asked only
+    #[serde(default)]
+    #[schema(value_type = Option<SubstitutesMode>)]
+    substitutes: Option<SubstitutesMode>,
 }
 
 /// Bodies and path ids are parsed in the handler, after the module check,
@@ -211,6 +215,7 @@ fn reserve_request(bytes: &[u8], settings: &Settings) -> Result<ReserveRequest, 
         actor: String::new(),
         segment: b.segment,
         customer_ref: b.customer_ref,
+        substitutes: b.substitutes.unwrap_or_default(),
     })
 }
 
@@ -276,6 +281,7 @@ pub(crate) async fn reserve(
         .inc();
     // Lost demand, labelled by the inventory's sites and profiles.
     crate::demand::count_refusal(&metrics, &pool, &outcome, &req.spec).await;
+    crate::demand::count_served(&metrics, &pool, &outcome).await;
     Reserved::try_from(Answered {
         outcome,
         quantity: req.quantity.get(),

@@ -96,6 +96,17 @@ named_schema!(
         .description(Some("a label; empty means no filter"))
 );
 
+/// R20: whether capacity tells what the declared substitutes could serve.
+pub struct SubstitutesFilter;
+named_schema!(
+    SubstitutesFilter,
+    "SubstitutesFilter",
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["allowed", "none", ""]))
+        .description(Some("allowed: each pool also tells what its declared substitutes could serve (R20); none or empty: not"))
+);
+
 /// A query filter of segments: empty means none.
 pub struct SegmentFilter;
 named_schema!(
@@ -268,6 +279,7 @@ codes!(
     code_url_refused = "url_refused",
     code_unknown_machines = "unknown_machines",
     code_unknown_pool = "unknown_pool",
+    code_unknown_profile = "unknown_profile",
     code_idempotency_mismatch = "idempotency_mismatch",
     const_true = true,
 );
@@ -366,6 +378,22 @@ error_body!(
     /// no machine of the organization is of the site and profile named; nothing written
     UnknownPoolError, code_unknown_pool
 );
+error_body!(
+    /// no machine of the organization is of a profile named (the message lists them); nothing written
+    UnknownProfileError, code_unknown_profile
+);
+
+/// R20: the substitutes of a profile, in order of preference: at most 8,
+/// none twice.
+pub fn substitute_profiles() -> utoipa::openapi::schema::ArrayBuilder {
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .items(label(64, LABEL_PATTERN))
+        .max_items(Some(8))
+        .unique_items(true)
+        .description(Some(
+            "in order of preference, at most 8, none twice and not the profile itself; empty removes the declaration",
+        ))
+}
 
 // `409` of a transition (`reservations::refusal`).
 #[derive(ToSchema)]
@@ -422,7 +450,7 @@ pub(crate) struct ContendedError {
     /// how many machines the order asked for
     #[schema(minimum = 1, maximum = 16)]
     quantity: i64,
-    /// R17: the other sites whose pool of the same profile (and vendor) could fill the same order now, most available first
+    /// R17: the declared substitutes at the same site that could fill the same order now, in the declared order (R20), then the other sites whose pool of the same profile (and vendor) could, most available first
     alternatives: Vec<crate::allocator::Alternative>,
 }
 
@@ -441,7 +469,7 @@ pub(crate) struct UnavailableError {
     /// machines that match the order: fewer than quantity
     #[schema(minimum = 0)]
     candidates: i64,
-    /// R17: the other sites whose pool of the same profile (and vendor) could fill the same order now, most available first
+    /// R17: the declared substitutes at the same site that could fill the same order now, in the declared order (R20), then the other sites whose pool of the same profile (and vendor) could, most available first
     alternatives: Vec<crate::allocator::Alternative>,
 }
 
@@ -460,7 +488,7 @@ pub(crate) struct ReservedError {
     /// how many machines the order asked for
     #[schema(minimum = 1, maximum = 16)]
     quantity: i64,
-    /// R17: the other sites whose pool of the same profile (and vendor) could fill the same order now, most available first
+    /// R17: the declared substitutes at the same site that could fill the same order now, in the declared order (R20), then the other sites whose pool of the same profile (and vendor) could, most available first
     alternatives: Vec<crate::allocator::Alternative>,
 }
 
@@ -498,6 +526,8 @@ pub(crate) enum ReserveRefused {
 #[allow(dead_code)]
 pub(crate) struct CapacityAlternative {
     site: String,
+    /// the profile that would serve: a declared substitute's at the same site (R20, named first with substitutes=allowed), else the one asked
+    profile: String,
     #[schema(minimum = 1)]
     available: i64,
 }

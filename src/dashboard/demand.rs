@@ -29,6 +29,8 @@ pub struct RefusedSpecView {
     pub contended_7d: i64,
     pub reserved_7d: i64,
     pub customer_limit_7d: i64,
+    /// R20: orders of this spec served by a declared substitute.
+    pub substituted_7d: i64,
     pub last_at: String,
     /// `last_at`'s day and time of day, each kept on one line on the page.
     pub last_day: String,
@@ -92,6 +94,7 @@ async fn refused_specs(pool: &Db, org_id: i64) -> Result<Vec<RefusedSpecView>, D
                 contended_7d: s.contended_7d,
                 reserved_7d: s.reserved_7d,
                 customer_limit_7d: s.customer_limit_7d,
+                substituted_7d: s.substituted_7d,
             }
         })
         .collect())
@@ -122,6 +125,7 @@ pub(crate) async fn export(staff: Staff, pool: web::Data<Db>) -> Result<HttpResp
             "reserved_7d",
             "customer_limit_7d",
             "contended_7d",
+            "substituted_7d",
             "last_refused",
             "excluded_at_last_unavailable",
         ],
@@ -135,6 +139,7 @@ pub(crate) async fn export(staff: Staff, pool: web::Data<Db>) -> Result<HttpResp
                 s.reserved_7d.to_string(),
                 s.customer_limit_7d.to_string(),
                 s.contended_7d.to_string(),
+                s.substituted_7d.to_string(),
                 s.last_at,
                 s.last_excluded,
             ]
@@ -170,6 +175,8 @@ pub struct DemandRowView {
     pub unavailable_7d: i64,
     pub reserved_7d: i64,
     pub customer_limit_7d: i64,
+    /// R20: orders of this pool served by a declared substitute in 7 days.
+    pub substituted_7d: i64,
     pub bars: Vec<HourBar>,
     pub summary: String,
     pub why_not: String,
@@ -248,6 +255,7 @@ fn row_view(d: SiteProfileDemand) -> DemandRowView {
         unavailable_7d: d.unavailable_7d(),
         reserved_7d: d.reserved_7d(),
         customer_limit_7d: d.customer_limit_7d(),
+        substituted_7d: d.substituted_7d,
         sellable: d.sellable,
         bars,
         site: d.site,

@@ -56,6 +56,8 @@ crate::domain::closed_set! {
         WebhookAbsent = "webhook_absent", "No webhook was set; nothing changed.";
         HeadroomSaved = "headroom_saved", "Headroom saved: the pool keeps it from the next reserve on.";
         HeadroomRemoved = "headroom_removed", "Headroom removed: orders of any segment may take those machines.";
+        SubstitutesSaved = "substitutes_saved", "Substitutes saved: reserves that allow them use this list from the next one on.";
+        SubstitutesRemoved = "substitutes_removed", "Substitutes removed: orders of this profile are served by its own pool only.";
         LeadTimeSaved = "lead_time_saved", "Lead time saved: the planning page flags against it now.";
         UserAdded = "user_added", "The user was added.";
         UserDisabled = "user_disabled", "The user was disabled and their sessions ended.";

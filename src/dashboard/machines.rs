@@ -34,6 +34,9 @@ pub struct MachinesQuery {
     pub spec_vendor: Option<String>,
     /// R18: the segment of the order checked (empty: none).
     pub spec_segment: Option<String>,
+    /// R20: "allowed" also says which pool would serve the order when its
+    /// declared substitutes may.
+    pub spec_substitutes: Option<String>,
     pub after: Option<String>,
 }
 
@@ -325,6 +328,10 @@ struct MachinesPage {
     first: Option<String>,
     csv: String,
     can_act: bool,
+    /// R20: the order checked with substitutes allowed.
+    spec_substitutes: bool,
+    /// R20: with substitutes, which pool would serve the order, in words.
+    substitutes_note: Option<String>,
 }
 
 /// What a request asks of the list: the filter, the order it is checked
@@ -373,6 +380,10 @@ fn link(path: &str, q: &MachinesQuery, state: &str, after: &str) -> String {
             ("spec_profile", non_blank(&q.spec_profile).unwrap_or("")),
             ("spec_vendor", non_blank(&q.spec_vendor).unwrap_or("")),
             ("spec_segment", non_blank(&q.spec_segment).unwrap_or("")),
+            (
+                "spec_substitutes",
+                non_blank(&q.spec_substitutes).unwrap_or(""),
+            ),
             ("after", after),
         ],
     )
@@ -468,8 +479,31 @@ pub(crate) async fn list(
         })
         .collect();
     let (filters, spec_filters) = selects(&facets, &q);
+    let spec_substitutes = q.spec_substitutes.as_deref() == Some("allowed");
+    let substitutes_note = match (&asked.spec, spec_substitutes) {
+        (Some(spec), true) => {
+            let (available, subs) = crate::capacity::could_serve(
+                pool.get_ref(),
+                staff.org_id,
+                &spec.site,
+                &spec.profile,
+                spec.vendor.as_ref(),
+                asked.segment.as_ref(),
+            )
+            .await?;
+            Some(crate::capacity::substitutes_words(
+                spec.profile.as_str(),
+                1,
+                available,
+                &subs,
+            ))
+        }
+        _ => None,
+    };
     let f = &asked.filter;
     page(&MachinesPage {
+        spec_substitutes,
+        substitutes_note,
         chrome: Chrome::new(&req, &staff, "Machines", "machines"),
         filters,
         spec_filters,

@@ -100,6 +100,7 @@ routes! {
     "/settings" => Settings [get => org_settings::show, post => org_settings::save],
     "/settings/webhook" => Settings [post => org_settings::save_webhook],
     "/settings/headroom" => DatacenterSettings [post => org_settings::save_headroom],
+    "/settings/substitutes" => DatacenterSettings [post => org_settings::save_substitutes],
     "/settings/lead-time" => Settings [post => planning::save_lead_time],
     "/audit" => Admin [get => admin::audit_log],
     "/users" => Admin [get => admin::users, post => admin::add_user],

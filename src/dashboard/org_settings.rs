@@ -35,6 +35,10 @@ struct SettingsPage {
     headroom: Vec<HeadroomRow>,
     /// The headroom form's site and profile: the organization's own values.
     headroom_pool: Vec<Select>,
+    /// R20: the substitutes declared per profile.
+    substitutes: Vec<crate::capacity::Substitutes>,
+    /// The substitutes form's profile: the organization's own profiles.
+    substitutes_profile: Select,
     /// R21: each site's procurement lead time (days, and whether staff set
     /// it), and the form's site.
     lead_times: Vec<(String, i32, bool)>,
@@ -128,9 +132,19 @@ async fn settings_page(
     .await?;
     let facets = crate::inventory::facets(pool, staff.org_id).await?;
     let sso = crate::sso::config(pool, staff.org_id).await?;
+    let substitutes = crate::capacity::list_substitutes(pool, staff.org_id).await?;
     let lead_times =
         super::planning::lead_times_of_sites(pool, staff.org_id, &facets.sites).await?;
     let body = SettingsPage {
+        substitutes,
+        substitutes_profile: Select::of(
+            "substitutes-profile",
+            "profile",
+            "Profile",
+            &facets.profiles,
+            None,
+        )
+        .required(),
         lead_site: Select::of("lead-site", "site", "Site", &facets.sites, None).required(),
         lead_times,
         sso,
@@ -626,4 +640,99 @@ pub(crate) async fn save_headroom(
         Flash::HeadroomSaved
     };
     Ok(see_other(&format!("{}#headroom", flash.after("/settings"))))
+}
+
+#[derive(Deserialize)]
+pub struct SubstitutesForm {
+    #[serde(default)]
+    profile: String,
+    /// In order of preference, separated by commas or spaces; empty removes.
+    #[serde(default)]
+    substitutes: String,
+    /// Separated by commas or spaces; empty: orders of any segment.
+    #[serde(default)]
+    segments: String,
+}
+
+/// The words of a list field: separated by commas or white space.
+fn words_of(field: &str) -> impl Iterator<Item = &str> {
+    field
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+}
+
+/// `POST /settings/substitutes` (admin): declares, in order of preference,
+/// the profiles that may serve orders of `profile` (R20), for `segments`
+/// only when given; an empty list removes the declaration. The API's rules
+/// and path (`capacity::set_substitutes`): a bad list writes nothing; the
+/// audit row commits with the change.
+pub(crate) async fn save_substitutes(
+    req: HttpRequest,
+    staff: Staff,
+    pool: web::Data<Db>,
+    form: web::Form<SubstitutesForm>,
+) -> Result<HttpResponse, DashError> {
+    let bad = |what: String| DashError::bad_request(format!("{what}; nothing was changed."));
+    let profile = Profile::parse(form.profile.trim()).map_err(|e| bad(e.to_string()))?;
+    let substitutes = words_of(&form.substitutes)
+        .map(Profile::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.to_string()))?;
+    let mut segments: Vec<Segment> = Vec::new();
+    for w in words_of(&form.segments) {
+        let s = Segment::parse(w).map_err(|e| bad(e.to_string()))?;
+        if !segments.contains(&s) {
+            segments.push(s);
+        }
+    }
+    if let Some(problem) = crate::capacity::substitutes_problem(&profile, &substitutes, &segments) {
+        return Err(bad(problem));
+    }
+    let mut tx = pool.begin().await?;
+    let (row, change) = crate::capacity::set_substitutes(
+        &mut tx,
+        staff.org_id,
+        &profile,
+        &substitutes,
+        &segments,
+        &staff.email,
+    )
+    .await?;
+    match &change {
+        crate::capacity::SubstitutesChange::Refused(problem)
+        | crate::capacity::SubstitutesChange::UnknownProfiles(problem) => {
+            return Err(bad(problem.clone()));
+        }
+        _ => {}
+    }
+    if let Some((action, detail)) = change.audit(&row) {
+        audit_on(
+            &mut tx,
+            &req,
+            &staff,
+            action,
+            &format!("profile:{profile}"),
+            Some(&detail),
+        )
+        .await?;
+    }
+    commit(
+        tx,
+        Written::new(
+            "the substitutes of the profile",
+            "The settings page lists the substitutes in force now, and the audit log whether the \
+             change was recorded; save them again if they are not the ones you chose.",
+            ("/settings#substitutes", "Open the settings"),
+        ),
+    )
+    .await?;
+    let flash = if substitutes.is_empty() {
+        Flash::SubstitutesRemoved
+    } else {
+        Flash::SubstitutesSaved
+    };
+    Ok(see_other(&format!(
+        "{}#substitutes",
+        flash.after("/settings")
+    )))
 }

@@ -141,6 +141,8 @@ mod tests {
             slot: 1,
             segment: None,
             customer_ref: None,
+            profile_asked: "epyc".into(),
+            substituted: false,
         }
     }
 

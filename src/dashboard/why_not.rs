@@ -37,6 +37,9 @@ pub struct WhyNotQuery {
     /// One group of the summary: a key of `Exclusion::KEYS` or `candidate`.
     pub reason: Option<String>,
     pub after: Option<String>,
+    /// R20: "allowed" also says which pool would serve the order when its
+    /// declared substitutes may.
+    pub substitutes: Option<String>,
 }
 
 /// What a reserve of `quantity` machines would answer, from the two passes
@@ -122,6 +125,8 @@ struct WhyNotPage {
     summary_link: String,
     /// R18: what the pool keeps for other segments, in words, when it does.
     kept_note: Option<String>,
+    /// R20: with substitutes, which pool would serve the order, in words.
+    substitutes_note: Option<String>,
 }
 
 /// explain() is read in chunks of this many machines...
@@ -284,6 +289,7 @@ impl WhyNotPage {
             first: None,
             summary_link: String::new(),
             kept_note: None,
+            substitutes_note: None,
         }
     }
 }
@@ -513,7 +519,27 @@ pub(crate) async fn why_not(
         k.apply(&spec, &mut machines);
     }
     let reason = group.unwrap_or("");
+    let substitutes_note = if q.substitutes.as_deref() == Some("allowed") {
+        let (available, subs) = crate::capacity::could_serve(
+            pool.get_ref(),
+            staff.org_id,
+            &spec.site,
+            &spec.profile,
+            spec.vendor.as_ref(),
+            segment.as_ref(),
+        )
+        .await?;
+        Some(crate::capacity::substitutes_words(
+            spec.profile.as_str(),
+            n,
+            available,
+            &subs,
+        ))
+    } else {
+        None
+    };
     page(&WhyNotPage {
+        substitutes_note,
         chrome,
         filters,
         has_spec: true,

@@ -37,6 +37,7 @@ pub const FILES: &[(&str, &str)] = &[
         include_str!("../../sql/pool_figures.sql"),
     ),
     ("capacity.sql", include_str!("../../sql/capacity.sql")),
+    ("substitutes.sql", include_str!("../../sql/substitutes.sql")),
     ("allocator.sql", include_str!("../../sql/allocator.sql")),
     ("transitions.sql", include_str!("../../sql/transitions.sql")),
     (

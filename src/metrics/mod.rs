@@ -41,6 +41,10 @@ pub struct Metrics {
     /// Refused reserves by reason, site and profile; the site
     /// and profile labels are bounded by `refusal_labels`.
     pub reservations_refused: IntCounterVec,
+    /// R20: new orders by the pool asked and the pool that served them
+    /// (`substituted` "true" when a declared substitute did); labels
+    /// bounded as the refusals'.
+    pub orders_served: IntCounterVec,
     pub refusal_labels: std::sync::Arc<RefusalLabels>,
     pub http: Http,
     pub db_state: DbState,
@@ -76,6 +80,14 @@ impl Metrics {
             &["reason", "org", "site", "profile"],
         )
         .expect("static metric definition");
+        let orders_served = IntCounterVec::new(
+            Opts::new(
+                "poolkeeper_orders_served_total",
+                "New orders held, by organization, site, the profile asked and the profile that served (substituted: true when a declared substitute served, R20)",
+            ),
+            &["org", "site", "profile_asked", "profile_served", "substituted"],
+        )
+        .expect("static metric definition");
         let counter =
             |name: &str, help: &str| IntCounter::new(name, help).expect("static metric definition");
         let m = Metrics {
@@ -98,6 +110,7 @@ impl Metrics {
                 "Sweep runs that failed with a database error or timeout (retried next period)",
             ),
             reservations_refused,
+            orders_served,
             refusal_labels: Default::default(),
             http: Http::new(),
             db_state: DbState::new(),
@@ -161,6 +174,9 @@ impl Metrics {
             .expect("metric registered once");
         self.registry
             .register(Box::new(self.reservations_refused.clone()))
+            .expect("metric registered once");
+        self.registry
+            .register(Box::new(self.orders_served.clone()))
             .expect("metric registered once");
     }
 

@@ -16,7 +16,10 @@ pub async fn get(pool: &Db, org_id: i64, id: i64) -> Result<Option<Reservation>,
         Reservation,
         r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
                 hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
-                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref,
+                coalesce(profile_asked, machine_snapshot->>'profile', '') AS "profile_asked!",
+                (coalesce(profile_asked, machine_snapshot->>'profile', '')
+                 <> coalesce(machine_snapshot->>'profile', '')) AS "substituted!"
              FROM reservations WHERE id = $1 AND org_id = $2"#,
         id,
         org_id
@@ -35,7 +38,10 @@ pub async fn by_order_ref(
         Reservation,
         r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
                 hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
-                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref,
+                coalesce(profile_asked, machine_snapshot->>'profile', '') AS "profile_asked!",
+                (coalesce(profile_asked, machine_snapshot->>'profile', '')
+                 <> coalesce(machine_snapshot->>'profile', '')) AS "substituted!"
              FROM reservations WHERE org_id = $1 AND order_ref = $2
             ORDER BY slot LIMIT 1"#,
         org_id,
@@ -56,7 +62,10 @@ pub async fn order_of(
         Reservation,
         r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
                 hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
-                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref,
+                coalesce(profile_asked, machine_snapshot->>'profile', '') AS "profile_asked!",
+                (coalesce(profile_asked, machine_snapshot->>'profile', '')
+                 <> coalesce(machine_snapshot->>'profile', '')) AS "substituted!"
              FROM reservations WHERE org_id = $1 AND order_ref = $2 ORDER BY slot"#,
         org_id,
         order_ref
@@ -78,7 +87,10 @@ pub async fn of_machine(
         Reservation,
         r#"SELECT id, org_id, order_ref, machine_id, state AS "state: ReservationState", fence, reason,
                 hold_seconds, created_at, expires_at, ended_at, ended_by, end_reason,
-                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref
+                machine_snapshot AS "machine: MachineSnapshot", quantity, slot, segment, customer_ref,
+                coalesce(profile_asked, machine_snapshot->>'profile', '') AS "profile_asked!",
+                (coalesce(profile_asked, machine_snapshot->>'profile', '')
+                 <> coalesce(machine_snapshot->>'profile', '')) AS "substituted!"
              FROM reservations WHERE machine_id = $1 AND org_id = $2
             ORDER BY created_at DESC LIMIT $3"#,
         machine_id,

@@ -52,6 +52,11 @@ pub struct Reservation {
     /// the end customer the order named (R19), frozen with it; null: none
     #[schema(required = true)]
     pub customer_ref: Option<String>,
+    /// the profile the order asked for (R20); the machine's profile is the
+    /// one that serves it
+    pub profile_asked: String,
+    /// whether a declared substitute of the asked profile serves the order (R20)
+    pub substituted: bool,
 }
 
 impl Reservation {
@@ -147,7 +152,7 @@ pub struct Event {
 /// The columns of `Reservation`, in one place: a new field of the type is a
 /// name here (a read that lacks it fails with the column's name in every
 /// test that reads a reservation).
-pub const RESERVATION_FIELDS: [&str; 18] = [
+pub const RESERVATION_FIELDS: [&str; 20] = [
     "id",
     "org_id",
     "order_ref",
@@ -166,7 +171,27 @@ pub const RESERVATION_FIELDS: [&str; 18] = [
     "slot",
     "segment",
     "customer_ref",
+    "profile_asked",
+    "substituted",
 ];
+
+/// Field `c` of `RESERVATION_FIELDS` of row `of`, for a `SELECT`. R20:
+/// `profile_asked` is the asked profile whoever served (the column is NULL
+/// when the asked profile served) and `substituted` whether it differs
+/// from the machine's; both read the same from a row already read this
+/// way (a subquery's), so they may be applied twice.
+pub fn reservation_column(of: &str, c: &str) -> String {
+    match c {
+        "profile_asked" => format!(
+            "coalesce({of}.profile_asked, {of}.machine_snapshot->>'profile', '') AS profile_asked"
+        ),
+        "substituted" => format!(
+            "(coalesce({of}.profile_asked, {of}.machine_snapshot->>'profile', '') \
+              <> coalesce({of}.machine_snapshot->>'profile', '')) AS substituted"
+        ),
+        c => format!("{of}.{c}"),
+    }
+}
 
 /// The columns of `Reservation` of row `of` (a table alias, or a
 /// composite such as `(x.reservation)`), for a `SELECT`. Named one by one,
@@ -175,7 +200,7 @@ pub const RESERVATION_FIELDS: [&str; 18] = [
 pub fn reservation_columns(of: &str) -> String {
     RESERVATION_FIELDS
         .iter()
-        .map(|c| format!("{of}.{c}"))
+        .map(|c| reservation_column(of, c))
         .collect::<Vec<_>>()
         .join(", ")
 }

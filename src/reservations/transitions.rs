@@ -274,7 +274,7 @@ pub(super) fn transition_columns(of: &str) -> String {
         cols.push(match c {
             "machine_snapshot" => format!("{of}.machine AS machine_snapshot"),
             c if FLAT.contains(&c) => format!("{of}.{c}"),
-            c => format!("r.{c}"),
+            c => super::rows::reservation_column("r", c),
         });
     }
     cols.join(", ")

@@ -232,8 +232,8 @@ async fn alternatives_list_the_other_sites_most_available_first() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         body["alternatives"],
-        json!([{"site": "ams1", "available": 3}, {"site": "lon1", "available": 3},
-               {"site": "waw1", "available": 2}]),
+        json!([{"site": "ams1", "profile": "epyc", "available": 3}, {"site": "lon1", "profile": "epyc", "available": 3},
+               {"site": "waw1", "profile": "epyc", "available": 2}]),
     );
     assert_eq!(body["pools"].as_array().map(Vec::len), Some(1), "{body}");
     let (_, body) = capacity(
@@ -243,16 +243,16 @@ async fn alternatives_list_the_other_sites_most_available_first() {
     .await;
     assert_eq!(
         body["alternatives"],
-        json!([{"site": "waw1", "available": 4}, {"site": "ams1", "available": 3},
-               {"site": "lon1", "available": 3}]),
+        json!([{"site": "waw1", "profile": "epyc", "available": 4}, {"site": "ams1", "profile": "epyc", "available": 3},
+               {"site": "lon1", "profile": "epyc", "available": 3}]),
     );
     let (_, body) = capacity(&app, "?site=par1&profile=epyc&quantity=4").await;
     assert_eq!(body["alternatives"], json!([]), "{body}");
     let (_, body) = capacity(&app, "?site=ams1&profile=epyc&quantity=1&vendor=dell").await;
     assert_eq!(
         body["alternatives"],
-        json!([{"site": "lon1", "available": 3}, {"site": "par1", "available": 2},
-               {"site": "waw1", "available": 2}, {"site": "fra1", "available": 1}]),
+        json!([{"site": "lon1", "profile": "epyc", "available": 3}, {"site": "par1", "profile": "epyc", "available": 2},
+               {"site": "waw1", "profile": "epyc", "available": 2}, {"site": "fra1", "profile": "epyc", "available": 1}]),
     );
     for query in [
         "?site=par1&profile=epyc",

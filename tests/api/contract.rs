@@ -151,6 +151,7 @@ const KNOWN: &[&str] = &[
     "items",
     "minItems",
     "maxItems",
+    "uniqueItems",
 ];
 
 fn check_keywords(schema: &Value) {
@@ -159,6 +160,19 @@ fn check_keywords(schema: &Value) {
             KNOWN.contains(&k.as_str()),
             "the document uses `{k}`, which the fuzzer does not generate yet: extend tests/api/contract.rs"
         );
+    }
+}
+
+/// The rules of a body that relate two of its fields, which JSON Schema
+/// cannot say and the document says in words: false when `body` breaks
+/// one (the API answers `400`).
+fn beyond_the_schema(op: &str, body: &Value) -> bool {
+    match op {
+        // R20: a profile is never its own substitute.
+        "putSubstitutes" => body["substitutes"]
+            .as_array()
+            .is_none_or(|list| !list.contains(&body["profile"])),
+        _ => true,
     }
 }
 
@@ -316,11 +330,29 @@ fn valid_of_type(doc: &Value, schema: &Value, t: &str) -> BoxedStrategy<Value> {
             let max = usize_kw(schema, "maxItems").unwrap_or(min + 4);
             // Mostly short lists; sometimes exactly at the upper bound.
             let short = prop::collection::vec(valid(doc, &schema["items"]), min..=max.min(min + 3));
-            prop_oneof![
-                4 => short.prop_map(Value::from),
-                1 => prop::collection::vec(valid(doc, &schema["items"]), max..=max).prop_map(Value::from),
-            ]
-            .boxed()
+            let lists = prop_oneof![
+                4 => short,
+                1 => prop::collection::vec(valid(doc, &schema["items"]), max..=max),
+            ];
+            if schema["uniqueItems"] == json!(true) {
+                // A repeat dropped (the first kept): still within the bounds
+                // unless that falls below minItems, which is then rejected.
+                lists
+                    .prop_map(|v| {
+                        let mut unique: Vec<Value> = Vec::new();
+                        for x in v {
+                            if !unique.contains(&x) {
+                                unique.push(x);
+                            }
+                        }
+                        unique
+                    })
+                    .prop_filter("minItems after dropping repeats", move |v| v.len() >= min)
+                    .prop_map(Value::from)
+                    .boxed()
+            } else {
+                lists.prop_map(Value::from).boxed()
+            }
         }
         other => panic!("type {other}: extend the fuzzer"),
     }
@@ -433,6 +465,14 @@ fn invalid(doc: &Value, schema: &Value) -> BoxedStrategy<Value> {
             options.push(
                 prop::collection::vec(valid(doc, &items), max + 1..=max + 1)
                     .prop_map(Value::from)
+                    .boxed(),
+            );
+        }
+        if schema["uniqueItems"] == json!(true) {
+            // An item repeated.
+            options.push(
+                valid(doc, &items)
+                    .prop_map(|x| Value::from(vec![x.clone(), x]))
                     .boxed(),
             );
         }
@@ -817,7 +857,7 @@ impl Fuzzer<'_> {
         }
         if let Some((pointer, required)) = &op.body {
             valid &= match &case.body {
-                Some(b) => self.is_valid(pointer, b),
+                Some(b) => self.is_valid(pointer, b) && beyond_the_schema(&op.id, b),
                 None => !required,
             };
         }

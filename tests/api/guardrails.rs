@@ -52,6 +52,8 @@ const API: &[(&str, &str, &str, [u16; 4])] = &[
     ("/api/v1/status-changes",             "post", "inventory", [401, 403, 200, 422]),
     ("/api/v1/headroom",                   "get",  "inventory", [401, 403, 200, 200]),
     ("/api/v1/headroom",                   "put",  "inventory", [401, 403, 200, 200]),
+    ("/api/v1/substitutes",                "get",  "inventory", [401, 403, 200, 200]),
+    ("/api/v1/substitutes",                "put",  "inventory", [401, 403, 200, 422]),
     ("/api/v1/capacity",                   "get",  "orders",    [401, 403, 200, 200]),
     ("/api/v1/forecast",                   "get",  "orders|inventory", [401, 403, 200, 200]),
     ("/api/v1/pools/history",              "get",  "orders|inventory", [401, 403, 200, 200]),
@@ -195,6 +197,11 @@ async fn api_request(app: &TestApp, path: &str, m: &str, n: u32) -> (String, Opt
             ),
         ),
         ("/api/v1/headroom", _) => ("/api/v1/headroom".into(), None),
+        ("/api/v1/substitutes", "put") => (
+            "/api/v1/substitutes".into(),
+            Some(json!({"profile": "epyc", "substitutes": ["epyc-big"]})),
+        ),
+        ("/api/v1/substitutes", _) => ("/api/v1/substitutes".into(), None),
         ("/api/v1/capacity", _) => (
             "/api/v1/capacity?site=par1&profile=epyc&segment=enterprise&quantity=1".into(),
             None,
@@ -548,6 +555,7 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
         ("/reservations/{id}/extend", "get"),
         ("/reservations/{id}/extend", "post"),
         ("/settings/headroom", "post"),
+        ("/settings/substitutes", "post"),
     ] {
         assert!(
             module_routes.contains(&(path, m)),
@@ -629,6 +637,12 @@ async fn module_is_refused_and_sweep_runs(app: &TestApp, what: &str) {
             "POST",
             "/api/v1/status-changes".into(),
             Some(json!({"asset_tags": ["PK-1"], "status": "broken"})),
+        ),
+        ("GET", "/api/v1/substitutes".into(), None),
+        (
+            "PUT",
+            "/api/v1/substitutes".into(),
+            Some(json!({"profile": "epyc", "substitutes": ["epyc-big"]})),
         ),
         ("GET", "/api/v1/headroom".into(), None),
         (

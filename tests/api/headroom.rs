@@ -429,7 +429,7 @@ async fn a_refused_order_names_the_sites_that_could_fill_it() {
     assert_eq!(body["error"], "unavailable", "{body}");
     assert_eq!(
         body["alternatives"],
-        json!([{"site": "ams9", "available": 12}, {"site": "fra2", "available": 2}, {"site": "lon1", "available": 2}]),
+        json!([{"site": "ams9", "profile": PROFILE, "available": 12}, {"site": "fra2", "profile": PROFILE, "available": 2}, {"site": "lon1", "profile": PROFILE, "available": 2}]),
         "{body}"
     );
     // Of the enterprise segment, fra2 offers all 5.
@@ -442,7 +442,7 @@ async fn a_refused_order_names_the_sites_that_could_fill_it() {
     assert_eq!(code, StatusCode::CONFLICT, "{body}");
     assert_eq!(
         body["alternatives"],
-        json!([{"site": "ams9", "available": 12}, {"site": "fra2", "available": 5}]),
+        json!([{"site": "ams9", "profile": PROFILE, "available": 12}, {"site": "fra2", "profile": PROFILE, "available": 5}]),
         "{body}"
     );
 }

@@ -183,6 +183,13 @@ async fn terminate_the_waiting_commit<T>(
 async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_replays() {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
     let token = app.org.token.clone();
+    // A second profile, retired: what a declaration of substitutes names.
+    FakeMachine::new()
+        .tag("RT-BIG")
+        .profile("epyc-big")
+        .status("retired")
+        .create(&app.pool, app.org.id)
+        .await;
     for tag in [
         "RT-1", "RT-2", "RT-3", "RT-4", "RT-5", "RT-6", "RT-7", "RT-8", "RT-9", "RT-10", "RT-11",
         "RT-12",
@@ -356,6 +363,15 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             ),
             retry_status: 200,
         },
+        // The declaration is kept: the retry answers the same row, and
+        // writes nothing again.
+        Case {
+            method: Method::PUT,
+            template: "/api/v1/substitutes",
+            path: "/api/v1/substitutes".into(),
+            body: Some(json!({"profile": "epyc", "substitutes": ["epyc-big"]})),
+            retry_status: 200,
+        },
         // The machine is in maintenance and the hold has moved: the retry
         // answers the machine as it is, and moves nothing again.
         Case {
@@ -462,6 +478,11 @@ async fn every_write_whose_commit_is_lost_answers_outcome_unknown_and_its_retry_
             "the headroom's retry audited nothing again"
         );
         assert_eq!(
+            count("SELECT count(*) FROM audit_log WHERE action = 'substitutes.set'").await,
+            1,
+            "the declaration's retry audited nothing again"
+        );
+        assert_eq!(
             count(
                 "SELECT count(*) FROM reservations r JOIN machines m ON m.id = r.machine_id
                   WHERE r.order_ref = 'RT-MOVE' AND r.state = 'held' AND m.status = 'ready'
@@ -554,6 +575,13 @@ async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made()
             .create(&app.pool, app.org.id)
             .await;
     }
+    // A second profile, retired: what a declaration of substitutes names.
+    FakeMachine::new()
+        .tag("DL-BIG")
+        .profile("epyc-big")
+        .status("retired")
+        .create(&app.pool, app.org.id)
+        .await;
     let (to_cancel, cancel_fence) = FakeHold::on("DL-1")
         .order("DL-CANCEL")
         .create_with_fence(&app.pool, app.org.id)
@@ -804,6 +832,25 @@ async fn every_dashboard_write_whose_commit_is_lost_says_it_may_have_been_made()
             written: format!(
                 "(SELECT lead_time_days FROM site_lead_times WHERE org_id = {org} AND site = 'par1') = 45
                  AND (SELECT count(*) FROM audit_log WHERE action = 'site.lead_time_set') = 1"
+            ),
+        },
+        Form {
+            name: "settings: substitutes",
+            route: "/settings/substitutes",
+            path: "/settings/substitutes".into(),
+            fields: vec![
+                c(),
+                ("profile", "epyc".into()),
+                ("substitutes", "epyc-big".into()),
+                ("segments", "".into()),
+            ],
+            by: "boss@acme.example",
+            check: ("/settings#substitutes", "Open the settings"),
+            says: "the substitutes of the profile",
+            written: format!(
+                "(SELECT substitutes = ARRAY['epyc-big'] FROM substitutes WHERE org_id = {org}
+                    AND profile = 'epyc')
+                 AND (SELECT count(*) FROM audit_log WHERE action = 'substitutes.set') = 1"
             ),
         },
         Form {

@@ -39,6 +39,7 @@ mod restore;
 mod schema;
 mod search;
 mod status_changes;
+mod substitutes;
 mod sweep;
 mod traces;
 mod webhooks;

@@ -678,6 +678,39 @@ async fn real_answers_validate_against_the_documented_schemas() {
         .await
         .expect("get");
     c.check(HR, "get", r).await;
+    // Substitutes (R20): declared, refused (itself: 400; unknown: 422),
+    // listed.
+    const SUB: &str = "/api/v1/substitutes";
+    let r = app
+        .put_machine(t, "OA-SUB", "par1", "dell", "epyc-big", "maintenance")
+        .await;
+    assert!(
+        r.status().is_success(),
+        "a machine of the substitute profile"
+    );
+    let declare =
+        json!({"profile": "epyc", "substitutes": ["epyc-big"], "segments": ["enterprise"]});
+    for body in [
+        declare.clone(),
+        json!({"profile": "epyc", "substitutes": ["epyc"]}),
+        json!({"profile": "epyc", "substitutes": ["epyc-none"]}),
+    ] {
+        let r = http
+            .put(api("/substitutes"))
+            .bearer_auth(t)
+            .json(&body)
+            .send()
+            .await
+            .expect("put");
+        c.check(SUB, "put", r).await;
+    }
+    let r = http
+        .get(api("/substitutes"))
+        .bearer_auth(t)
+        .send()
+        .await
+        .expect("get");
+    c.check(SUB, "get", r).await;
     let r = http
         .get(api("/capacity?site=par1&profile=epyc&quantity=1"))
         .bearer_auth(t)
@@ -822,6 +855,13 @@ async fn real_answers_validate_against_the_documented_schemas() {
         ("delete", W, format!("{base}/webhook"), None),
         ("get", HR, format!("{base}/headroom"), None),
         ("put", HR, format!("{base}/headroom"), Some(keep.clone())),
+        ("get", SUB, format!("{base}/substitutes"), None),
+        (
+            "put",
+            SUB,
+            format!("{base}/substitutes"),
+            Some(declare.clone()),
+        ),
         ("get", CAP, format!("{base}/capacity"), None),
         ("get", FC, format!("{base}/forecast"), None),
         ("get", PH, format!("{base}/pools/history"), None),
@@ -859,6 +899,7 @@ async fn real_answers_validate_against_the_documented_schemas() {
         let wrong_scope = if path.contains("/machines")
             || path.contains("/status-changes")
             || path.contains("/headroom")
+            || path.contains("/substitutes")
         {
             &app.org.orders_token
         } else {

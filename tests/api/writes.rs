@@ -94,6 +94,13 @@ pub(crate) async fn write_operations(app: &TestApp) -> BTreeSet<(String, String)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
     let app = spawn_app_with(|s| s.webhook_allow_private = true).await;
+    // A second profile, retired: what a declaration of substitutes names.
+    FakeMachine::new()
+        .tag("W-BIG")
+        .profile("epyc-big")
+        .status("retired")
+        .create(&app.pool, app.org.id)
+        .await;
     for i in 0..12 {
         FakeMachine::new()
             .tag(&format!("W-{i:02}"))
@@ -266,6 +273,13 @@ async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
             answer: "unavailable",
         },
         WriteCase {
+            path: "/api/v1/substitutes",
+            method: "put",
+            url: "/api/v1/substitutes".into(),
+            body: Some(json!({"profile": "epyc", "substitutes": ["epyc-big"]})),
+            answer: "unavailable",
+        },
+        WriteCase {
             path: "/api/v1/status-changes",
             method: "post",
             url: "/api/v1/status-changes".into(),
@@ -295,7 +309,7 @@ async fn every_write_route_whose_backend_dies_mid_statement_answers_503() {
             .execute(&mut blocker)
             .await
             .expect("begin");
-        sqlx::query("LOCK TABLE machines, reservations, service_links, webhooks, headroom IN EXCLUSIVE MODE")
+        sqlx::query("LOCK TABLE machines, reservations, service_links, webhooks, headroom, substitutes IN EXCLUSIVE MODE")
             .execute(&mut blocker)
             .await
             .expect("lock");

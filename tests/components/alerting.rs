@@ -200,6 +200,7 @@ const ON_FIRST_EVENT: &[&str] = &[
     "poolkeeper_reserve_outcomes_total",
     "poolkeeper_reservations_refused_total",
     "poolkeeper_reservations_expired_total",
+    "poolkeeper_orders_served_total",
     // A label set per headroom kept (R18): none in a fresh inventory.
     "poolkeeper_pool_headroom",
 ];
@@ -233,6 +234,7 @@ pub const SERIES: &[&str] = &[
     "poolkeeper_reserve_outcomes_total",
     "poolkeeper_reservations_refused_total",
     "poolkeeper_reservations_expired_total",
+    "poolkeeper_orders_served_total",
     "poolkeeper_sweeps_total",
     "poolkeeper_sweep_errors_total",
     "poolkeeper_last_sweep_timestamp_seconds",

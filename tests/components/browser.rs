@@ -981,11 +981,15 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     // Lost demand: the demo's refused orders, each code in its own column,
     // and the overview's chart in its own colours.
     d.goto(&app.url("/demand")).await;
-    for k in [
-        "unavailable_7d",
-        "reserved_7d",
-        "customer_limit_7d",
-        "contended_7d",
+    // Two unavailable: a GPU where there is none, and the order that asked
+    // for the exact hardware a substitute could have served (R20), whose
+    // twin was served by it.
+    for (k, expected) in [
+        ("unavailable_7d", 2),
+        ("reserved_7d", 1),
+        ("customer_limit_7d", 1),
+        ("contended_7d", 1),
+        ("substituted_7d", 1),
     ] {
         // Besides the planning story's pools (R21), refused for days.
         let total: i64 = d
@@ -996,14 +1000,15 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
             .iter()
             .filter_map(|t| t.parse::<i64>().ok())
             .sum();
-        assert_eq!(total, 1, "one {k} refusal in the demo");
+        assert_eq!(total, expected, "{k} in the demo");
     }
     check_page(&d, &shots, "22e-lost-demand", &axe, &mut problems).await;
     d.goto(&app.url("/")).await;
-    for class in [
-        "spark-unavailable",
-        "spark-reserved",
-        "spark-customer_limit",
+    // Two unavailable bars: the GPU's pool and the exact order's (R20).
+    for (class, bars) in [
+        ("spark-unavailable", 2),
+        ("spark-reserved", 1),
+        ("spark-customer_limit", 1),
     ] {
         assert_eq!(
             d.texts(&format!(
@@ -1011,7 +1016,7 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
             ))
             .await
             .len(),
-            1,
+            bars,
             "{class} drawn"
         );
     }
@@ -1056,6 +1061,36 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
     assert_eq!(d.text("#segment").await, "enterprise");
     check_page(&d, &shots, "22f-hold-with-customer", &axe, &mut problems).await;
 
+    // R20: the order a declared substitute served, in the live list and on
+    // its page; the overview marks its pool.
+    let upgraded = id_of(&app, "DEMO-UP-1").await;
+    d.goto(&app.url("/reservations")).await;
+    assert_eq!(
+        d.text(&format!("tr[data-reservation=\"{upgraded}\"] .substituted"))
+            .await,
+        "served by epyc-9124-256g, asked epyc-9124-128g"
+    );
+    d.goto(&app.url(&format!("/reservations/{upgraded}"))).await;
+    assert!(
+        d.text("#substituted")
+            .await
+            .starts_with("served by epyc-9124-256g, asked epyc-9124-128g")
+    );
+    check_page(
+        &d,
+        &shots,
+        "22g-served-by-a-substitute",
+        &axe,
+        &mut problems,
+    )
+    .await;
+    d.goto(&app.url("/")).await;
+    assert_eq!(
+        d.texts("table.demand tr[data-profile=\"epyc-9124-128g\"] .badge.substituted")
+            .await,
+        ["served by substitutes: 1"]
+    );
+
     for (path, shot) in [
         ("/machines", "23-machines"),
         ("/search?q=DEMO", "24-search"),
@@ -1086,6 +1121,14 @@ async fn a_tour_of_the_demo_every_page_accessible_and_readable_at_375_px() {
 
     // The admin's pages.
     log_in(&d, &app, "admin@demo.example").await;
+    d.goto(&app.url("/settings#substitutes")).await;
+    assert_eq!(
+        d.texts("#substitutes-list tr[data-profile=\"epyc-9124-128g\"] td")
+            .await
+            .first()
+            .map(String::as_str),
+        Some("epyc-9124-256g")
+    );
     for (path, shot) in [
         ("/settings", "27-settings"),
         ("/users", "28-users"),

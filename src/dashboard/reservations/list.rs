@@ -34,6 +34,8 @@ pub struct LiveView {
     /// R19, R18: the end customer and the segment the order named (empty: none).
     pub customer_ref: String,
     pub segment: String,
+    /// R20: (served, asked) when a declared substitute serves the order.
+    pub substituted: Option<(String, String)>,
 }
 
 /// A hold with less than this left is flagged "expires soon" in text.
@@ -103,6 +105,9 @@ fn live_view(line: HeldLine) -> LiveView {
             .zip(line.replaced_at.as_ref().map(fmt_time)),
         customer_ref: r.customer_ref.unwrap_or_default(),
         segment: r.segment.unwrap_or_default(),
+        substituted: r
+            .substituted
+            .then(|| (r.machine.profile.clone(), r.profile_asked.clone())),
     }
 }
 
@@ -258,6 +263,8 @@ pub(crate) async fn export(
             "seconds_left",
             "customer_ref",
             "segment",
+            "profile",
+            "profile_asked",
         ],
         rows.into_iter().map(|line| {
             let r = line.reservation;
@@ -270,6 +277,8 @@ pub(crate) async fn export(
                 line.remaining.max(0).to_string(),
                 r.customer_ref.unwrap_or_default(),
                 r.segment.unwrap_or_default(),
+                r.machine.profile,
+                r.profile_asked,
             ]
         }),
     );

@@ -407,9 +407,9 @@ async fn the_live_list_and_a_reservation_show_the_customer_and_the_segment() {
         csv.lines()
             .next()
             .unwrap_or_default()
-            .ends_with("customer_ref,segment")
+            .ends_with("customer_ref,segment,profile,profile_asked")
     );
-    assert!(csv.contains(",CUST-42,enterprise"), "{csv}");
+    assert!(csv.contains(",CUST-42,enterprise,"), "{csv}");
 
     let (_, body) = viewer.page(&format!("/reservations/{named}")).await;
     assert_eq!(text_of(&body, "#customer"), vec!["CUST-42"]);

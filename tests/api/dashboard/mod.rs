@@ -10,6 +10,7 @@ mod machines;
 mod overview;
 mod reservations;
 mod session;
+mod substitutes;
 
 use std::collections::HashSet;
 

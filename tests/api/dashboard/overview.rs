@@ -401,7 +401,15 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         2,
         "the cap"
     );
-    for reason in ["unavailable", "contended", "reserved", "customer_limit"] {
+    // R20: the exact order refused beside the GPU one, and the order a
+    // substitute served.
+    for (reason, expected) in [
+        ("unavailable", 2),
+        ("contended", 1),
+        ("reserved", 1),
+        ("customer_limit", 1),
+        ("substituted", 1),
+    ] {
         let n: i64 = sqlx::query_scalar(
             // Besides the planning story's, in pools of their own.
             "SELECT count(*) FROM reservation_refusals WHERE org_id = $1 AND reason = $2
@@ -412,8 +420,22 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
         .fetch_one(pool)
         .await
         .expect("refusals");
-        assert_eq!(n, 1, "one {reason} refusal");
+        assert_eq!(n, expected, "{reason} refusals");
     }
+    assert_eq!(
+        one(
+            "SELECT count(*) FROM reservations r JOIN machines m ON m.id = r.machine_id
+              WHERE r.org_id = $1 AND r.order_ref = 'DEMO-UP-1' AND r.state = 'held'
+                AND r.profile_asked = 'epyc-9124-128g' AND m.profile = 'epyc-9124-256g'"
+        )
+        .await,
+        1,
+        "an order served by a substitute"
+    );
+    assert_eq!(
+        one("SELECT count(*) FROM substitutes WHERE org_id = $1").await,
+        1
+    );
     let rows = "SELECT (SELECT count(*) FROM reservations WHERE org_id = $1)
                      + (SELECT count(*) FROM reservation_events e JOIN reservations r ON r.id = e.reservation_id WHERE r.org_id = $1)
                      + (SELECT count(*) FROM service_links WHERE org_id = $1)
@@ -421,6 +443,7 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
                      + (SELECT count(*) FROM users WHERE org_id = $1)
                      + (SELECT count(*) FROM api_tokens WHERE org_id = $1)
                      + (SELECT count(*) FROM headroom WHERE org_id = $1)
+                     + (SELECT count(*) FROM substitutes WHERE org_id = $1)
                      + (SELECT count(*) FROM reservation_refusals WHERE org_id = $1)";
     let before = one(rows).await;
     let again = poolkeeper::demo::load(pool).await.expect("demo again");

@@ -52,6 +52,7 @@ pub fn request_for(order_ref: &str, profile: &str, vendor: Option<&str>) -> Rese
         actor: "test".to_owned(),
         segment: None,
         customer_ref: None,
+        substitutes: Default::default(),
     }
 }
 

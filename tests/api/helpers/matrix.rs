@@ -78,6 +78,7 @@ pub const DASHBOARD: &[(&str, &str, [u16; 5])] = &[
     ("/settings",                   "post", [303, 403, 403, 303, 303]),
     ("/settings/webhook",           "post", [303, 403, 403, 303, 303]),
     ("/settings/headroom",          "post", [303, 403, 403, 303, 303]),
+    ("/settings/substitutes",       "post", [303, 403, 403, 303, 303]),
     ("/settings/lead-time",         "post", [303, 403, 403, 303, 303]),
     ("/audit",                      "get",  [303, 403, 403, 200, 200]),
     ("/users",                      "get",  [303, 403, 403, 200, 200]),
@@ -145,6 +146,19 @@ impl World {
         FakeMachine::new()
             .tag("OT-1")
             .profile("other-profile")
+            .create(&app.pool, app.other.id)
+            .await;
+        // Second profiles, retired: what a declaration of substitutes names.
+        FakeMachine::new()
+            .tag("PK-BIG")
+            .profile("epyc-big")
+            .status("retired")
+            .create(&app.pool, app.org.id)
+            .await;
+        FakeMachine::new()
+            .tag("OT-BIG")
+            .profile("other-big")
+            .status("retired")
             .create(&app.pool, app.other.id)
             .await;
         app.create_staff(app.other.id, "root@other.example", "admin")
@@ -277,6 +291,17 @@ pub async fn dashboard_cell(
         }
         "/settings" => fields.push(("datacenter".into(), "on".into())),
         "/settings/webhook" => fields.push(("action".into(), "remove".into())),
+        "/settings/substitutes" => {
+            // A profile of the poster's own organization (one with
+            // machines), and a second one.
+            let (profile, other) = if who == Who::OtherOrg {
+                ("other-profile", "other-big")
+            } else {
+                ("epyc", "epyc-big")
+            };
+            fields.push(("profile".into(), profile.into()));
+            fields.push(("substitutes".into(), other.into()));
+        }
         "/settings/headroom" => {
             // A pool of the poster's own organization (one with machines).
             let profile = if who == Who::OtherOrg {
