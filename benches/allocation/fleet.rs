@@ -85,8 +85,10 @@ fn reads(site: &str) -> Vec<(&'static str, String, As)> {
             As::Staff,
         ),
         (
+            // A prefix of every order of the history and the exact ref of
+            // none (one exact hit answers with a redirect to its page).
             "search by an order_ref prefix",
-            "/search?q=hist-1234".to_owned(),
+            "/search?q=HIST-".to_owned(),
             As::Staff,
         ),
     ]
