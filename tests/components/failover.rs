@@ -1362,8 +1362,9 @@ async fn a_read_only_server_is_never_handed_out_and_the_request_gets_503() {
 
 /// F3: a convert or a cancel replayed unchanged (same fence, same
 /// service_ref, same token) answers 200 with the reservation as that action
-/// left it; any other action on the ended reservation stays 409 not_held,
-/// and nothing is written twice.
+/// left it; the same action with another service_ref is 422
+/// idempotency_mismatch; any other action on the ended reservation stays
+/// 409 not_held, and nothing is written twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transition_replayed_with_its_fence_answers_what_it_did() {
     let app = crate::helpers::spawn_app().await;
@@ -1413,14 +1414,22 @@ async fn a_transition_replayed_with_its_fence_answers_what_it_did() {
     assert_eq!(again["state"], "cancelled");
     assert_eq!(again["ended_at"], first["ended_at"], "ended once");
 
+    // The same action by the same caller with another service: another
+    // request under the same key, refused and nothing written.
+    let (status, answer) = post(
+        token,
+        format!("{converted}/convert"),
+        json!({"fence": fence_c, "service_ref": "SRV-OTHER"}),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (422, Some("idempotency_mismatch")),
+        "{answer}"
+    );
     // Not the same action (another action, or another actor): refused,
     // the replay above notwithstanding.
     let refusals = [
-        (
-            token.as_str(),
-            format!("{converted}/convert"),
-            json!({"fence": fence_c, "service_ref": "SRV-OTHER"}),
-        ),
         (
             token.as_str(),
             format!("{converted}/cancel"),
