@@ -159,7 +159,8 @@ async fn one_size(cluster: &Cluster, cfg: &Config, db: &Db, machines: i64) -> an
 }
 
 /// `machines` machines over 20 sites, 10 profiles (the first is
-/// `PROFILE`) and 3 vendors (dell, hpe, lenovo); 1 in 20 in maintenance.
+/// `PROFILE`) and 3 vendors (dell, hpe, lenovo); 1 in 23 in maintenance
+/// (23: no site, profile or vendor is all in maintenance).
 /// Tags `f-0000001`...
 async fn load(db: &Db, org_id: i64, machines: i64) -> anyhow::Result<()> {
     sqlx::query(
@@ -169,7 +170,7 @@ async fn load(db: &Db, org_id: i64, machines: i64) -> anyhow::Result<()> {
                 (ARRAY['dell', 'hpe', 'lenovo'])[1 + (g / $3) % 3],
                 CASE WHEN (g / ($3 * 3)) % $4 = 0 THEN $5
                      ELSE 'profile-' || lpad(((g / ($3 * 3)) % $4)::text, 2, '0') END,
-                CASE WHEN g % 20 = 7 THEN 'maintenance' ELSE 'ready' END
+                CASE WHEN g % 23 = 7 THEN 'maintenance' ELSE 'ready' END
            FROM generate_series(1, $2) g",
     )
     .bind(org_id)
