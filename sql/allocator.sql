@@ -69,6 +69,23 @@ LANGUAGE sql STABLE AS $$
     SELECT * FROM machine_verdicts_among(p_org, p_site, p_profile, p_vendor, false)
 $$;
 
+-- R7: a refusal's counts of the asked pool, by exclusion key, and how many
+-- machines are free (the refusals of the allocator and of the substitutes'
+-- walk tell the same counts).
+CREATE OR REPLACE FUNCTION verdict_counts(p_org bigint, p_site text, p_profile text, p_vendor text,
+                                          OUT counts jsonb, OUT free bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+               'wrong_site',    count(*) FILTER (WHERE v.exclusion = 'wrong_site'),
+               'wrong_vendor',  count(*) FILTER (WHERE v.exclusion = 'wrong_vendor'),
+               'wrong_profile', count(*) FILTER (WHERE v.exclusion = 'wrong_profile'),
+               'not_ready',     count(*) FILTER (WHERE v.exclusion = 'not_ready'),
+               'in_service',    count(*) FILTER (WHERE v.exclusion = 'in_service'),
+               'held',          count(*) FILTER (WHERE v.exclusion = 'held')),
+           count(*) FILTER (WHERE v.exclusion IS NULL)
+      FROM machine_verdicts(p_org, p_site, p_profile, p_vendor) v
+$$;
+
 -- R7 pass one's candidates: at most p_limit machines with no exclusion, in
 -- id order. The filters repeat what `exclusion IS NULL` implies (site,
 -- profile, vendor, ready, not in service) only so that the planner walks
@@ -558,16 +575,8 @@ BEGIN
     END IF;
     -- R7: the counts are read now, so a machine a neighbour just took counts
     -- as held, and a candidate still being fought over makes it contended.
-    SELECT jsonb_build_object(
-               'wrong_site',    count(*) FILTER (WHERE v.exclusion = 'wrong_site'),
-               'wrong_vendor',  count(*) FILTER (WHERE v.exclusion = 'wrong_vendor'),
-               'wrong_profile', count(*) FILTER (WHERE v.exclusion = 'wrong_profile'),
-               'not_ready',     count(*) FILTER (WHERE v.exclusion = 'not_ready'),
-               'in_service',    count(*) FILTER (WHERE v.exclusion = 'in_service'),
-               'held',          count(*) FILTER (WHERE v.exclusion = 'held')),
-           count(*) FILTER (WHERE v.exclusion IS NULL)
-      INTO v_counts, v_free
-      FROM machine_verdicts(p_org, v_req.site, v_req.profile, v_req.vendor) v;
+    SELECT c.counts, c.free INTO v_counts, v_free
+      FROM verdict_counts(p_org, v_req.site, v_req.profile, v_req.vendor) c;
     -- R13: fewer matching machines than the order asks for is "buy
     -- hardware", even if some match; enough of them, but kept for other
     -- segments, is "reserved" (R18); enough, but not lockable now, is

@@ -210,16 +210,8 @@ BEGIN
         RETURN;
     END IF;
     -- The asked pool's counts, as any refusal of it tells them.
-    SELECT jsonb_build_object(
-               'wrong_site',    count(*) FILTER (WHERE v.exclusion = 'wrong_site'),
-               'wrong_vendor',  count(*) FILTER (WHERE v.exclusion = 'wrong_vendor'),
-               'wrong_profile', count(*) FILTER (WHERE v.exclusion = 'wrong_profile'),
-               'not_ready',     count(*) FILTER (WHERE v.exclusion = 'not_ready'),
-               'in_service',    count(*) FILTER (WHERE v.exclusion = 'in_service'),
-               'held',          count(*) FILTER (WHERE v.exclusion = 'held')),
-           count(*) FILTER (WHERE v.exclusion IS NULL)
-      INTO v_counts, v_free
-      FROM machine_verdicts(p_org, p_req.site, p_req.profile, p_req.vendor) v;
+    SELECT c.counts, c.free INTO v_counts, v_free
+      FROM verdict_counts(p_org, p_req.site, p_req.profile, p_req.vendor) c;
     v_result := v_walked;
     v_result.org_id := p_org;
     IF v_contended IS NOT NULL THEN
