@@ -113,16 +113,7 @@ async fn one_size(cluster: &Cluster, cfg: &Config, db: &Db, machines: i64) -> an
     load(db, org.id, machines).await?;
     let reservations = machines * 5 / 2;
     growth::add_history(db, org.id, 0, reservations).await?;
-    let sold = setup::sold(
-        db,
-        org.id,
-        &format!(
-            "SELECT id, asset_tag FROM machines WHERE org_id = $1 AND status = 'ready'
-              ORDER BY id DESC LIMIT {}",
-            machines / 4
-        ),
-    )
-    .await?;
+    let sold = sell(db, org.id, machines / 4).await?;
     setup::held(
         db,
         org.id,
@@ -181,6 +172,34 @@ async fn load(db: &Db, org_id: i64, machines: i64) -> anyhow::Result<()> {
     .execute(&db.setup)
     .await?;
     Ok(())
+}
+
+/// `count` machines sold, the highest ids first, in statements of
+/// `SOLD_BATCH`: each sale's link sets its machine in service by a row
+/// trigger whose writes fire the machines' statement triggers, and one
+/// statement of 100,000 sales queues all of them in one transaction,
+/// which took over 13 minutes here where batches take seconds.
+async fn sell(db: &Db, org_id: i64, count: i64) -> anyhow::Result<i64> {
+    const SOLD_BATCH: i64 = 2_500;
+    let mut sold = 0;
+    while sold < count {
+        let batch = SOLD_BATCH.min(count - sold);
+        let n = setup::sold(
+            db,
+            org_id,
+            &format!(
+                "SELECT id, asset_tag FROM machines
+                  WHERE org_id = $1 AND status = 'ready' AND NOT in_service
+                  ORDER BY id DESC LIMIT {batch}"
+            ),
+        )
+        .await?;
+        if n == 0 {
+            bail!("fleet: only {sold} of {count} machines could be sold");
+        }
+        sold += n;
+    }
+    Ok(sold)
 }
 
 async fn measure(
