@@ -16,6 +16,11 @@
 -- partial unique indexes of R1 and R10), and the held-by-deadline index of the
 -- sweep is declared so that it cannot serve a probe (the migration
 -- 20261203000001_allocator.sql redeclares it; see there).
+-- Every function that steers its plans so also declares `SET jit = off`: a
+-- disabled node the planner must keep (a sort no index can replace) costs
+-- 10^10, far past jit_above_cost, and JIT then compiles that statement at
+-- every execution, half a second each (seen in a reserve with substitutes).
+-- These are single-row statements; compiling never pays for them.
 
 -- R7, the one definition: every machine of org p_org with why it is not a
 -- candidate for (p_site, p_profile, p_vendor NULL = any), checked in the
@@ -178,6 +183,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     max_scanned  CONSTANT integer := 24 + p_req.quantity;  -- R4, for N machines
@@ -439,6 +445,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     -- The request, one value: a key it lacks reads NULL (or its default

@@ -22,6 +22,7 @@
 CREATE OR REPLACE FUNCTION lock_machines(p_ids bigint[]) RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     PERFORM 1 FROM machines m WHERE m.id = ANY (p_ids) ORDER BY m.id FOR UPDATE;
@@ -43,6 +44,7 @@ CREATE OR REPLACE FUNCTION lock_holds(p_org bigint, p_ids bigint[]) RETURNS SETO
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_machines bigint[];
@@ -76,6 +78,7 @@ CREATE OR REPLACE FUNCTION lock_hold(p_org bigint, p_id bigint) RETURNS reservat
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_machine bigint;
@@ -104,6 +107,7 @@ $$;
 CREATE OR REPLACE FUNCTION lock_orders_on(p_machines bigint[]) RETURNS void
 LANGUAGE plpgsql
 SET enable_seqscan = off
+SET jit = off
 AS $$
 BEGIN
     -- Each order's rows by its key, the orders read first (a lookup of the

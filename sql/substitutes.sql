@@ -126,6 +126,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_sort = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_pools      text[] := ARRAY[p_req.profile] || p_list;

@@ -61,6 +61,7 @@ RETURNS transition_result
 LANGUAGE plpgsql
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     p_id       bigint := p_req.id;
@@ -260,6 +261,7 @@ LANGUAGE plpgsql
 ROWS 16
 SET enable_seqscan = off
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     p_order_ref text        := p_req.order_ref;

@@ -1520,3 +1520,88 @@ async fn cancels_and_converts_read_their_reservation_by_its_key_at_any_history()
     assert_eq!(seq_scans(&mut tx).await, 0, "the dashboard's cancel");
     tx.commit().await.expect("commit");
 }
+
+/// Every function that steers its plans by disabling node types also turns
+/// JIT off: a disabled node the planner must keep costs 10^10, past
+/// jit_above_cost, and JIT would compile that statement at every call
+/// (half a second each, seen in reserves with substitutes). The control:
+/// with the same steering and JIT left on, the server does compile the
+/// substitutes' ordered turns, so the first check would see a regression.
+#[tokio::test]
+async fn functions_that_steer_their_plans_never_compile_them_with_jit() {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let missing: Vec<String> = sqlx::query_scalar(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p
+          WHERE p.pronamespace = 'public'::regnamespace
+            AND p.proconfig && ARRAY['enable_seqscan=off', 'enable_sort=off']
+            AND NOT p.proconfig @> ARRAY['jit=off']
+          ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("function settings");
+    assert!(
+        missing.is_empty(),
+        "functions that steer plans without `SET jit = off`: {missing:?}"
+    );
+    let available: bool = sqlx::query_scalar("SELECT pg_jit_available()")
+        .fetch_one(&pool)
+        .await
+        .expect("jit available");
+    assert!(
+        available,
+        "this PostgreSQL cannot JIT-compile (its llvmjit library is missing), so this test cannot tell \
+         whether the functions' settings keep JIT off: install the server package with its JIT support"
+    );
+    let config: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(proconfig) FROM pg_proc WHERE proname = 'reserve_substituting'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("reserve_substituting's settings");
+    assert!(
+        config.iter().any(|c| c == "enable_sort=off"),
+        "the control needs a function that disables sorts: {config:?}"
+    );
+    // The ordered turns of substitute_turns, under the function's settings.
+    const TURNS: &str = "EXPLAIN (ANALYZE, FORMAT JSON)
+        SELECT x.p FROM (SELECT DISTINCT p FROM unnest(ARRAY['b', 'a']) p
+                          WHERE EXISTS (SELECT 1 FROM headroom h
+                                         WHERE h.org_id = 1 AND h.site = 'par1' AND h.profile = p)) x
+         ORDER BY hashtext('1/par1/' || x.p), x.p";
+    let compiled = |with_jit: bool| {
+        let config = config.clone();
+        let db = &db;
+        async move {
+            let mut conn = limited_connection(db).await;
+            for setting in &config {
+                let (name, value) = setting.split_once('=').expect("name=value");
+                let value = if name == "jit" && with_jit {
+                    "on"
+                } else {
+                    value
+                };
+                sqlx::query("SELECT set_config($1, $2, false)")
+                    .bind(name)
+                    .bind(value)
+                    .execute(&mut conn)
+                    .await
+                    .expect("set");
+            }
+            let plan: serde_json::Value = sqlx::query_scalar(TURNS)
+                .fetch_one(&mut conn)
+                .await
+                .expect("explain");
+            plan[0].get("JIT").is_some()
+        }
+    };
+    assert!(
+        compiled(true).await,
+        "control: with the steering settings and JIT on, the server should compile the ordered turns"
+    );
+    assert!(
+        !compiled(false).await,
+        "reserve_substituting's settings compile the ordered turns with JIT"
+    );
+}
