@@ -38,6 +38,7 @@ mod server;
 mod setup;
 mod statements;
 mod stats;
+mod substitutes;
 mod sweep;
 mod throughput;
 mod traced;
@@ -199,6 +200,9 @@ pub struct Results {
     pub statements: Vec<statements::Table>,
     /// Item 16: every page and read at fleet size beside a small pool.
     pub fleet: Option<fleet::Result>,
+    /// Item 17: item 1's cycle with substitute lists declared and served
+    /// by a substitute, beside plain (R20).
+    pub substitutes: Option<substitutes::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -254,9 +258,16 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     let mut results = Results::default();
     let mut pg_version = String::new();
 
-    if ["throughput", "statements", "pages", "headroom", "capacity"]
-        .iter()
-        .any(|item| cfg.runs_item(item))
+    if [
+        "throughput",
+        "statements",
+        "pages",
+        "headroom",
+        "capacity",
+        "substitutes",
+    ]
+    .iter()
+    .any(|item| cfg.runs_item(item))
     {
         let db = cluster.database("bench_api").await?;
         pg_version = sqlx::query_scalar("SELECT current_setting('server_version')")
@@ -575,6 +586,15 @@ async fn api_items(
             cfg.runs
         );
         results.headroom = Some(headroom::run(cfg, db, org, base, meter).await?);
+    }
+
+    if cfg.runs_item("substitutes") {
+        eprintln!(
+            "substitutes: {} clients, plain, a list declared, served by the substitute, {} runs each",
+            substitutes::CLIENTS,
+            cfg.runs
+        );
+        results.substitutes = Some(substitutes::run(cfg, db, org, base, meter).await?);
     }
 
     if cfg.runs_item("throughput") {

@@ -792,11 +792,74 @@ fn results_section(report: &Report) -> String {
     if let Some(f) = &results.fleet {
         fleet_rows(w, f);
     }
+    if let Some(s) = &results.substitutes {
+        substitutes_rows(w, s);
+    }
     for s in &results.skipped {
         let _ = writeln!(w, "\nLeft out: {s}.");
     }
     statement_tables(w, &results.statements);
+    if let Some(s) = &results.substitutes {
+        substitute_tables(w, s);
+    }
     md
+}
+
+/// Item 17: PostgreSQL CPU per cycle with a list declared and served by
+/// the substitute, each against plain runs of the same rounds.
+fn substitutes_rows(w: &mut String, s: &crate::substitutes::Result) {
+    let pg = |runs: &[crate::throughput::Run]| {
+        median(&runs.iter().map(|r| r.cpu.postgres_ms).collect::<Vec<_>>())
+    };
+    let rate = |runs: &[crate::throughput::Run]| {
+        median(&runs.iter().map(|r| r.cycles_per_s).collect::<Vec<_>>())
+    };
+    let each = |runs: &[crate::throughput::Run]| {
+        runs.iter()
+            .map(|r| format!("{:.2}", r.cpu.postgres_ms))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let plain = pg(&s.plain).max(1e-9);
+    for (what, runs, limit) in [
+        (
+            "a substitute declared for the asked profile and accepted by every reserve, the asked pool in stock",
+            &s.declared,
+            1.05,
+        ),
+        (
+            "every reserve asking a sold-out profile and served by its first substitute (`substituted` demand recorded)",
+            &s.served,
+            1.5,
+        ),
+    ] {
+        let ratio = pg(runs) / plain;
+        let _ = writeln!(
+            w,
+            "| 17 | substitutes (R20): item 1's cycle at {} clients, {what}, against plain runs (no list, not accepted) alternating with it | PostgreSQL CPU per cycle {:.2} ms against {:.2} ms: ×{:.2} ({:.0}/s against {:.0}/s; runs: {}; plain: {}) | ≤ ×{limit:.2} | {} |",
+            crate::substitutes::CLIENTS,
+            pg(runs),
+            plain,
+            ratio,
+            rate(runs),
+            rate(&s.plain),
+            each(runs),
+            each(&s.plain),
+            met(ratio <= limit)
+        );
+    }
+}
+
+/// Item 17's statement tables, in item 15's layout.
+fn substitute_tables(w: &mut String, s: &crate::substitutes::Result) {
+    if s.tables.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        w,
+        "\n## 17. Substitutes, statement by statement\n\nItem 17's three cycles, each in a run of its own with `pg_stat_statements.track = all`, as item 15."
+    );
+    statement_rows(w, &s.tables);
 }
 
 /// Item 16: each read's p50 alone at the largest size beside the first
@@ -850,6 +913,10 @@ fn statement_tables(w: &mut String, tables: &[crate::statements::Table]) {
         crate::statements::CLIENTS,
         0.005
     );
+    statement_rows(w, tables);
+}
+
+fn statement_rows(w: &mut String, tables: &[crate::statements::Table]) {
     for t in tables {
         let _ = writeln!(
             w,

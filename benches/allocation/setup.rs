@@ -127,6 +127,7 @@ impl Config {
                     "healing",
                     "tracing",
                     "headroom",
+                    "substitutes",
                     "capacity",
                     "pages",
                     "fill",

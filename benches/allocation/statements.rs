@@ -44,7 +44,7 @@ pub struct Table {
     pub rows: Vec<Row>,
 }
 
-async fn set_track(db: &Db, value: &str) -> anyhow::Result<()> {
+pub(crate) async fn set_track(db: &Db, value: &str) -> anyhow::Result<()> {
     db.exec(&format!(
         "ALTER SYSTEM SET pg_stat_statements.track = '{value}'"
     ))
@@ -92,18 +92,22 @@ async fn read(db: &Db, cycles: u64) -> anyhow::Result<Vec<Row>> {
     Ok(out)
 }
 
-/// One counted run on the pools as they are, labelled `pools`.
-async fn counted(
+/// One counted run of `ask` on the pools as they are, labelled `pools`.
+pub(crate) async fn counted(
     cfg: &Config,
     db: &Db,
     org: &Org,
     base: &str,
     meter: &Meter,
     pools: &str,
+    ask: &throughput::Ask,
 ) -> anyhow::Result<Table> {
     // Plans made and functions compiled under `all` before the reset.
-    let tag = pools.replace(' ', "-");
-    throughput::http_run(
+    let tag: String = pools
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    throughput::http_asks_run(
         meter,
         base,
         &org.token,
@@ -111,10 +115,11 @@ async fn counted(
         CLIENTS,
         1.0,
         &format!("sw-{tag}"),
+        ask,
     )
     .await?;
     crate::roundtrips::reset(db).await?;
-    let run = throughput::http_run(
+    let run = throughput::http_asks_run(
         meter,
         base,
         &org.token,
@@ -122,6 +127,7 @@ async fn counted(
         CLIENTS,
         cfg.run_seconds,
         &format!("s-{tag}"),
+        ask,
     )
     .await?;
     let rows = read(db, run.cycles).await?;
@@ -159,9 +165,10 @@ pub async fn run(
 ) -> anyhow::Result<Vec<Table>> {
     set_track(db, "all").await?;
     let outcome = async {
-        let mut tables = vec![counted(cfg, db, org, base, meter, "no headroom").await?];
+        let ask = throughput::Ask::default();
+        let mut tables = vec![counted(cfg, db, org, base, meter, "no headroom", &ask).await?];
         crate::headroom::keep(db, org, cfg.sites, true).await?;
-        let with = counted(cfg, db, org, base, meter, "headroom").await;
+        let with = counted(cfg, db, org, base, meter, "headroom", &ask).await;
         crate::headroom::keep(db, org, cfg.sites, false).await?;
         tables.push(with?);
         Ok::<_, anyhow::Error>(tables)

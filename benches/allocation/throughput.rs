@@ -91,6 +91,59 @@ pub async fn http_orders_run(
     tag: &str,
     quantity: u8,
 ) -> anyhow::Result<Run> {
+    let ask = Ask {
+        quantity,
+        ..Ask::default()
+    };
+    http_asks_run(meter, base, token, sites, clients, seconds, tag, &ask).await
+}
+
+/// What each cycle's reserve asks: item 1's is one machine of `PROFILE`,
+/// its substitutes not accepted (the field left out, as the order
+/// services that predate R20 send it).
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub profile: String,
+    pub quantity: u8,
+    /// `"substitutes": "allowed"` on the reserve (R20).
+    pub substitutes: bool,
+}
+
+impl Default for Ask {
+    fn default() -> Ask {
+        Ask {
+            profile: PROFILE.to_owned(),
+            quantity: 1,
+            substitutes: false,
+        }
+    }
+}
+
+impl Ask {
+    fn body(&self, order_ref: &str, site: &str) -> Value {
+        let mut body = json!({"order_ref": order_ref, "site": site, "profile": self.profile});
+        if self.quantity != 1 {
+            body["quantity"] = json!(self.quantity);
+        }
+        if self.substitutes {
+            body["substitutes"] = json!("allowed");
+        }
+        body
+    }
+}
+
+/// `http_run` with each reserve asking `ask`.
+#[allow(clippy::too_many_arguments)]
+pub async fn http_asks_run(
+    meter: &Meter,
+    base: &str,
+    token: &str,
+    sites: i64,
+    clients: usize,
+    seconds: f64,
+    tag: &str,
+    ask: &Ask,
+) -> anyhow::Result<Run> {
     let barrier = Arc::new(Barrier::new(clients + 1));
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -100,10 +153,11 @@ pub async fn http_orders_run(
         let (base, token, barrier) = (base.to_owned(), token.to_owned(), barrier.clone());
         let site = site(c as i64 % sites);
         let prefix = format!("{tag}-{c}");
+        let ask = ask.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-            http_client(&http, &base, &token, &site, &prefix, deadline, quantity).await
+            http_client(&http, &base, &token, &site, &prefix, deadline, &ask).await
         }));
     }
     let before = meter.read();
@@ -150,12 +204,25 @@ pub async fn http_order_cycle(
     order_ref: &str,
     quantity: u8,
 ) -> anyhow::Result<Cycle> {
-    let t = Instant::now();
-    let body = if quantity == 1 {
-        json!({"order_ref": order_ref, "site": site, "profile": PROFILE})
-    } else {
-        json!({"order_ref": order_ref, "site": site, "profile": PROFILE, "quantity": quantity})
+    let ask = Ask {
+        quantity,
+        ..Ask::default()
     };
+    http_ask_cycle(http, base, token, site, order_ref, &ask).await
+}
+
+/// One cycle of `ask`: reserve, then cancel what was held.
+pub async fn http_ask_cycle(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    site: &str,
+    order_ref: &str,
+    ask: &Ask,
+) -> anyhow::Result<Cycle> {
+    let quantity = ask.quantity;
+    let t = Instant::now();
+    let body = ask.body(order_ref, site);
     let resp = http
         .post(format!("{base}/api/v1/reservations"))
         .bearer_auth(token)
@@ -221,14 +288,13 @@ async fn http_client(
     site: &str,
     prefix: &str,
     deadline: Instant,
-    quantity: u8,
+    ask: &Ask,
 ) -> anyhow::Result<ClientResult> {
     let mut out = ClientResult::default();
     let mut i = 0u64;
     while Instant::now() < deadline {
         i += 1;
-        let cycle =
-            http_order_cycle(http, base, token, site, &format!("{prefix}-{i}"), quantity).await?;
+        let cycle = http_ask_cycle(http, base, token, site, &format!("{prefix}-{i}"), ask).await?;
         out.reserve.push(cycle.reserve);
         match cycle.cancel {
             Some(cancel) => {
