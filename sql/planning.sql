@@ -84,48 +84,79 @@ SELECT m.id, m.org_id, m.created_at, m.site, m.profile, m.status
 --   start) and retired (the other way round: retired, deleted or moved);
 -- - demand: converted of what was asked + refused for want of stock
 --   (unavailable, reserved, customer_limit) + substituted_out.
+--
+-- Its cost is a day's rows, not the history's: the sweep's holder runs it
+-- under a statement_timeout of seconds, holding the cursor and the lease,
+-- and a year of 2,000 holds a day made the per-machine probes of every
+-- reservation and link kept take seconds (the benchmark's planning item).
+-- - A machine with no change since the day's start is at both ends as it
+--   is now (its row is its last change: the triggers log every change),
+--   so only the others (a day's changes, and later ones), looked up one
+--   by one, can be added or retired.
+-- - Held at the end: the holds live now, and those ended since the end
+--   (reservations_recent_activity_idx); sold: the links live at the end,
+--   one pass over service_links (no index finds the links ended since).
+-- - jit off: the estimates of the CTEs' joins are far off, and compiling
+--   the plan cost more than running it.
 CREATE OR REPLACE FUNCTION pool_day_rows(p_day date)
 RETURNS TABLE (org_id bigint, site text, profile text, total bigint, sellable bigint, held bigint,
                sold bigint, not_ready bigint, created bigint, converted bigint, expired bigint,
                cancelled bigint, refused_unavailable bigint, refused_contended bigint,
                refused_reserved bigint, refused_customer_limit bigint, substituted_in bigint,
                substituted_out bigint, added bigint, retired bigint, demand bigint)
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql STABLE SET jit = off AS $$
     WITH b AS MATERIALIZED (
         SELECT p_day::timestamp AT TIME ZONE 'UTC' AS s, (p_day + 1)::timestamp AT TIME ZONE 'UTC' AS e
+    ), recent AS MATERIALIZED (
+        SELECT DISTINCT c.machine_id FROM machine_changes c, b WHERE c.at >= b.s
+    ), end_changed AS MATERIALIZED (
+        SELECT p.machine_id, p.org_id, p.site, p.profile, p.status
+          FROM recent r, b,
+               LATERAL (SELECT c.machine_id, c.org_id, c.site, c.profile, c.status FROM machine_changes c
+                         WHERE c.machine_id = r.machine_id AND c.at < b.e
+                         ORDER BY c.at DESC, c.id DESC LIMIT 1) p
+    ), start_changed AS MATERIALIZED (
+        SELECT p.machine_id, p.org_id, p.site, p.profile, p.status
+          FROM recent r, b,
+               LATERAL (SELECT c.machine_id, c.org_id, c.site, c.profile, c.status FROM machine_changes c
+                         WHERE c.machine_id = r.machine_id AND c.at < b.s
+                         ORDER BY c.at DESC, c.id DESC LIMIT 1) p
     ), at_end AS MATERIALIZED (
-        SELECT DISTINCT ON (c.machine_id) c.machine_id, c.org_id, c.site, c.profile, c.status
-          FROM machine_changes c, b WHERE c.at < b.e
-         ORDER BY c.machine_id, c.at DESC, c.id DESC
-    ), at_start AS MATERIALIZED (
-        SELECT DISTINCT ON (c.machine_id) c.machine_id, c.org_id, c.site, c.profile, c.status
-          FROM machine_changes c, b WHERE c.at < b.s
-         ORDER BY c.machine_id, c.at DESC, c.id DESC
+        SELECT m.id AS machine_id, m.org_id, m.site, m.profile, m.status
+          FROM machines m WHERE NOT EXISTS (SELECT 1 FROM recent r WHERE r.machine_id = m.id)
+        UNION ALL
+        SELECT * FROM end_changed
+    ), held_end AS MATERIALIZED (
+        SELECT r.machine_id FROM b, reservations r
+         WHERE r.state = 'held' AND r.expires_at > b.e AND r.created_at < b.e
+        UNION
+        SELECT r.machine_id FROM b, organizations o JOIN reservations r ON r.org_id = o.id
+         WHERE coalesce(r.ended_at, r.created_at) >= b.e AND r.ended_at >= b.e
+           AND r.created_at < b.e AND r.expires_at > b.e
+    ), sold_end AS MATERIALIZED (
+        SELECT DISTINCT l.machine_id FROM b, service_links l
+         WHERE l.created_at < b.e AND (l.ended_at IS NULL OR l.ended_at >= b.e)
     ), states AS (
         SELECT m.org_id, m.site, m.profile, count(*) AS total,
-               count(*) FILTER (WHERE x.sold) AS sold,
-               count(*) FILTER (WHERE x.held AND NOT x.sold) AS held,
-               count(*) FILTER (WHERE m.status = 'ready' AND NOT x.held AND NOT x.sold) AS sellable
-          FROM b, at_end m
-         CROSS JOIN LATERAL (
-             SELECT EXISTS (SELECT 1 FROM service_links l
-                             WHERE l.machine_id = m.machine_id AND l.created_at < b.e
-                               AND (l.ended_at IS NULL OR l.ended_at >= b.e)) AS sold,
-                    EXISTS (SELECT 1 FROM reservations r
-                             WHERE r.machine_id = m.machine_id AND r.created_at < b.e
-                               AND (r.ended_at IS NULL OR r.ended_at >= b.e)
-                               AND r.expires_at > b.e) AS held
-         ) x
+               count(*) FILTER (WHERE m.machine_id IN (SELECT so.machine_id FROM sold_end so)) AS sold,
+               count(*) FILTER (WHERE m.machine_id IN (SELECT h.machine_id FROM held_end h)
+                                  AND m.machine_id NOT IN (SELECT so.machine_id FROM sold_end so)) AS held,
+               count(*) FILTER (WHERE m.status = 'ready'
+                                  AND m.machine_id NOT IN (SELECT h.machine_id FROM held_end h)
+                                  AND m.machine_id NOT IN (SELECT so.machine_id FROM sold_end so)) AS sellable
+          FROM at_end m
          WHERE m.status IS NOT NULL
          GROUP BY 1, 2, 3
     ), moves AS (
+        -- A machine not changed since the day's start is the same at both
+        -- ends: neither added nor retired.
         SELECT e.org_id, e.site, e.profile, 1 AS added, 0 AS retired
-          FROM at_end e LEFT JOIN at_start s USING (machine_id)
+          FROM end_changed e LEFT JOIN start_changed s USING (machine_id)
          WHERE coalesce(e.status <> 'retired', false)
            AND NOT coalesce(s.status <> 'retired' AND (s.org_id, s.site, s.profile) = (e.org_id, e.site, e.profile), false)
         UNION ALL
         SELECT s.org_id, s.site, s.profile, 0, 1
-          FROM at_start s LEFT JOIN at_end e USING (machine_id)
+          FROM start_changed s LEFT JOIN end_changed e USING (machine_id)
          WHERE coalesce(s.status <> 'retired', false)
            AND NOT coalesce(e.status <> 'retired' AND (s.org_id, s.site, s.profile) = (e.org_id, e.site, e.profile), false)
     ), moved AS (

@@ -301,7 +301,11 @@ async fn measure(
 
 /// One client reading `url` again and again for `seconds` (at least 5
 /// times); the latency of each, request sent to last byte read.
-async fn read_for(http: &reqwest::Client, url: &str, seconds: f64) -> anyhow::Result<Latency> {
+pub(crate) async fn read_for(
+    http: &reqwest::Client,
+    url: &str,
+    seconds: f64,
+) -> anyhow::Result<Latency> {
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let mut samples = Vec::new();
     while samples.len() < 5 || Instant::now() < deadline {

@@ -30,6 +30,7 @@ mod ha_cluster;
 mod headroom;
 mod healing;
 mod pages;
+mod planning;
 mod pooler;
 mod race;
 mod report;
@@ -203,6 +204,8 @@ pub struct Results {
     /// Item 17: item 1's cycle with substitute lists declared and served
     /// by a substitute, beside plain (R20).
     pub substitutes: Option<substitutes::Result>,
+    /// Item 18: R21's daily job and planning pages at 1,000 pools.
+    pub planning: Option<planning::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -345,6 +348,14 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
     if cfg.runs_item("fleet") {
         eprintln!("fleet: sizes {:?}", cfg.fleet_sizes);
         results.fleet = Some(fleet::run(cluster, cfg).await?);
+    }
+
+    if cfg.runs_item("planning") {
+        eprintln!(
+            "planning: {} pools, {} days written by the daily job, pages over {} days",
+            cfg.planning_pools, cfg.planning_days, cfg.planning_page_days
+        );
+        results.planning = Some(planning::run(cluster, cfg).await?);
     }
 
     if cfg.runs_item("growth") {

@@ -131,6 +131,11 @@ fn command(cfg: &Config) -> String {
         "BENCH_PAGE_HELD",
         "BENCH_PAGE_SOLD",
         "BENCH_PAGE_READERS",
+        "BENCH_FLEET",
+        "BENCH_PLANNING",
+        "BENCH_PLANNING_DAYS",
+        "BENCH_PLANNING_HISTORY",
+        "BENCH_PLANNING_PAGE_DAYS",
         "BENCH_SERVER_LOG",
         "BENCH_DURABLE",
         "BENCH_PG_SET",
@@ -795,6 +800,9 @@ fn results_section(report: &Report) -> String {
     if let Some(s) = &results.substitutes {
         substitutes_rows(w, s);
     }
+    if let Some(p) = &results.planning {
+        planning_rows(w, p);
+    }
     for s in &results.skipped {
         let _ = writeln!(w, "\nLeft out: {s}.");
     }
@@ -898,6 +906,62 @@ fn fleet_rows(w: &mut String, f: &crate::fleet::Result) {
         small.load_cycles_per_s,
         large.load_cycles_per_s
     );
+}
+
+/// Item 18: R21's daily job per day written, and the planning reads alone.
+fn planning_rows(w: &mut String, p: &crate::planning::Result) {
+    let waits = |f: fn(&crate::planning::Day) -> f64| p.days.iter().map(f).fold(0.0, f64::max);
+    let days = p.days.len().max(1) as f64;
+    let mean =
+        |f: fn(&crate::planning::Day) -> i64| p.days.iter().map(f).sum::<i64>() as f64 / days;
+    let pools = p.days.iter().map(|d| d.pools).max().unwrap_or(0);
+    let _ = writeln!(
+        w,
+        "| 18 | the daily job (`planning::write_next_day`, one statement a day, the cursor row FOR UPDATE and the lease row FOR SHARE to its commit), {} days written one by one, {} pools ({} machines, {} days of activity before: {} reservations, {} refusal rows), a day of {:.0} holds, {:.0} refusal rows and {:.0} machine changes | {} pools a day; p50 {:.0} ms, max {:.0} ms (days: {}); probes held off at most {:.0} ms (lease row) and {:.0} ms (cursor row) | < 1 s, no lock held > 100 ms | {} |",
+        p.days.len(),
+        thousands(p.pools),
+        thousands(p.machines),
+        p.history_days,
+        thousands(p.history_reservations),
+        thousands(p.history_refusals),
+        mean(|d| d.created),
+        mean(|d| d.refusals),
+        mean(|d| d.machine_changes),
+        pools,
+        p.job_p50_ms,
+        p.job_max_ms,
+        p.days
+            .iter()
+            .map(|d| format!("{:.0}", d.ms))
+            .collect::<Vec<_>>()
+            .join(", "),
+        waits(|d| d.lease_wait_ms),
+        waits(|d| d.cursor_wait_ms),
+        met(p.job_max_ms < 100.0)
+    );
+    for r in &p.reads {
+        let target = if r.path.starts_with("/planning/pool") {
+            Some(20.0)
+        } else if r.path.starts_with("/planning") {
+            Some(50.0)
+        } else {
+            None
+        };
+        let _ = writeln!(
+            w,
+            "| 18 | {} at {} pools with {} days of history each ({} rows), {} flagged; one client, nothing else running | p50 {:.1} ms, p99 {:.1} ms ({} kB) | {} | {} |",
+            r.name,
+            thousands(p.pools),
+            p.page_days,
+            thousands(p.page_rows),
+            p.flagged,
+            r.alone.p50_ms,
+            r.alone.p99_ms,
+            r.bytes / 1024,
+            target.map_or(String::new(), |t| format!("p50 < {t:.0} ms")),
+            target.map_or("", |t| met(r.alone.p50_ms < t))
+        );
+    }
 }
 
 /// Item 15: where a cycle's time goes inside PostgreSQL, per statement, so

@@ -44,6 +44,19 @@ pub struct Config {
     /// Item 16: the fleet sizes whose reads are set side by side
     /// (`BENCH_FLEET`, machines; the first is the baseline).
     pub fleet_sizes: Vec<i64>,
+    /// Item 18: pools of the planning item (`BENCH_PLANNING`, 20 profiles
+    /// per site, 20 machines each), days the daily job writes
+    /// (`BENCH_PLANNING_DAYS`), days of activity before them
+    /// (`BENCH_PLANNING_HISTORY`) and days of history per pool the pages
+    /// read (`BENCH_PLANNING_PAGE_DAYS`).
+    #[serde(default)]
+    pub planning_pools: i64,
+    #[serde(default)]
+    pub planning_days: i64,
+    #[serde(default)]
+    pub planning_history_days: i64,
+    #[serde(default)]
+    pub planning_page_days: i64,
     /// Reserve+cancel cycles of one run of the fill item.
     pub fill_cycles: u64,
     /// Readers of the dashboard pages.
@@ -115,6 +128,10 @@ impl Config {
                 "BENCH_FLEET",
                 pick(quick, vec![10_000, 400_000], vec![2_000, 20_000]),
             ),
+            planning_pools: env_or("BENCH_PLANNING", pick(quick, 1_000, 100)).max(20),
+            planning_days: env_or("BENCH_PLANNING_DAYS", pick(quick, 7, 3)).max(1),
+            planning_history_days: env_or("BENCH_PLANNING_HISTORY", pick(quick, 365, 30)).max(3),
+            planning_page_days: env_or("BENCH_PLANNING_PAGE_DAYS", 365).max(1),
             server_log: std::env::var("BENCH_SERVER_LOG").unwrap_or_else(|_| "info".to_owned()),
             only: env_list(
                 "BENCH_ONLY",
@@ -134,6 +151,7 @@ impl Config {
                     "pooler",
                     "ha",
                     "fleet",
+                    "planning",
                 ]
                 .map(String::from)
                 .to_vec(),
