@@ -237,6 +237,32 @@ pub async fn history(
     Ok(rows)
 }
 
+/// The sellable stock at each day's end of the pools `pools` (site,
+/// profile) of organization `org_id`, the last `days` closed days, by
+/// pool and day: what `/planning`'s sparklines draw, read by the table's
+/// key for the pools of one page only.
+pub async fn sellable_days(
+    db: impl PgExecutor<'_>,
+    org_id: i64,
+    pools: &[(&str, &str)],
+    days: i32,
+) -> Result<Vec<(String, String, NaiveDate, i64)>, sqlx::Error> {
+    let (sites, profiles): (Vec<&str>, Vec<&str>) = pools.iter().copied().unzip();
+    sqlx::query_as(
+        "SELECT d.site, d.profile, d.day, d.sellable::bigint
+           FROM unnest($2::text[], $3::text[]) AS p(site, profile)
+           JOIN pool_days d ON d.org_id = $1 AND d.site = p.site AND d.profile = p.profile
+                           AND d.day >= (clock_timestamp() AT TIME ZONE 'UTC')::date - $4
+          ORDER BY d.site, d.profile, d.day",
+    )
+    .bind(org_id)
+    .bind(&sites)
+    .bind(&profiles)
+    .bind(days.clamp(1, MAX_HISTORY_DAYS))
+    .fetch_all(db)
+    .await
+}
+
 pub use crate::forecast::DEFAULT_LEAD_TIME_DAYS;
 
 /// The longest lead time staff may set, in days.

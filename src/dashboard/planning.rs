@@ -32,12 +32,18 @@ const DEMAND_HEIGHT: f64 = 60.0;
 /// The projection drawn past today, in days at most.
 const PROJECTION_DAYS: i64 = 60;
 
+/// Pools per page of `/planning`: the ranking is over every pool, the
+/// sparklines are read and drawn for the page's pools only.
+pub const PAGE_POOLS: usize = 50;
+
 #[derive(Debug, Default, Deserialize)]
 pub struct PlanningQuery {
     #[serde(default)]
     site: String,
     #[serde(default)]
     profile: String,
+    /// 1-based page of the ranking (absent: the first).
+    page: Option<usize>,
 }
 
 fn filters(q: &PlanningQuery) -> Result<(Option<Site>, Option<Profile>), DashError> {
@@ -97,21 +103,21 @@ fn words(f: &PoolForecast) -> (String, String, String, String, String) {
 
 /// The sellable stock of the last `CHART_DAYS` days as a polyline's
 /// points, scaled to the highest day; a day without a row is left out.
-fn sparkline(today: NaiveDate, days: &[&PoolDay]) -> (String, String) {
+fn sparkline(today: NaiveDate, days: &[(NaiveDate, i64)]) -> (String, String) {
     let start = today - Duration::days(i64::from(CHART_DAYS));
-    let peak = days.iter().map(|d| d.sellable).max().unwrap_or(0).max(1) as f64;
+    let peak = days.iter().map(|d| d.1).max().unwrap_or(0).max(1) as f64;
     let points: Vec<String> = days
         .iter()
-        .map(|d| {
-            let x = (d.day - start).num_days() as f64 * SPARK_DAY;
-            let y = SPARK_HEIGHT - (SPARK_HEIGHT - 2.0) * d.sellable as f64 / peak;
+        .map(|(day, sellable)| {
+            let x = (*day - start).num_days() as f64 * SPARK_DAY;
+            let y = SPARK_HEIGHT - (SPARK_HEIGHT - 2.0) * *sellable as f64 / peak;
             format!("{x:.1},{y:.1}")
         })
         .collect();
     let label = match (days.first(), days.last()) {
         (Some(first), Some(last)) => format!(
             "sellable at the day's end: {} on {}, {} on {}, at most {}",
-            first.sellable, first.day, last.sellable, last.day, peak as i64
+            first.1, first.0, last.1, last.0, peak as i64
         ),
         _ => "no history yet".to_owned(),
     };
@@ -124,6 +130,14 @@ struct PlanningPage {
     chrome: Chrome,
     as_of: String,
     rows: Vec<PoolRow>,
+    /// Every pool of the filters, and how many of them are flagged.
+    pools: usize,
+    flagged: usize,
+    /// The page's first and last pool (1-based), and the pager's links.
+    first_shown: usize,
+    last_shown: usize,
+    previous: Option<String>,
+    next: Option<String>,
     sites: Select,
     profiles: Select,
     csv: String,
@@ -144,20 +158,35 @@ pub(crate) async fn list(
         profile.as_ref(),
     )
     .await?;
-    let history = planning::history(
-        pool.get_ref(),
-        staff.org_id,
-        site.as_ref(),
-        profile.as_ref(),
-        CHART_DAYS,
-    )
-    .await?;
-    let mut by_pool: BTreeMap<(&str, &str), Vec<&PoolDay>> = BTreeMap::new();
-    for d in &history {
+    let page_of = |n: usize| {
+        url_with(
+            "/planning",
+            &[
+                ("site", &q.site),
+                ("profile", &q.profile),
+                ("page", &n.to_string()),
+            ],
+        )
+    };
+    let pages = fc.pools.len().div_ceil(PAGE_POOLS).max(1);
+    let at = q.page.unwrap_or(1);
+    if at == 0 || at > pages {
+        return Err(DashError::bad_request(format!(
+            "page {at} does not exist: the pools of these filters fill pages 1 to {pages}"
+        )));
+    }
+    let shown = &fc.pools[(at - 1) * PAGE_POOLS..(at * PAGE_POOLS).min(fc.pools.len())];
+    let keys: Vec<(&str, &str)> = shown
+        .iter()
+        .map(|f| (f.site.as_str(), f.profile.as_str()))
+        .collect();
+    let stock = planning::sellable_days(pool.get_ref(), staff.org_id, &keys, CHART_DAYS).await?;
+    let mut by_pool: BTreeMap<(&str, &str), Vec<(NaiveDate, i64)>> = BTreeMap::new();
+    for (site, profile, day, sellable) in &stock {
         by_pool
-            .entry((d.site.as_str(), d.profile.as_str()))
+            .entry((site.as_str(), profile.as_str()))
             .or_default()
-            .push(d);
+            .push((*day, *sellable));
     }
     let (mut sites, mut profiles): (Vec<String>, Vec<String>) = fc
         .pools
@@ -168,8 +197,7 @@ pub(crate) async fn list(
     sites.dedup();
     profiles.sort();
     profiles.dedup();
-    let rows = fc
-        .pools
+    let rows = shown
         .iter()
         .map(|f| {
             let days = by_pool
@@ -197,6 +225,12 @@ pub(crate) async fn list(
         chrome: Chrome::new(&req, &staff, "Planning", "planning"),
         as_of: fmt_time(&fc.as_of),
         rows,
+        pools: fc.pools.len(),
+        flagged: fc.pools.iter().filter(|f| f.flagged).count(),
+        first_shown: (at - 1) * PAGE_POOLS + 1,
+        last_shown: (at - 1) * PAGE_POOLS + shown.len(),
+        previous: (at > 1).then(|| page_of(at - 1)),
+        next: (at < pages).then(|| page_of(at + 1)),
         sites: Select::of("planning-site", "site", "Site", &sites, Some(&q.site)),
         profiles: Select::of(
             "planning-profile",

@@ -842,3 +842,86 @@ async fn the_sweeps_holder_rebuilds_the_past_over_periods() {
         .expect("replica");
     assert_eq!(replica, settings.replica);
 }
+
+/// `/planning` ranks every pool and shows them 50 a page, reading and
+/// drawing the sparklines of the page's pools only; a page that does not
+/// exist is a 400 that says which do.
+#[tokio::test]
+async fn the_planning_page_ranks_every_pool_and_shows_them_fifty_a_page() {
+    let app = crate::helpers::spawn_app().await;
+    let (pool, org) = (app.pool.clone(), app.org.id);
+    // 60 pools of one machine: s1..s6 x p0..p9, none with demand, so the
+    // ranking is by site and profile and s6/p9 comes last.
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'PG-' || s || '-' || p, 's' || s, 'dell', 'p' || p, 'ready'
+           FROM generate_series(1, 6) s, generate_series(0, 9) p",
+    )
+    .bind(org)
+    .execute(&pool)
+    .await
+    .expect("machines");
+    // One closed day of history for the last pool only: its sparkline.
+    sqlx::query(
+        "INSERT INTO pool_days (org_id, site, profile, day, total, sellable, held, sold, not_ready,
+                                created, converted, expired, cancelled, refused_unavailable,
+                                refused_contended, refused_reserved, refused_customer_limit,
+                                substituted_in, substituted_out, added, retired, demand, replica,
+                                lease_fence)
+         VALUES ($1, 's6', 'p9', (clock_timestamp() AT TIME ZONE 'UTC')::date - 1, 1, 1, 0, 0, 0,
+                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 'test', 0)",
+    )
+    .bind(org)
+    .execute(&pool)
+    .await
+    .expect("a day");
+    let viewer = app.staff("planner@example.com", "viewer").await;
+    let pools_on = |html: &str| -> Vec<String> {
+        html.match_indices("data-site=\"")
+            .map(|(i, _)| {
+                let rest = &html[i + 11..];
+                let site = rest.split('"').next().unwrap_or_default();
+                let profile = rest
+                    .split("data-profile=\"")
+                    .nth(1)
+                    .and_then(|p| p.split('"').next())
+                    .unwrap_or_default();
+                format!("{site}/{profile}")
+            })
+            .collect()
+    };
+    let (status, first) = viewer.page("/planning").await;
+    assert_eq!(status, 200, "{first}");
+    assert!(first.contains("60 pools, 0 flagged; pools 1 to 50"), "{first}");
+    assert_eq!(pools_on(&first).len(), 50, "{first}");
+    assert_eq!(first.matches("class=\"spark-stock\"").count(), 0, "{first}");
+    assert!(!first.contains("rel=\"prev\""), "{first}");
+    // Follow the page's own link to the next.
+    let next = first
+        .split("rel=\"next\"")
+        .next()
+        .and_then(|head| head.rsplit("href=\"").next())
+        .and_then(|href| href.split('"').next())
+        .expect("a link to the next pools")
+        .replace("&amp;", "&");
+    let (status, second) = viewer.page(&next).await;
+    assert_eq!(status, 200, "{second}");
+    assert!(second.contains("pools 51 to 60"), "{second}");
+    let shown = pools_on(&second);
+    assert_eq!(shown.len(), 10, "{second}");
+    assert_eq!(shown.last().map(String::as_str), Some("s6/p9"), "{second}");
+    assert_eq!(second.matches("class=\"spark-stock\"").count(), 1, "{second}");
+    assert!(second.contains("rel=\"prev\""), "{second}");
+    assert!(!second.contains("rel=\"next\""), "{second}");
+    let mut all = pools_on(&first);
+    all.extend(shown);
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 60, "every pool once: {all:?}");
+    for bad in ["/planning?page=3", "/planning?page=0", "/planning?page=two"] {
+        let (status, html) = viewer.page(bad).await;
+        assert_eq!(status, 400, "{bad}: {html}");
+    }
+    let (_, html) = viewer.page("/planning?page=3").await;
+    assert!(html.contains("pages 1 to 2"), "{html}");
+}
