@@ -129,7 +129,9 @@ struct WhyNotPage {
     substitutes_note: Option<String>,
 }
 
-/// explain() is read in chunks of this many machines...
+/// explain() is read in chunks of this many machines, the first of twice
+/// the page (most pages fill from it: at a large provider's size a pool
+/// holds thousands of machines, and each row read costs its probes)...
 const CHUNK: i64 = 500;
 /// ...and at most this many chunks per page: a group that is rare among
 /// thousands of machines gives a shorter page with a "next" link, never an
@@ -149,10 +151,11 @@ async fn scan(
 ) -> Result<(Vec<Verdict>, Option<String>), sqlx::Error> {
     let mut out: Vec<Verdict> = Vec::new();
     let mut cursor = after.map(str::to_owned);
+    let mut size = (2 * limit as i64 + 1).min(CHUNK);
     for _ in 0..MAX_CHUNKS {
-        let chunk =
-            allocator::explain(pool, org_id, spec, filter, cursor.as_deref(), CHUNK).await?;
-        let short = (chunk.len() as i64) < CHUNK;
+        let chunk = allocator::explain(pool, org_id, spec, filter, cursor.as_deref(), size).await?;
+        let short = (chunk.len() as i64) < size;
+        size = CHUNK;
         for v in chunk {
             cursor = Some(v.machine.asset_tag.clone());
             if want(&v) {
