@@ -95,7 +95,7 @@ SELECT m.id, m.org_id, m.created_at, m.site, m.profile, m.status
 --   by one, can be added or retired.
 -- - Held at the end: the holds live now, and those ended since the end
 --   (reservations_recent_activity_idx); sold: the links live at the end,
---   one pass over service_links (no index finds the links ended since).
+--   those live now and those ended since (service_links_ended_idx).
 -- - jit off: the estimates of the CTEs' joins are far off, and compiling
 --   the plan cost more than running it.
 CREATE OR REPLACE FUNCTION pool_day_rows(p_day date)
@@ -134,8 +134,13 @@ LANGUAGE sql STABLE SET jit = off AS $$
          WHERE coalesce(r.ended_at, r.created_at) >= b.e AND r.ended_at >= b.e
            AND r.created_at < b.e AND r.expires_at > b.e
     ), sold_end AS MATERIALIZED (
-        SELECT DISTINCT l.machine_id FROM b, service_links l
-         WHERE l.created_at < b.e AND (l.ended_at IS NULL OR l.ended_at >= b.e)
+        -- The links live now (the arbiter's partial index), and those
+        -- ended since the end (service_links_ended_idx).
+        SELECT l.machine_id FROM b, service_links l
+         WHERE l.ended_at IS NULL AND l.created_at < b.e
+        UNION
+        SELECT l.machine_id FROM b, service_links l
+         WHERE l.ended_at >= b.e AND l.created_at < b.e
     ), states AS (
         SELECT m.org_id, m.site, m.profile, count(*) AS total,
                count(*) FILTER (WHERE m.machine_id IN (SELECT so.machine_id FROM sold_end so)) AS sold,
@@ -214,3 +219,21 @@ LANGUAGE sql STABLE SET jit = off AS $$
       LEFT JOIN flows fl USING (org_id, site, profile)
       LEFT JOIN refused rf USING (org_id, site, profile)
 $$;
+
+-- R21: every statement that writes pool_days moves
+-- pool_days_written.generation on, in its own transaction: the forecast's
+-- readers keep their fitted rates while it stays put (src/forecast.rs).
+-- The daily job holds that row already (its cursor); any other writer (a
+-- rewrite of the history, a restore's tooling, a test) is counted the same.
+CREATE OR REPLACE FUNCTION pool_days_generation_next() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pool_days_written SET generation = generation + 1;
+    RETURN NULL;
+END
+$$;
+
+DROP TRIGGER IF EXISTS pool_days_generation ON pool_days;
+CREATE TRIGGER pool_days_generation
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pool_days
+    FOR EACH STATEMENT EXECUTE FUNCTION pool_days_generation_next();

@@ -7,6 +7,9 @@
 //! the band's dates come from the band's rates. docs/rules.md (R21) says
 //! the method and its limits.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use serde::Serialize;
 use sqlx::PgExecutor;
@@ -137,21 +140,6 @@ pub fn project(
     }
 }
 
-/// One pool's row of `read`: the instant and the day, then the pool
-/// (NULL when there is none), its available stock, lead time, whether it
-/// has days before the window, and its window's days and demand.
-type ForecastRow = (
-    DateTime<Utc>,
-    NaiveDate,
-    Option<String>,
-    Option<String>,
-    Option<i64>,
-    Option<i32>,
-    Option<bool>,
-    Option<Vec<NaiveDate>>,
-    Option<Vec<i64>>,
-);
-
 /// One pool's forecast (the API's answer, the planning page's row).
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[schema(as = ForecastPool)]
@@ -220,91 +208,217 @@ fn series(today: NaiveDate, earlier: bool, days: &[NaiveDate], demand: &[i64]) -
     out
 }
 
-/// R21 for organization `org_id` (filters `None`: any): every pool that
-/// has machines or history in the window, with its rate, run-out and flag,
-/// soonest run-out first. One statement: the stock, the history and the
-/// lead times are one reading.
-pub async fn read(
+/// What `read` keeps of one organization's history: each pool's fitted
+/// rate and days of history, as of one day and one generation of
+/// `pool_days` (`pool_days_written.generation`, moved on by every write of
+/// the table). The history changes once a day (the daily job), so every
+/// read of that day reuses it; the stock is read at every call.
+struct Fitted {
+    today: NaiveDate,
+    generation: i64,
+    /// Per pool: the fit, its days of history, whether it has days in
+    /// the window (a pool with no machine now is told only then).
+    pools: HashMap<(String, String), (Option<Fit>, usize, bool)>,
+}
+
+/// Per database and organization; a process serves one database, tests
+/// many (hence the database's name in the key).
+static FITTED: LazyLock<Mutex<HashMap<(String, i64), Arc<Fitted>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The stock of one pool now (NULL pool: none), with the instant, the
+/// day, the database and the history's generation on every row.
+type StockRow = (
+    DateTime<Utc>,
+    NaiveDate,
+    String,
+    i64,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    Option<i32>,
+);
+
+/// One pool's window of history: its days and demand, and whether it has
+/// days before the window.
+type HistoryRow = (String, String, bool, Vec<NaiveDate>, Vec<i64>);
+
+/// The fitted rates of every pool of organization `org_id` with history,
+/// from the window ending yesterday. The arrays are aggregated unordered
+/// (no sort of the window's rows): `series` places each day by its date.
+async fn fit_history(
     db: impl PgExecutor<'_>,
+    org_id: i64,
+    today: NaiveDate,
+    generation: i64,
+) -> Result<Fitted, sqlx::Error> {
+    let rows: Vec<HistoryRow> = sqlx::query_as(
+        "WITH hist AS (
+             SELECT d.site, d.profile, array_agg(d.day) AS days, array_agg(d.demand::bigint) AS demand
+               FROM pool_days d
+              WHERE d.org_id = $1 AND d.day >= $2::date - $3 AND d.day < $2::date
+              GROUP BY d.site, d.profile
+         ), earlier AS (
+             SELECT DISTINCT ON (d.site, d.profile) d.site, d.profile
+               FROM pool_days d
+              WHERE d.org_id = $1 AND d.day < $2::date - $3
+         )
+         SELECT coalesce(h.site, e.site), coalesce(h.profile, e.profile), e.site IS NOT NULL,
+                coalesce(h.days, '{}'), coalesce(h.demand, '{}')
+           FROM hist h FULL JOIN earlier e USING (site, profile)",
+    )
+    .bind(org_id)
+    .bind(today)
+    .bind(WINDOW_DAYS)
+    .fetch_all(db)
+    .await?;
+    let pools = rows
+        .into_iter()
+        .map(|(site, profile, earlier, days, demand)| {
+            let series = series(today, earlier, &days, &demand);
+            let in_window = !days.is_empty();
+            ((site, profile), (fit(&series), series.len(), in_window))
+        })
+        .collect();
+    Ok(Fitted {
+        today,
+        generation,
+        pools,
+    })
+}
+
+/// `read` on a connection of `db`'s.
+pub async fn read_from(
+    db: &crate::db::Db,
     org_id: i64,
     site: Option<&Site>,
     profile: Option<&Profile>,
 ) -> Result<Forecast, sqlx::Error> {
-    // Rows, not one JSON value: decoding 1,000 pools' arrays from the
-    // binary protocol costs a fraction of building and parsing them as
-    // JSON. The arrays are aggregated unordered (no sort of the window's
-    // rows): `series` places each day by its date. The LEFT JOIN from `t`
-    // keeps one row (its pool NULL) when there is no pool.
-    let rows: Vec<ForecastRow> = sqlx::query_as(
+    let mut conn = db.acquire().await?;
+    let answer = read(&mut conn, org_id, site, profile).await;
+    if let Err(e) = &answer {
+        conn.failed(e);
+    }
+    answer
+}
+
+/// R21 for organization `org_id` (filters `None`: any): every pool that
+/// has machines or history, with its rate, run-out and flag, soonest
+/// run-out first. The stock and the lead times are one statement at every
+/// call; the fitted rates are computed once per day and generation of the
+/// history (`Fitted`), by a second statement when they are not kept yet.
+pub async fn read(
+    db: &mut sqlx::PgConnection,
+    org_id: i64,
+    site: Option<&Site>,
+    profile: Option<&Profile>,
+) -> Result<Forecast, sqlx::Error> {
+    // The LEFT JOIN from `t` keeps one row (its pool NULL) without pools.
+    let rows: Vec<StockRow> = sqlx::query_as(
         "WITH t AS (SELECT clock_timestamp() AS as_of,
-                           (clock_timestamp() AT TIME ZONE 'UTC')::date AS today),
-         cap AS (SELECT c.site, c.profile, c.available FROM capacity_pools($1, $2, $3, NULL, NULL) c),
-         hist AS (
-             SELECT d.site, d.profile, array_agg(d.day) AS days, array_agg(d.demand::bigint) AS demand
-               FROM t, pool_days d
-              WHERE d.org_id = $1 AND d.day >= t.today - $4 AND d.day < t.today
-                AND ($2::text IS NULL OR d.site = $2) AND ($3::text IS NULL OR d.profile = $3)
-              GROUP BY d.site, d.profile
-         ),
-         pools AS (SELECT site, profile FROM cap UNION SELECT site, profile FROM hist),
+                           (clock_timestamp() AT TIME ZONE 'UTC')::date AS today,
+                           current_database()::text AS db,
+                           (SELECT w.generation FROM pool_days_written w) AS generation),
          pool_rows AS (
-             SELECT p.site, p.profile, coalesce(c.available, 0)::bigint AS available,
-                    coalesce(l.lead_time_days, $5)::integer AS lead,
-                    EXISTS (SELECT 1 FROM pool_days e
-                             WHERE e.org_id = $1 AND e.site = p.site AND e.profile = p.profile
-                               AND e.day < t.today - $4) AS earlier,
-                    h.days, h.demand
-               FROM t CROSS JOIN pools p
-               LEFT JOIN cap c USING (site, profile)
-               LEFT JOIN hist h USING (site, profile)
-               LEFT JOIN site_lead_times l ON l.org_id = $1 AND l.site = p.site
+             SELECT c.site, c.profile, c.available::bigint AS available,
+                    coalesce(l.lead_time_days, $4)::integer AS lead
+               FROM capacity_pools($1, $2, $3, NULL, NULL) c
+               LEFT JOIN site_lead_times l ON l.org_id = $1 AND l.site = c.site
          )
-         SELECT t.as_of, t.today, r.site, r.profile, r.available, r.lead, r.earlier, r.days, r.demand
+         SELECT t.as_of, t.today, t.db, coalesce(t.generation, 0), r.site, r.profile, r.available, r.lead
            FROM t LEFT JOIN pool_rows r ON true",
     )
     .bind(org_id)
     .bind(site.map(Site::as_str))
     .bind(profile.map(Profile::as_str))
-    .bind(WINDOW_DAYS)
     .bind(DEFAULT_LEAD_TIME_DAYS)
-    .fetch_all(db)
+    .fetch_all(&mut *db)
     .await?;
-    // The LEFT JOIN from `t` always answers a row.
-    let Some((as_of, today)) = rows.first().map(|r| (r.0, r.1)) else {
+    let Some((as_of, today, database, generation)) =
+        rows.first().map(|r| (r.0, r.1, r.2.clone(), r.3))
+    else {
         return Err(sqlx::Error::RowNotFound);
     };
-    let mut pools = Vec::new();
-    for (_, _, site, profile, available, lead, earlier, days, demand) in rows {
-        let (Some(site), Some(profile)) = (site, profile) else {
-            continue;
-        };
-        let (available, lead) = (
-            available.unwrap_or(0),
-            lead.unwrap_or(DEFAULT_LEAD_TIME_DAYS),
-        );
-        let series = series(
-            today,
-            earlier.unwrap_or(false),
-            &days.unwrap_or_default(),
-            &demand.unwrap_or_default(),
-        );
-        let fitted = fit(&series);
-        let p = project(available, fitted, today, lead);
-        pools.push(PoolForecast {
-            site,
-            profile,
-            available,
-            demand_per_day: fitted.map(|f| f.rate),
-            days_left: p.days_left,
-            run_out: p.run_out,
-            run_out_low: p.run_out_low,
-            run_out_high: p.run_out_high,
-            lead_time_days: lead,
-            order_by: p.order_by,
-            flagged: p.flagged,
-            history_days: series.len(),
-        });
+    let key = (database, org_id);
+    let kept = FITTED
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&key).cloned())
+        .filter(|f| f.today == today && f.generation == generation);
+    let fitted = match kept {
+        Some(f) => f,
+        None => {
+            let f = Arc::new(fit_history(&mut *db, org_id, today, generation).await?);
+            if let Ok(mut m) = FITTED.lock() {
+                m.insert(key, f.clone());
+            }
+            f
+        }
+    };
+    let wanted = |s: &str, p: &str| {
+        site.is_none_or(|x| x.as_str() == s) && profile.is_none_or(|x| x.as_str() == p)
+    };
+    let mut stock: HashMap<(String, String), (i64, i32)> = HashMap::new();
+    for (_, _, _, _, site, profile, available, lead) in rows {
+        if let (Some(s), Some(p)) = (site, profile) {
+            stock.insert(
+                (s, p),
+                (
+                    available.unwrap_or(0),
+                    lead.unwrap_or(DEFAULT_LEAD_TIME_DAYS),
+                ),
+            );
+        }
     }
+    // Pools with history in the window but no machine now keep their
+    // site's lead time.
+    let missing: Vec<&(String, String)> = fitted
+        .pools
+        .iter()
+        .filter(|((s, p), (_, _, in_window))| {
+            *in_window && wanted(s, p) && !stock.contains_key(&(s.clone(), p.clone()))
+        })
+        .map(|(k, _)| k)
+        .collect();
+    let leads: HashMap<String, i32> = if missing.is_empty() {
+        HashMap::new()
+    } else {
+        sqlx::query_as("SELECT site, lead_time_days FROM site_lead_times WHERE org_id = $1")
+            .bind(org_id)
+            .fetch_all(&mut *db)
+            .await?
+            .into_iter()
+            .collect()
+    };
+    for (s, p) in missing {
+        let lead = leads.get(s).copied().unwrap_or(DEFAULT_LEAD_TIME_DAYS);
+        stock.insert((s.clone(), p.clone()), (0, lead));
+    }
+    let mut pools: Vec<PoolForecast> = stock
+        .into_iter()
+        .map(|((site, profile), (available, lead))| {
+            let (fitted, history_days, _) = fitted
+                .pools
+                .get(&(site.clone(), profile.clone()))
+                .copied()
+                .unwrap_or((None, 0, false));
+            let p = project(available, fitted, today, lead);
+            PoolForecast {
+                site,
+                profile,
+                available,
+                demand_per_day: fitted.map(|f| f.rate),
+                days_left: p.days_left,
+                run_out: p.run_out,
+                run_out_low: p.run_out_low,
+                run_out_high: p.run_out_high,
+                lead_time_days: lead,
+                order_by: p.order_by,
+                flagged: p.flagged,
+                history_days,
+            }
+        })
+        .collect();
     pools.sort_by(|a, b| {
         let key = |p: &PoolForecast| p.days_left.unwrap_or(f64::INFINITY);
         key(a)

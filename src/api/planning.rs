@@ -98,7 +98,7 @@ pub(crate) async fn get_forecast(
         .map_err(|e| invalid(format!("invalid query string: {e}")))?;
     let site = label(&query.site, Site::parse)?;
     let profile = label(&query.profile, Profile::parse)?;
-    let answer = forecast::read(
+    let answer = forecast::read_from(
         pool.get_ref(),
         client.org_id,
         site.as_ref(),

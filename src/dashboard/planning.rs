@@ -151,7 +151,7 @@ pub(crate) async fn list(
     q: web::Query<PlanningQuery>,
 ) -> Result<HttpResponse, DashError> {
     let (site, profile) = filters(&q)?;
-    let fc = forecast::read(
+    let fc = forecast::read_from(
         pool.get_ref(),
         staff.org_id,
         site.as_ref(),
@@ -545,7 +545,7 @@ pub(crate) async fn pool_page(
             "A pool is a site and a profile: give both (site=…&profile=…).",
         ));
     };
-    let fc = forecast::read(pool.get_ref(), staff.org_id, Some(&site), Some(&profile)).await?;
+    let fc = forecast::read_from(pool.get_ref(), staff.org_id, Some(&site), Some(&profile)).await?;
     let Some(f) = fc.pools.into_iter().next() else {
         return Err(DashError::NotFound("pool"));
     };

@@ -361,7 +361,8 @@ impl DbState {
     }
 
     /// R21: every organization's forecast, by the method the API answers
-    /// with (`forecast::read`, one statement per organization).
+    /// with (`forecast::read`: the stock per organization, the fitted rates
+    /// kept while the history stays as it was).
     async fn runout(
         conn: &mut sqlx::PgConnection,
     ) -> Result<Vec<(String, String, String, Option<f64>, i32)>, sqlx::Error> {

@@ -892,7 +892,10 @@ async fn the_planning_page_ranks_every_pool_and_shows_them_fifty_a_page() {
     };
     let (status, first) = viewer.page("/planning").await;
     assert_eq!(status, 200, "{first}");
-    assert!(first.contains("60 pools, 0 flagged; pools 1 to 50"), "{first}");
+    assert!(
+        first.contains("60 pools, 0 flagged; pools 1 to 50"),
+        "{first}"
+    );
     assert_eq!(pools_on(&first).len(), 50, "{first}");
     assert_eq!(first.matches("class=\"spark-stock\"").count(), 0, "{first}");
     assert!(!first.contains("rel=\"prev\""), "{first}");
@@ -910,7 +913,11 @@ async fn the_planning_page_ranks_every_pool_and_shows_them_fifty_a_page() {
     let shown = pools_on(&second);
     assert_eq!(shown.len(), 10, "{second}");
     assert_eq!(shown.last().map(String::as_str), Some("s6/p9"), "{second}");
-    assert_eq!(second.matches("class=\"spark-stock\"").count(), 1, "{second}");
+    assert_eq!(
+        second.matches("class=\"spark-stock\"").count(),
+        1,
+        "{second}"
+    );
     assert!(second.contains("rel=\"prev\""), "{second}");
     assert!(!second.contains("rel=\"next\""), "{second}");
     let mut all = pools_on(&first);
@@ -924,4 +931,66 @@ async fn the_planning_page_ranks_every_pool_and_shows_them_fifty_a_page() {
     }
     let (_, html) = viewer.page("/planning?page=3").await;
     assert!(html.contains("pages 1 to 2"), "{html}");
+}
+
+/// The fitted rates are kept between reads and computed again as soon as
+/// the history changes: every write of pool_days (the daily job, a
+/// rewrite, any other statement) moves its generation on.
+#[tokio::test]
+async fn the_forecast_keeps_its_rates_until_the_history_changes() {
+    let app = crate::helpers::spawn_app().await;
+    let (pool, org) = (app.pool.clone(), app.org.id);
+    add_machines(&pool, org, ("par1", "epyc-64"), 3, 30).await;
+    let rate = || {
+        let (http, url, token) = (
+            app.http.clone(),
+            app.url("/api/v1/forecast?site=par1&profile=epyc-64"),
+            app.org.token.clone(),
+        );
+        async move {
+            let r = http.get(url).bearer_auth(token).send().await.expect("get");
+            assert_eq!(r.status(), reqwest::StatusCode::OK);
+            let body: serde_json::Value = r.json().await.expect("json");
+            body["pools"][0]["demand_per_day"].clone()
+        }
+    };
+    let generation = || async {
+        sqlx::query_scalar::<_, i64>("SELECT generation FROM pool_days_written")
+            .fetch_one(&pool)
+            .await
+            .expect("generation")
+    };
+    assert_eq!(rate().await, serde_json::Value::Null, "no history yet");
+    assert_eq!(rate().await, serde_json::Value::Null, "read again, kept");
+    let before = generation().await;
+    sqlx::query(
+        "INSERT INTO pool_days (org_id, site, profile, day, total, sellable, held, sold, not_ready,
+                                created, converted, expired, cancelled, refused_unavailable,
+                                refused_contended, refused_reserved, refused_customer_limit,
+                                substituted_in, substituted_out, added, retired, demand, replica,
+                                lease_fence)
+         VALUES ($1, 'par1', 'epyc-64', (clock_timestamp() AT TIME ZONE 'UTC')::date - 1, 30, 30, 0,
+                 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 'test', 0)",
+    )
+    .bind(org)
+    .execute(&pool)
+    .await
+    .expect("a day");
+    assert_eq!(generation().await, before + 1);
+    assert_eq!(rate().await, serde_json::json!(3.0), "the new day is read");
+    sqlx::query("UPDATE pool_days SET demand = 5, refused_unavailable = 5")
+        .execute(&pool)
+        .await
+        .expect("rewrite the day");
+    assert_eq!(
+        rate().await,
+        serde_json::json!(5.0),
+        "the rewritten day is read"
+    );
+    sqlx::query("DELETE FROM pool_days")
+        .execute(&pool)
+        .await
+        .expect("drop the day");
+    assert_eq!(rate().await, serde_json::Value::Null, "no history again");
+    assert_eq!(generation().await, before + 3);
 }

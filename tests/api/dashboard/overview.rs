@@ -321,7 +321,7 @@ async fn the_demo_tells_every_state_once_and_tops_up_its_holds() {
     // profile (served by substitutes) is flagged with nothing of its own.
     // The rates of 2 days in 3 and 1 in 3 are the line's value on the last
     // day of a 28-day window that ends mid-pattern (0.65, 0.29).
-    let f = poolkeeper::forecast::read(pool, org, None, None)
+    let f = poolkeeper::forecast::read_from(pool, org, None, None)
         .await
         .expect("forecast");
     let story: Vec<String> = f
