@@ -223,8 +223,8 @@ struct Fitted {
 
 /// Per database and organization; a process serves one database, tests
 /// many (hence the database's name in the key).
-static FITTED: LazyLock<Mutex<HashMap<(String, i64), Arc<Fitted>>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
+type FittedByOrg = HashMap<(String, i64), Arc<Fitted>>;
+static FITTED: LazyLock<Mutex<FittedByOrg>> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The stock of one pool now (NULL pool: none), with the instant, the
 /// day, the database and the history's generation on every row.
