@@ -162,7 +162,7 @@ async fn measure(cluster: &Cluster, cfg: &Config, db: &Db) -> anyhow::Result<Res
     pages::create_viewer(db, org.id).await?;
     let app = db.app_pool(2).await?;
     poolkeeper::capacity::fold_figures(&app).await?;
-    let flagged = poolkeeper::forecast::read(&app, org.id, None, None)
+    let flagged = poolkeeper::forecast::read_from(&app, org.id, None, None)
         .await?
         .pools
         .iter()
