@@ -1605,3 +1605,94 @@ async fn functions_that_steer_their_plans_never_compile_them_with_jit() {
         "reserve_substituting's settings compile the ordered turns with JIT"
     );
 }
+
+/// A sold-out pool's lookups stay on the pool's indexes when one profile
+/// fills the statistics: the organization's machines are all of one
+/// profile when ANALYZE runs, then a profile with no sellable machine is
+/// added (a reserve of it is refused, or served by a substitute). The
+/// generic plans the allocator keeps per connection (its functions'
+/// settings, read from the catalog) must read a few index pages, not every
+/// machine of the site (143 buffers here before the profile's estimate was
+/// fixed).
+#[tokio::test]
+async fn a_sold_out_pools_lookups_read_its_index_not_the_site_when_one_profile_fills_the_statistics()
+ {
+    let db = migrated_db().await;
+    let pool = db.pool().await;
+    let org = create_org(&pool, "oneprofile", true).await;
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'ONE-' || lpad(g::text, 5, '0'), 's' || (1 + g % 10), 'dell', 'epyc-main', 'ready'
+           FROM generate_series(1, 10000) g",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("machines");
+    sqlx::query("ANALYZE machines")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    sqlx::query(
+        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+         SELECT $1, 'OUT-' || g, 's' || (1 + g % 10), 'dell', 'epyc-out', 'maintenance'
+           FROM generate_series(1, 10) g",
+    )
+    .bind(org.id)
+    .execute(&pool)
+    .await
+    .expect("the sold-out profile");
+    let config: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(proconfig) FROM pg_proc WHERE proname = 'reserve_substituting'",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("settings");
+    let mut conn = limited_connection(&db).await;
+    for setting in &config {
+        let (name, value) = setting.split_once('=').expect("name=value");
+        sqlx::query("SELECT set_config($1, $2, false)")
+            .bind(name)
+            .bind(value)
+            .execute(&mut conn)
+            .await
+            .expect("set");
+    }
+    for (name, sql, args) in [
+        (
+            "candidates",
+            "PREPARE candidates(bigint, text, text, text, bigint) AS
+             SELECT c.id FROM machine_candidates($1, $2, $3, $4, $5) c",
+            "($1, 's3', 'epyc-out', NULL, 5)",
+        ),
+        (
+            "matching",
+            "PREPARE matching(bigint, text, text, text) AS
+             SELECT count(*) FROM machine_verdicts($1, $2, $3, $4) v
+              WHERE v.site = $2 AND v.profile = $3 AND v.status = 'ready' AND v.exclusion IS NULL",
+            "($1, 's3', 'epyc-out', NULL)",
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(&mut conn)
+            .await
+            .expect("prepare");
+        let explain = format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}{}",
+            args.replace("$1", &org.id.to_string())
+        );
+        let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(explain))
+            .fetch_one(&mut conn)
+            .await
+            .expect("explain");
+        let text = plan.to_string();
+        let hit = plan[0]["Plan"]["Shared Hit Blocks"]
+            .as_i64()
+            .unwrap_or(i64::MAX)
+            + plan[0]["Plan"]["Shared Read Blocks"].as_i64().unwrap_or(0);
+        assert!(
+            hit <= 10 && !text.contains("machines_by_site_idx"),
+            "{name}: the sold-out pool's lookup read {hit} buffers: {plan:#}"
+        );
+    }
+}
