@@ -239,8 +239,8 @@ pub async fn history(
 
 /// The sellable stock at each day's end of the pools `pools` (site,
 /// profile) of organization `org_id`, the last `days` closed days, by
-/// pool and day: what `/planning`'s sparklines draw, read by the table's
-/// key for the pools of one page only.
+/// pool (in the order of `pools`) and day: what `/planning`'s sparklines
+/// draw, read by the table's key for the pools of one page only.
 pub async fn sellable_days(
     db: impl PgExecutor<'_>,
     org_id: i64,
@@ -249,11 +249,17 @@ pub async fn sellable_days(
 ) -> Result<Vec<(String, String, NaiveDate, i64)>, sqlx::Error> {
     let (sites, profiles): (Vec<&str>, Vec<&str>) = pools.iter().copied().unzip();
     sqlx::query_as(
-        "SELECT d.site, d.profile, d.day, d.sellable::bigint
+        // One range of the primary key per pool (the LATERAL with its
+        // ORDER BY stays a loop; the first day is computed once, so it is
+        // an index bound): a join let the planner hash every row of the
+        // table, 40 ms at 1,000 pools of a year.
+        "SELECT p.site, p.profile, d.day, d.sellable::bigint
            FROM unnest($2::text[], $3::text[]) AS p(site, profile)
-           JOIN pool_days d ON d.org_id = $1 AND d.site = p.site AND d.profile = p.profile
-                           AND d.day >= (clock_timestamp() AT TIME ZONE 'UTC')::date - $4
-          ORDER BY d.site, d.profile, d.day",
+           CROSS JOIN LATERAL (
+               SELECT d.day, d.sellable FROM pool_days d
+                WHERE d.org_id = $1 AND d.site = p.site AND d.profile = p.profile
+                  AND d.day >= (SELECT (clock_timestamp() AT TIME ZONE 'UTC')::date - $4)
+                ORDER BY d.day) d",
     )
     .bind(org_id)
     .bind(&sites)

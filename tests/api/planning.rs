@@ -994,3 +994,57 @@ async fn the_forecast_keeps_its_rates_until_the_history_changes() {
     assert_eq!(rate().await, serde_json::Value::Null, "no history again");
     assert_eq!(generation().await, before + 3);
 }
+
+/// The sparklines of a page of `/planning` are read by the primary key of
+/// `pool_days`, one range per pool, never by a scan of the table: the
+/// history of every pool grows by a row a day.
+#[tokio::test]
+async fn a_pages_sparklines_read_their_pools_by_key() {
+    let app = crate::helpers::spawn_app().await;
+    let (pool, org) = (app.pool.clone(), app.org.id);
+    sqlx::query(
+        "INSERT INTO pool_days (org_id, site, profile, day, total, sellable, held, sold, not_ready,
+                                created, converted, expired, cancelled, refused_unavailable,
+                                refused_contended, refused_reserved, refused_customer_limit,
+                                substituted_in, substituted_out, added, retired, demand, replica,
+                                lease_fence)
+         SELECT $1, 's' || s, 'p' || p, (clock_timestamp() AT TIME ZONE 'UTC')::date - d, 2, 2, 0, 0, 0,
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 'test', 0
+           FROM generate_series(1, 50) s, generate_series(1, 20) p, generate_series(1, 365) d",
+    )
+    .bind(org)
+    .execute(&pool)
+    .await
+    .expect("1,000 pools of a year");
+    sqlx::query("ANALYZE pool_days")
+        .execute(&pool)
+        .await
+        .expect("analyze");
+    // A page's worth of pools, as /planning asks.
+    let names: Vec<(String, String)> = (1..=50)
+        .map(|i| (format!("s{i}"), format!("p{}", 1 + i % 20)))
+        .collect();
+    let keys: Vec<(&str, &str)> = names
+        .iter()
+        .map(|(s, p)| (s.as_str(), p.as_str()))
+        .collect();
+    let mut tx = pool.begin().await.expect("begin");
+    let rows = poolkeeper::planning::sellable_days(&mut *tx, org, &keys, 90)
+        .await
+        .expect("sparklines");
+    assert_eq!(rows.len(), 50 * 90, "90 closed days of each pool");
+    let (scans, read): (i64, i64) = sqlx::query_as(
+        "SELECT coalesce(sum(seq_scan), 0)::bigint,
+                coalesce(sum(seq_tup_read + coalesce(idx_tup_fetch, 0)), 0)::bigint
+           FROM pg_stat_xact_user_tables WHERE relname = 'pool_days'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .expect("reads");
+    assert_eq!(scans, 0, "the sparklines scanned pool_days");
+    assert!(
+        read <= rows.len() as i64,
+        "the sparklines read {read} rows of pool_days for {} days",
+        rows.len()
+    );
+}
