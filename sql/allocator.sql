@@ -511,6 +511,29 @@ BEGIN
     IF v_req.substitutes = 'allowed' THEN
         v_list := substitutes_for(p_org, v_req.profile, v_req.segment);
         IF cardinality(v_list) > 0 THEN
+            -- The common case first, at the cost of a plain reserve: an
+            -- order of one whose asked pool keeps no headroom takes no
+            -- turn, so its pool is walked here as without substitutes.
+            -- Only when that walk takes nothing are the substitutes tried,
+            -- from the start (their turns, the asked pool again, then each
+            -- in order), by reserve_substituting; nothing is held between
+            -- the two (the walk's savepoints released what it tried).
+            IF v_req.quantity = 1
+               AND NOT EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_org AND h.site = v_req.site
+                                                          AND h.profile = v_req.profile) THEN
+                v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, v_req.site, v_req.profile,
+                                                                          v_req.vendor, first_batch(1)) c);
+                IF cardinality(v_candidates) >= 1 THEN
+                    v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, v_req, v_candidates) w);
+                    v_result := v_rows[1];
+                    IF v_result.outcome <> 'nothing' THEN
+                        FOREACH v_result IN ARRAY v_rows LOOP
+                            RETURN NEXT v_result;
+                        END LOOP;
+                        RETURN;
+                    END IF;
+                END IF;
+            END IF;
             RETURN QUERY SELECT * FROM reserve_substituting(p_org, p_actor, v_req, v_list);
             RETURN;
         END IF;

@@ -7,7 +7,9 @@
 -- it. Each pool is tried exactly as a reserve of that profile would be
 -- (R4-R8 in the walk, R13 all or nothing, R18 its headroom), so the rules
 -- hold for a substitute as for the asked pool; R19's cap was checked by
--- the caller, over every profile.
+-- the caller, over every profile. An order of one whose asked pool keeps
+-- no headroom has walked that pool already, as a plain reserve (the
+-- caller's fast path), and comes here only when the walk took nothing.
 --
 -- Locks (the lock order of docs/rules.md): after the customer's turn
 -- (R19, taken by the caller), the declaration's turn, shared
