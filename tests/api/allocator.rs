@@ -1217,15 +1217,7 @@ async fn plans_cached_on_an_empty_table_stay_on_the_arbiter_index_as_it_fills() 
         "the allocator's functions keep their plans off sequential scans: {config:?}"
     );
     let mut conn = limited_connection(&db).await;
-    for setting in &config {
-        let (name, value) = setting.split_once('=').expect("name=value");
-        sqlx::query("SELECT set_config($1, $2, false)")
-            .bind(name)
-            .bind(value)
-            .execute(&mut conn)
-            .await
-            .expect("set");
-    }
+    take_settings(&mut conn, &config).await;
     sqlx::query("SET plan_cache_mode = force_generic_plan")
         .execute(&mut conn)
         .await
@@ -1575,20 +1567,17 @@ async fn functions_that_steer_their_plans_never_compile_them_with_jit() {
         let db = &db;
         async move {
             let mut conn = limited_connection(db).await;
-            for setting in &config {
-                let (name, value) = setting.split_once('=').expect("name=value");
-                let value = if name == "jit" && with_jit {
-                    "on"
-                } else {
-                    value
-                };
-                sqlx::query("SELECT set_config($1, $2, false)")
-                    .bind(name)
-                    .bind(value)
-                    .execute(&mut conn)
-                    .await
-                    .expect("set");
-            }
+            let settings: Vec<String> = config
+                .iter()
+                .map(|c| {
+                    if with_jit && c == "jit=off" {
+                        "jit=on".to_owned()
+                    } else {
+                        c.clone()
+                    }
+                })
+                .collect();
+            take_settings(&mut conn, &settings).await;
             let plan: serde_json::Value = sqlx::query_scalar(TURNS)
                 .fetch_one(&mut conn)
                 .await
@@ -1649,15 +1638,7 @@ async fn a_sold_out_pools_lookups_read_its_index_not_the_site_when_one_profile_f
     .await
     .expect("settings");
     let mut conn = limited_connection(&db).await;
-    for setting in &config {
-        let (name, value) = setting.split_once('=').expect("name=value");
-        sqlx::query("SELECT set_config($1, $2, false)")
-            .bind(name)
-            .bind(value)
-            .execute(&mut conn)
-            .await
-            .expect("set");
-    }
+    take_settings(&mut conn, &config).await;
     for (name, sql, args) in [
         (
             "candidates",
@@ -1694,5 +1675,19 @@ async fn a_sold_out_pools_lookups_read_its_index_not_the_site_when_one_profile_f
             hit <= 10 && !text.contains("machines_by_site_idx"),
             "{name}: the sold-out pool's lookup read {hit} buffers: {plan:#}"
         );
+    }
+}
+
+/// Takes on `conn` the settings `settings` (`name=value`, as pg_proc's
+/// proconfig lists a function's), as the function's own statements run.
+async fn take_settings(conn: &mut sqlx::PgConnection, settings: &[String]) {
+    for setting in settings {
+        let (name, value) = setting.split_once('=').expect("name=value");
+        sqlx::query("SELECT set_config($1, $2, false)")
+            .bind(name)
+            .bind(value)
+            .execute(&mut *conn)
+            .await
+            .expect("set");
     }
 }

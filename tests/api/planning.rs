@@ -862,15 +862,11 @@ async fn the_planning_page_ranks_every_pool_and_shows_them_fifty_a_page() {
     .await
     .expect("machines");
     // One closed day of history for the last pool only: its sparkline.
-    sqlx::query(
-        "INSERT INTO pool_days (org_id, site, profile, day, total, sellable, held, sold, not_ready,
-                                created, converted, expired, cancelled, refused_unavailable,
-                                refused_contended, refused_reserved, refused_customer_limit,
-                                substituted_in, substituted_out, added, retired, demand, replica,
-                                lease_fence)
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{INSERT_POOL_DAYS}
          VALUES ($1, 's6', 'p9', (clock_timestamp() AT TIME ZONE 'UTC')::date - 1, 1, 1, 0, 0, 0,
-                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 'test', 0)",
-    )
+                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 'test', 0)"
+    )))
     .bind(org)
     .execute(&pool)
     .await
@@ -963,15 +959,11 @@ async fn the_forecast_keeps_its_rates_until_the_history_changes() {
     assert_eq!(rate().await, serde_json::Value::Null, "no history yet");
     assert_eq!(rate().await, serde_json::Value::Null, "read again, kept");
     let before = generation().await;
-    sqlx::query(
-        "INSERT INTO pool_days (org_id, site, profile, day, total, sellable, held, sold, not_ready,
-                                created, converted, expired, cancelled, refused_unavailable,
-                                refused_contended, refused_reserved, refused_customer_limit,
-                                substituted_in, substituted_out, added, retired, demand, replica,
-                                lease_fence)
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{INSERT_POOL_DAYS}
          VALUES ($1, 'par1', 'epyc-64', (clock_timestamp() AT TIME ZONE 'UTC')::date - 1, 30, 30, 0,
-                 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 'test', 0)",
-    )
+                 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0, 3, 'test', 0)"
+    )))
     .bind(org)
     .execute(&pool)
     .await
@@ -1002,16 +994,12 @@ async fn the_forecast_keeps_its_rates_until_the_history_changes() {
 async fn a_pages_sparklines_read_their_pools_by_key() {
     let app = crate::helpers::spawn_app().await;
     let (pool, org) = (app.pool.clone(), app.org.id);
-    sqlx::query(
-        "INSERT INTO pool_days (org_id, site, profile, day, total, sellable, held, sold, not_ready,
-                                created, converted, expired, cancelled, refused_unavailable,
-                                refused_contended, refused_reserved, refused_customer_limit,
-                                substituted_in, substituted_out, added, retired, demand, replica,
-                                lease_fence)
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "{INSERT_POOL_DAYS}
          SELECT $1, 's' || s, 'p' || p, (clock_timestamp() AT TIME ZONE 'UTC')::date - d, 2, 2, 0, 0, 0,
                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 'test', 0
-           FROM generate_series(1, 50) s, generate_series(1, 20) p, generate_series(1, 365) d",
-    )
+           FROM generate_series(1, 50) s, generate_series(1, 20) p, generate_series(1, 365) d"
+    )))
     .bind(org)
     .execute(&pool)
     .await
@@ -1048,3 +1036,10 @@ async fn a_pages_sparklines_read_their_pools_by_key() {
         rows.len()
     );
 }
+
+/// The head of an INSERT of pool_days rows written by hand (every column
+/// the table requires, in its order).
+const INSERT_POOL_DAYS: &str = "INSERT INTO pool_days (org_id, site, profile, day, total, sellable,
+        held, sold, not_ready, created, converted, expired, cancelled, refused_unavailable,
+        refused_contended, refused_reserved, refused_customer_limit, substituted_in,
+        substituted_out, added, retired, demand, replica, lease_fence)";
