@@ -287,6 +287,32 @@ async fn fit_history(
     })
 }
 
+/// The fitted rates of organization `org_id` as of `today` and the
+/// history's `generation`: those kept when they are of that day and
+/// generation, else computed (`fit_history`) and kept.
+async fn fitted(
+    db: &mut sqlx::PgConnection,
+    database: String,
+    org_id: i64,
+    today: NaiveDate,
+    generation: i64,
+) -> Result<Arc<Fitted>, sqlx::Error> {
+    let key = (database, org_id);
+    let kept = FITTED
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&key).cloned())
+        .filter(|f| f.today == today && f.generation == generation);
+    if let Some(f) = kept {
+        return Ok(f);
+    }
+    let f = Arc::new(fit_history(db, org_id, today, generation).await?);
+    if let Ok(mut m) = FITTED.lock() {
+        m.insert(key, f.clone());
+    }
+    Ok(f)
+}
+
 /// `read` on a connection of `db`'s.
 pub async fn read_from(
     db: &crate::db::Db,
@@ -339,22 +365,7 @@ pub async fn read(
     else {
         return Err(sqlx::Error::RowNotFound);
     };
-    let key = (database, org_id);
-    let kept = FITTED
-        .lock()
-        .ok()
-        .and_then(|m| m.get(&key).cloned())
-        .filter(|f| f.today == today && f.generation == generation);
-    let fitted = match kept {
-        Some(f) => f,
-        None => {
-            let f = Arc::new(fit_history(&mut *db, org_id, today, generation).await?);
-            if let Ok(mut m) = FITTED.lock() {
-                m.insert(key, f.clone());
-            }
-            f
-        }
-    };
+    let fitted = fitted(&mut *db, database, org_id, today, generation).await?;
     let wanted = |s: &str, p: &str| {
         site.is_none_or(|x| x.as_str() == s) && profile.is_none_or(|x| x.as_str() == p)
     };
@@ -394,6 +405,20 @@ pub async fn read(
         let lead = leads.get(s).copied().unwrap_or(DEFAULT_LEAD_TIME_DAYS);
         stock.insert((s.clone(), p.clone()), (0, lead));
     }
+    Ok(Forecast {
+        as_of,
+        pools: ranked(stock, &fitted, today),
+        today,
+    })
+}
+
+/// Each pool of `stock` (available, lead time) with its fitted rate
+/// projected, soonest run-out first.
+fn ranked(
+    stock: HashMap<(String, String), (i64, i32)>,
+    fitted: &Fitted,
+    today: NaiveDate,
+) -> Vec<PoolForecast> {
     let mut pools: Vec<PoolForecast> = stock
         .into_iter()
         .map(|((site, profile), (available, lead))| {
@@ -425,11 +450,7 @@ pub async fn read(
             .total_cmp(&key(b))
             .then_with(|| (&a.site, &a.profile).cmp(&(&b.site, &b.profile)))
     });
-    Ok(Forecast {
-        as_of,
-        pools,
-        today,
-    })
+    pools
 }
 
 #[cfg(test)]

@@ -144,6 +144,19 @@ struct PlanningPage {
     spark_width: f64,
 }
 
+/// The page `asked` (1-based, absent: the first) of `pools` pools, and
+/// how many pages there are; a page that does not exist is a 400.
+fn page_at(asked: Option<usize>, pools: usize) -> Result<(usize, usize), DashError> {
+    let pages = pools.div_ceil(PAGE_POOLS).max(1);
+    let at = asked.unwrap_or(1);
+    if at == 0 || at > pages {
+        return Err(DashError::bad_request(format!(
+            "page {at} does not exist: the pools of these filters fill pages 1 to {pages}"
+        )));
+    }
+    Ok((at, pages))
+}
+
 pub(crate) async fn list(
     req: HttpRequest,
     staff: Staff,
@@ -168,13 +181,7 @@ pub(crate) async fn list(
             ],
         )
     };
-    let pages = fc.pools.len().div_ceil(PAGE_POOLS).max(1);
-    let at = q.page.unwrap_or(1);
-    if at == 0 || at > pages {
-        return Err(DashError::bad_request(format!(
-            "page {at} does not exist: the pools of these filters fill pages 1 to {pages}"
-        )));
-    }
+    let (at, pages) = page_at(q.page, fc.pools.len())?;
     let shown = &fc.pools[(at - 1) * PAGE_POOLS..(at * PAGE_POOLS).min(fc.pools.len())];
     let keys: Vec<(&str, &str)> = shown
         .iter()
