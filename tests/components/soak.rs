@@ -735,6 +735,11 @@ struct Order {
     id: Option<i64>,
     fence: i64,
     open: bool,
+    /// The service_ref of a convert sent before: a retry after no answer
+    /// (or `outcome_unknown`) sends the same, as an order service does, so
+    /// a convert that did commit answers as a replay; another service_ref
+    /// would be `422 idempotency_mismatch`, truthfully.
+    service_ref: Option<String>,
 }
 
 struct Service {
@@ -851,6 +856,7 @@ async fn client(
                 id: None,
                 fence: 0,
                 open: true,
+                service_ref: None,
             };
             match me.call("reserve", req, &[201, 409, 503]).await {
                 Answer::Status(201, b, _) => {
@@ -926,10 +932,14 @@ async fn client(
             let i = open[rng.random_range(0..open.len())];
             let (id, fence) = (orders[i].id.unwrap_or(0), orders[i].fence);
             seq += 1;
+            let service_ref = orders[i]
+                .service_ref
+                .get_or_insert_with(|| format!("SRV-{n}-{seq}"))
+                .clone();
             let req = http
                 .post(format!("{base}/reservations/{id}/convert"))
                 .bearer_auth(&token)
-                .json(&json!({"fence": fence, "service_ref": format!("SRV-{n}-{seq}")}));
+                .json(&json!({"fence": fence, "service_ref": service_ref}));
             match me.call("convert", req, &[200, 409, 503]).await {
                 Answer::Status(200, b, _) => {
                     orders[i].open = false;
