@@ -460,6 +460,7 @@ DECLARE
     v_live       bigint;
     v_kept       integer := 0;
     v_reserved   boolean := false;
+    v_keeps      boolean;
     v_list       text[];
 BEGIN
     v_req.quantity := coalesce(v_req.quantity, 1);
@@ -508,32 +509,15 @@ BEGIN
     -- R20: a reserve that allows substitutes, of a profile that has some
     -- for its segment, is decided over the asked pool and its substitutes
     -- (sql/substitutes.sql), which holds the declaration until commit.
+    v_keeps := EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_org AND h.site = v_req.site
+                                                  AND h.profile = v_req.profile);
     IF v_req.substitutes = 'allowed' THEN
         v_list := substitutes_for(p_org, v_req.profile, v_req.segment);
-        IF cardinality(v_list) > 0 THEN
-            -- The common case first, at the cost of a plain reserve: an
-            -- order of one whose asked pool keeps no headroom takes no
-            -- turn, so its pool is walked here as without substitutes.
-            -- Only when that walk takes nothing are the substitutes tried,
-            -- from the start (their turns, the asked pool again, then each
-            -- in order), by reserve_substituting; nothing is held between
-            -- the two (the walk's savepoints released what it tried).
-            IF v_req.quantity = 1
-               AND NOT EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_org AND h.site = v_req.site
-                                                          AND h.profile = v_req.profile) THEN
-                v_candidates := ARRAY(SELECT c.id FROM machine_candidates(p_org, v_req.site, v_req.profile,
-                                                                          v_req.vendor, first_batch(1)) c);
-                IF cardinality(v_candidates) >= 1 THEN
-                    v_rows := ARRAY(SELECT w FROM reserve_walk_slots(p_org, p_actor, v_req, v_candidates) w);
-                    v_result := v_rows[1];
-                    IF v_result.outcome <> 'nothing' THEN
-                        FOREACH v_result IN ARRAY v_rows LOOP
-                            RETURN NEXT v_result;
-                        END LOOP;
-                        RETURN;
-                    END IF;
-                END IF;
-            END IF;
+        -- An order of one whose pool keeps no headroom takes no turn: it
+        -- walks its pool below as a plain reserve, at a plain reserve's
+        -- cost, and tries the substitutes only if that walk took nothing.
+        -- Any other takes every turn it could need up front, by key.
+        IF cardinality(v_list) > 0 AND (v_req.quantity > 1 OR v_keeps) THEN
             RETURN QUERY SELECT * FROM reserve_substituting(p_org, p_actor, v_req, v_list);
             RETURN;
         END IF;
@@ -542,7 +526,7 @@ BEGIN
     -- order outside a segment leaves that segment's machines: checked in
     -- the turn, in this transaction, never counted beforehand. A pool with
     -- no headroom takes no turn (today's path).
-    IF EXISTS (SELECT 1 FROM headroom h WHERE h.org_id = p_org AND h.site = v_req.site AND h.profile = v_req.profile) THEN
+    IF v_keeps THEN
         PERFORM pool_turn(p_org, v_req.site, v_req.profile);
         RETURN QUERY SELECT x.* FROM reservations r,
                             LATERAL reserve_answer_of('existing', r, 0, 0, 0, 0) x
@@ -593,6 +577,14 @@ BEGIN
         END IF;
     ELSE
         v_result := reserve_answer_of('nothing', NULL, 0, 0, 0, 0);
+    END IF;
+    -- R20: nothing taken from the asked pool; the substitutes are tried
+    -- from the start (their turns, the asked pool again, then each in
+    -- order). Nothing is held from the walk: its savepoints released what
+    -- it tried.
+    IF cardinality(v_list) > 0 THEN
+        RETURN QUERY SELECT * FROM reserve_substituting(p_org, p_actor, v_req, v_list);
+        RETURN;
     END IF;
     -- R9, second ask, right before refusing: a neighbour with the same key
     -- may have committed since the first (this statement's snapshot is new).
