@@ -15,6 +15,7 @@ use crate::api::reservations::{json_body, read_body};
 use crate::api::schemas::{
     CapacityAlternative, Forbidden, Invalid, LabelFilter, SegmentFilter, SubstitutesFilter,
     Unauthorized, Unavailable, UnknownPoolError, UnknownProfileError, WriteUnavailable,
+    label_filter,
 };
 use crate::api::write::{Shape, write};
 use crate::capacity::{self, Change, Filter, HeadroomSetting, MAX_HEADROOM};
@@ -83,17 +84,6 @@ pub(crate) struct HeadroomList {
     headroom: Vec<capacity::Headroom>,
 }
 
-/// Empty query values mean "no filter", as on `GET /machines`.
-fn opt<T>(
-    v: &Option<String>,
-    parse: impl Fn(&str) -> Result<T, crate::domain::ParseError>,
-) -> Result<Option<T>, ApiError> {
-    match v.as_deref() {
-        None | Some("") => Ok(None),
-        Some(s) => parse(s).map(Some).map_err(|e| invalid(e.to_string())),
-    }
-}
-
 /// A shop front polls this on every page view: the ETag digests the pools
 /// and alternatives (not `as_of`), so an unchanged capacity answers `304`
 /// to a client that sends it back. Weak: two answers with one tag differ
@@ -142,10 +132,10 @@ pub(crate) async fn get_capacity(
         }
     };
     let filter = Filter {
-        site: opt(&query.site, Site::parse)?,
-        profile: opt(&query.profile, Profile::parse)?,
-        vendor: opt(&query.vendor, Vendor::parse)?,
-        segment: opt(&query.segment, Segment::parse)?,
+        site: label_filter(&query.site, Site::parse)?,
+        profile: label_filter(&query.profile, Profile::parse)?,
+        vendor: label_filter(&query.vendor, Vendor::parse)?,
+        segment: label_filter(&query.segment, Segment::parse)?,
         quantity,
         substitutes: match query.substitutes.as_deref() {
             None | Some("" | "none") => false,

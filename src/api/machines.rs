@@ -11,7 +11,7 @@ use crate::api::caller::ApiClient;
 use crate::api::json::integer_text;
 use crate::api::schemas::{
     AssetTagPath, Forbidden, Invalid, LabelFilter, NotFound, StatusFilter, Unauthorized,
-    Unavailable, UnknownMachinesError, WriteUnavailable,
+    Unavailable, UnknownMachinesError, WriteUnavailable, label_filter,
 };
 use crate::domain::{AssetTag, MachineStatus, Profile, Scope, Site, Vendor, parse_label};
 use crate::error::{ApiError, invalid};
@@ -142,18 +142,6 @@ pub struct MachinePage {
     next_after: Option<String>,
 }
 
-/// Empty query values mean "no filter", as an HTML form would send them;
-/// the document says so.
-fn opt<T>(
-    v: &Option<String>,
-    parse: impl Fn(&str) -> Result<T, crate::domain::ParseError>,
-) -> Result<Option<T>, ApiError> {
-    match v.as_deref() {
-        None | Some("") => Ok(None),
-        Some(s) => parse(s).map(Some).map_err(|e| invalid(e.to_string())),
-    }
-}
-
 #[utoipa::path(
     get,
     path = "/api/v1/machines",
@@ -179,10 +167,10 @@ pub(crate) async fn list(
     let query = web::Query::<ListQuery>::from_query(req.query_string())
         .map_err(|e| invalid(format!("invalid query string: {e}")))?;
     let filter = MachineFilter {
-        site: opt(&query.site, Site::parse)?,
-        vendor: opt(&query.vendor, Vendor::parse)?,
-        profile: opt(&query.profile, Profile::parse)?,
-        status: opt(&query.status, MachineStatus::parse)?,
+        site: label_filter(&query.site, Site::parse)?,
+        vendor: label_filter(&query.vendor, Vendor::parse)?,
+        profile: label_filter(&query.profile, Profile::parse)?,
+        status: label_filter(&query.status, MachineStatus::parse)?,
         state: None,
     };
     let limit = match query.limit.as_deref() {
@@ -194,7 +182,7 @@ pub(crate) async fn list(
     }
     // `after` is an asset tag from `next_after`; empty means from the start.
     // Checked like a label, so that junk (a NUL) never reaches PostgreSQL.
-    let after = opt(&query.after, |s| parse_label("after", s, 64))?;
+    let after = label_filter(&query.after, |s| parse_label("after", s, 64))?;
     let machines = inventory::list(&pool, client.org_id, &filter, after.as_deref(), limit).await?;
     let next = (machines.len() as i64 == limit)
         .then(|| machines.last().map(|m| m.asset_tag.clone()))

@@ -7,7 +7,9 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::api::caller::ApiClient;
 use crate::api::json::integer_text;
-use crate::api::schemas::{Forbidden, Invalid, LabelFilter, Unauthorized, Unavailable};
+use crate::api::schemas::{
+    Forbidden, Invalid, LabelFilter, Unauthorized, Unavailable, label_filter,
+};
 use crate::db::Db;
 use crate::domain::{Profile, Scope, Site};
 use crate::error::{ApiError, invalid};
@@ -62,14 +64,15 @@ fn may_read(client: &ApiClient, settings: &Settings) -> Result<(), ApiError> {
     client.require_module(settings)
 }
 
-fn label<T>(
-    v: &Option<String>,
-    parse: impl Fn(&str) -> Result<T, crate::domain::ParseError>,
-) -> Result<Option<T>, ApiError> {
-    match v.as_deref() {
-        None | Some("") => Ok(None),
-        Some(s) => parse(s).map(Some).map_err(|e| invalid(e.to_string())),
-    }
+/// The site and profile filters both reads take.
+fn pool_filter(
+    site: &Option<String>,
+    profile: &Option<String>,
+) -> Result<(Option<Site>, Option<Profile>), ApiError> {
+    Ok((
+        label_filter(site, Site::parse)?,
+        label_filter(profile, Profile::parse)?,
+    ))
 }
 
 #[utoipa::path(
@@ -96,8 +99,7 @@ pub(crate) async fn get_forecast(
     may_read(&client, &settings)?;
     let query = web::Query::<ForecastQuery>::from_query(req.query_string())
         .map_err(|e| invalid(format!("invalid query string: {e}")))?;
-    let site = label(&query.site, Site::parse)?;
-    let profile = label(&query.profile, Profile::parse)?;
+    let (site, profile) = pool_filter(&query.site, &query.profile)?;
     let answer = forecast::read_from(
         pool.get_ref(),
         client.org_id,
@@ -132,8 +134,7 @@ pub(crate) async fn get_history(
     may_read(&client, &settings)?;
     let query = web::Query::<HistoryQuery>::from_query(req.query_string())
         .map_err(|e| invalid(format!("invalid query string: {e}")))?;
-    let site = label(&query.site, Site::parse)?;
-    let profile = label(&query.profile, Profile::parse)?;
+    let (site, profile) = pool_filter(&query.site, &query.profile)?;
     let days = match query.days.as_deref() {
         None => DEFAULT_DAYS,
         Some(s) => {

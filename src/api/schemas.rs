@@ -96,6 +96,21 @@ named_schema!(
         .description(Some("a label; empty means no filter"))
 );
 
+/// The value of a `LabelFilter` query parameter: absent or empty is no
+/// filter (as an HTML form sends it, and as the document says), anything
+/// else must parse, or the request is a 400 naming it.
+pub(crate) fn label_filter<T>(
+    v: &Option<String>,
+    parse: impl Fn(&str) -> Result<T, crate::domain::ParseError>,
+) -> Result<Option<T>, crate::error::ApiError> {
+    match v.as_deref() {
+        None | Some("") => Ok(None),
+        Some(s) => parse(s)
+            .map(Some)
+            .map_err(|e| crate::error::invalid(e.to_string())),
+    }
+}
+
 /// R20: whether capacity tells what the declared substitutes could serve.
 pub struct SubstitutesFilter;
 named_schema!(
