@@ -175,8 +175,10 @@ async fn scan(
 
 /// The narrowest machine filter that still holds every machine of group
 /// `key` (the allocator checks site, vendor, profile, status in that order);
-/// the verdict then picks the group's rows exactly.
-fn group_filter(spec: &OrderSpec, key: &str) -> MachineFilter {
+/// the verdict then picks the group's rows exactly. A group of the ordered
+/// pool (candidates, held, in service, not ready) is read in asset tag
+/// order on `machines_pool_by_tag_idx`, a page at a time.
+pub fn group_filter(spec: &OrderSpec, key: &str) -> MachineFilter {
     let site = Some(spec.site.clone());
     let vendor = spec.vendor.clone();
     let profile = Some(spec.profile.clone());

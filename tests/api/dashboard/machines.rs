@@ -221,6 +221,39 @@ async fn the_machines_page_pages_through_50000_machines_quickly() {
         plan.contains("Index Scan") && !plan.contains("Seq Scan on machines"),
         "spec:\n{plan}"
     );
+    // Why not?'s groups of the ordered pool walk the pool in asset tag
+    // order, a page at a time: not the organization's asset tags keeping
+    // one machine in hundreds (41,000 rows for a page at 400,000 machines
+    // in 600 pools), nor the whole pool sorted.
+    let spec = OrderSpec {
+        site: Site::parse("par1").expect("site"),
+        profile: Profile::parse("epyc").expect("profile"),
+        vendor: None,
+    };
+    for key in ["candidate", "held", "in_service", "not_ready"] {
+        let filter = poolkeeper::dashboard::why_not::group_filter(&spec, key);
+        for after in [None, Some("M-025000")] {
+            let first_chunk = 2 * poolkeeper::dashboard::machines::PAGE_SIZE + 1;
+            let sql = allocator::explain_sql(&filter, after.is_some(), first_chunk);
+            let plan = plan_of(&app, &sql, |q| {
+                q.bind(app.org.id)
+                    .bind("par1")
+                    .bind("epyc")
+                    .bind(None::<&str>)
+                    .bind("par1")
+                    .bind(None::<&str>)
+                    .bind("epyc")
+                    .bind(filter.status.map(|s| s.as_str()))
+                    .bind(None::<&str>)
+                    .bind(after)
+            })
+            .await;
+            assert!(
+                plan.contains("machines_pool_by_tag_idx") && !plan.contains("Sort"),
+                "{key} after {after:?}:\n{plan}"
+            );
+        }
+    }
 }
 
 type Explain<'q> =
