@@ -225,10 +225,13 @@ $$;
 -- readers keep their fitted rates while it stays put (src/forecast.rs).
 -- The daily job holds that row already (its cursor); any other writer (a
 -- rewrite of the history, a restore's tooling, a test) is counted the same.
+-- F5: a new number from the sequence, never the row's plus one, so that a
+-- restored row's next write cannot repeat a number issued before the
+-- restore.
 CREATE OR REPLACE FUNCTION pool_days_generation_next() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    UPDATE pool_days_written SET generation = generation + 1;
+    UPDATE pool_days_written SET generation = nextval('pool_days_generation_seq');
     RETURN NULL;
 END
 $$;
