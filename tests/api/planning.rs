@@ -929,6 +929,20 @@ async fn the_planning_page_ranks_every_pool_and_shows_them_fifty_a_page() {
     assert!(html.contains("pages 1 to 2"), "{html}");
 }
 
+/// The forecast's fitted rate of par1/epyc-64, as the API tells it.
+async fn epyc_64_rate(app: &crate::helpers::TestApp) -> serde_json::Value {
+    let r = app
+        .http
+        .get(app.url("/api/v1/forecast?site=par1&profile=epyc-64"))
+        .bearer_auth(&app.org.token)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    let body: serde_json::Value = r.json().await.expect("json");
+    body["pools"][0]["demand_per_day"].clone()
+}
+
 /// The fitted rates are kept between reads and computed again as soon as
 /// the history changes: every write of pool_days (the daily job, a
 /// rewrite, any other statement) moves its generation on.
@@ -937,19 +951,7 @@ async fn the_forecast_keeps_its_rates_until_the_history_changes() {
     let app = crate::helpers::spawn_app().await;
     let (pool, org) = (app.pool.clone(), app.org.id);
     add_machines(&pool, org, ("par1", "epyc-64"), 3, 30).await;
-    let rate = || {
-        let (http, url, token) = (
-            app.http.clone(),
-            app.url("/api/v1/forecast?site=par1&profile=epyc-64"),
-            app.org.token.clone(),
-        );
-        async move {
-            let r = http.get(url).bearer_auth(token).send().await.expect("get");
-            assert_eq!(r.status(), reqwest::StatusCode::OK);
-            let body: serde_json::Value = r.json().await.expect("json");
-            body["pools"][0]["demand_per_day"].clone()
-        }
-    };
+    let rate = || epyc_64_rate(&app);
     let generation = || async {
         sqlx::query_scalar::<_, i64>("SELECT generation FROM pool_days_written")
             .fetch_one(&pool)
@@ -1000,19 +1002,7 @@ async fn a_restored_history_is_never_read_through_the_rates_kept_before_it() {
     let app = crate::helpers::spawn_app().await;
     let (pool, org) = (app.pool.clone(), app.org.id);
     add_machines(&pool, org, ("par1", "epyc-64"), 3, 30).await;
-    let rate = || {
-        let (http, url, token) = (
-            app.http.clone(),
-            app.url("/api/v1/forecast?site=par1&profile=epyc-64"),
-            app.org.token.clone(),
-        );
-        async move {
-            let r = http.get(url).bearer_auth(token).send().await.expect("get");
-            assert_eq!(r.status(), reqwest::StatusCode::OK);
-            let body: serde_json::Value = r.json().await.expect("json");
-            body["pools"][0]["demand_per_day"].clone()
-        }
-    };
+    let rate = || epyc_64_rate(&app);
     let write_demand = |demand: i64| {
         let pool = pool.clone();
         async move {
