@@ -31,8 +31,8 @@ pub use delivery::{
     BACKOFF_CAP, HEADER_ATTEMPT, HEADER_EVENT_ID, HEADER_SIGNATURE, HEADER_TIMESTAMP, backoff, post,
 };
 pub use outbox::{
-    Attempt, Backlog, DeliveryError, Due, Failure, WEBHOOKS_KEY, backlog, drop_orphans, due,
-    recent_failures, record_attempt,
+    Attempt, Backlog, DUE_SQL, DeliveryError, Due, Failure, WEBHOOKS_KEY, backlog, drop_orphans,
+    due, recent_failures, record_attempt,
 };
 pub use registration::{Saved, Webhook, get, remove_on, rotate_secret_on, set_on};
 pub use signatures::{generate_secret, sign, signature_header};

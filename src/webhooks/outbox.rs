@@ -103,6 +103,41 @@ pub struct Due {
     pub secret: String,
 }
 
+/// The worker's poll (`due`): $1 the deliveries in flight, $2 how many per
+/// organization, $3 how many in all.
+///
+/// Read per organization with a webhook (few rows), each on one page of
+/// `webhook_deliveries_due_by_org_idx` in due order, so a poll costs its
+/// page however long the backlog is. `statement_timestamp()`, not
+/// `clock_timestamp()`: a stable bound is an index condition, so deliveries
+/// waiting out a backoff are never read; a volatile one is a filter on
+/// every pending row. An organization without a webhook has nothing to
+/// send (its deliveries are dropped: `drop_orphans`).
+pub const DUE_SQL: &str = "SELECT d.id, d.org_id,
+        -- F5: a `database.restored` event has neither; its own negative
+        -- key keeps it apart from every reservation.
+        coalesce(d.reservation_id, -d.id) AS reservation_id,
+        coalesce(d.event_id, (d.payload->>'event_id')::bigint) AS event_id, d.attempts,
+        d.payload::text AS body, w.url, w.secret
+   FROM webhooks w
+  CROSS JOIN LATERAL (
+      SELECT d.id, d.org_id, d.reservation_id, d.event_id, d.attempts, d.payload, d.next_attempt_at
+        FROM webhook_deliveries d
+       WHERE d.org_id = w.org_id AND d.state = 'pending'
+         AND d.next_attempt_at <= statement_timestamp()
+         AND d.id <> ALL ($1)
+         -- In order per reservation: not while an earlier event of it is
+         -- pending.
+         AND NOT EXISTS (
+             SELECT 1 FROM webhook_deliveries p
+              WHERE p.reservation_id = d.reservation_id AND p.state = 'pending'
+                AND p.event_id < d.event_id)
+       ORDER BY d.next_attempt_at, d.event_id
+       LIMIT $2
+  ) d
+  ORDER BY d.next_attempt_at, d.event_id
+  LIMIT $3";
+
 /// Pending deliveries whose time has come and whose reservation has no
 /// earlier pending event, at most `per_org` per organization, oldest first,
 /// leaving out `in_flight`. A read: nothing is written or locked, so a
@@ -113,37 +148,12 @@ pub async fn due<'c>(
     per_org: i64,
     limit: i64,
 ) -> Result<Vec<Due>, sqlx::Error> {
-    sqlx::query_as(
-        "WITH ready AS (
-             SELECT d.id, d.org_id, d.next_attempt_at, d.event_id,
-                    row_number() OVER (PARTITION BY d.org_id
-                                       ORDER BY d.next_attempt_at, d.event_id) AS n
-               FROM webhook_deliveries d
-              WHERE d.state = 'pending' AND d.next_attempt_at <= clock_timestamp()
-                AND d.id <> ALL ($1)
-                AND NOT EXISTS (
-                    SELECT 1 FROM webhook_deliveries p
-                     WHERE p.reservation_id = d.reservation_id AND p.state = 'pending'
-                       AND p.event_id < d.event_id)
-         )
-         SELECT d.id, d.org_id,
-                -- F5: a `database.restored` event has neither; its own
-                -- negative key keeps it apart from every reservation.
-                coalesce(d.reservation_id, -d.id) AS reservation_id,
-                coalesce(d.event_id, (d.payload->>'event_id')::bigint) AS event_id, d.attempts,
-                d.payload::text AS body, w.url, w.secret
-           FROM ready
-           JOIN webhook_deliveries d ON d.id = ready.id
-           JOIN webhooks w ON w.org_id = d.org_id
-          WHERE ready.n <= $2
-          ORDER BY ready.next_attempt_at, ready.event_id
-          LIMIT $3",
-    )
-    .bind(in_flight)
-    .bind(per_org)
-    .bind(limit)
-    .fetch_all(db)
-    .await
+    sqlx::query_as(DUE_SQL)
+        .bind(in_flight)
+        .bind(per_org)
+        .bind(limit)
+        .fetch_all(db)
+        .await
 }
 
 /// What one attempt came to.

@@ -1264,3 +1264,169 @@ async fn a_delivery_that_keeps_failing_is_given_up_after_the_retry_window() {
     );
     assert_eq!(receiver.requests().len() as i64, attempts);
 }
+
+/// Rows read from `webhook_deliveries` by the plan `p` (EXPLAIN ANALYZE,
+/// JSON): kept and filtered out, over every loop, and whether the poll's
+/// index was used.
+fn deliveries_read(p: &Value, rows: &mut f64, on_index: &mut bool) {
+    if p["Relation Name"] == "webhook_deliveries" {
+        let loops = p["Actual Loops"].as_f64().unwrap_or(1.0);
+        let kept = p["Actual Rows"].as_f64().unwrap_or(0.0);
+        let removed = p["Rows Removed by Filter"].as_f64().unwrap_or(0.0)
+            + p["Rows Removed by Index Recheck"].as_f64().unwrap_or(0.0);
+        *rows += (kept + removed) * loops;
+        *on_index |= p["Index Name"] == "webhook_deliveries_due_by_org_idx";
+    }
+    for child in p["Plans"].as_array().into_iter().flatten() {
+        deliveries_read(child, rows, on_index);
+    }
+}
+
+/// The poll reads a page per organization, not the backlog: 40,000
+/// deliveries of one organization (two events of each reservation, the
+/// second waiting for the first) and 5,000 of another waiting out a
+/// backoff. In the plan made for the values and in the generic plan a
+/// prepared statement settles on, it reads a few dozen rows; and it finds
+/// what is due, in order, one event per reservation.
+#[tokio::test]
+async fn the_poll_reads_one_page_per_organization_whatever_the_backlog() {
+    let app = webhook_app().await;
+    let other = crate::helpers::create_org(&app.pool, "backoff", false).await;
+    // The planner first knows the outbox as a fresh deployment's autovacuum
+    // last saw it: empty. The worker must not wait for statistics to keep up.
+    for sql in [
+        "ALTER TABLE webhook_deliveries SET (autovacuum_enabled = false)",
+        "ANALYZE webhook_deliveries",
+    ] {
+        sqlx::query(sql).execute(&app.pool).await.expect(sql);
+    }
+    let mut tx = app.pool.begin().await.expect("begin");
+    for (org, tag) in [(app.org.id, "wb-a-"), (other.id, "wb-b-")] {
+        sqlx::query(
+            "INSERT INTO webhooks (org_id, url, secret, updated_by)
+             VALUES ($1, 'http://127.0.0.1:9/never-called', repeat('s', 32), 'test')",
+        )
+        .bind(org)
+        .execute(&mut *tx)
+        .await
+        .expect("webhook");
+        sqlx::query(
+            "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
+             VALUES ($1, $2 || '1', 'par1', 'dell', 'r650', 'ready')",
+        )
+        .bind(org)
+        .bind(tag)
+        .execute(&mut *tx)
+        .await
+        .expect("machine");
+    }
+    // History: converted reservations, each with its two events in one
+    // statement, so the outbox interleaves them.
+    for (org, n) in [(app.org.id, 20_000_i64), (other.id, 5_003)] {
+        sqlx::query(
+            "WITH r AS (
+                 INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
+                                           hold_seconds, expires_at, state, ended_at, ended_by)
+                 SELECT $1, 'WB-' || g, m.id, '{}', '{}', 'history', 900,
+                        clock_timestamp() + interval '10 minutes', 'converted', clock_timestamp(), 'history'
+                   FROM generate_series(1, $2) g, (SELECT id FROM machines WHERE org_id = $1) m
+                 RETURNING id)
+             INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor)
+             SELECT r.id, k.kind, k.from_state, k.to_state, 'history'
+               FROM r, (VALUES (1, 'created', NULL, 'held'), (2, 'converted', 'held', 'converted'))
+                         AS k(n, kind, from_state, to_state)
+              ORDER BY r.id, k.n",
+        )
+        .bind(org)
+        .bind(n)
+        .execute(&mut *tx)
+        .await
+        .expect("history");
+    }
+    // The other organization's endpoint is failing: all but three of its
+    // reservations wait out a backoff.
+    sqlx::query(
+        "UPDATE webhook_deliveries SET next_attempt_at = clock_timestamp() + interval '1 hour', attempts = 5
+          WHERE org_id = $1
+            AND reservation_id NOT IN (SELECT id FROM reservations WHERE org_id = $1 ORDER BY id LIMIT 3)",
+    )
+    .bind(other.id)
+    .execute(&mut *tx)
+    .await
+    .expect("backoff");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'")
+            .await,
+        50_006
+    );
+
+    let mut conn = app.pool.acquire().await.expect("connection");
+    for (stats, mode) in [
+        ("empty", "force_custom_plan"),
+        ("empty", "force_generic_plan"),
+        ("fresh", "force_custom_plan"),
+        ("fresh", "force_generic_plan"),
+    ] {
+        if stats == "fresh" {
+            sqlx::query("ANALYZE")
+                .execute(&mut *conn)
+                .await
+                .expect("analyze");
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
+            .execute(&mut *conn)
+            .await
+            .expect("plan mode");
+        let plan: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {}",
+            poolkeeper::webhooks::DUE_SQL
+        )))
+        .bind(Vec::<i64>::new())
+        .bind(8_i64)
+        .bind(72_i64)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("explain");
+        let (mut rows, mut on_index) = (0.0, false);
+        deliveries_read(&plan[0]["Plan"], &mut rows, &mut on_index);
+        eprintln!(
+            "statistics {stats}, {mode}: {rows} rows read in {} ms",
+            plan[0]["Execution Time"]
+        );
+        assert!(
+            on_index && rows <= 200.0,
+            "statistics {stats}, {mode}: {rows} rows of webhook_deliveries read, on the poll's index: {on_index}\n{plan:#}"
+        );
+    }
+
+    let due = poolkeeper::webhooks::due(&app.pool, &[], 8, 72)
+        .await
+        .expect("due");
+    let of = |org: i64| -> Vec<&poolkeeper::webhooks::Due> {
+        due.iter().filter(|d| d.org_id == org).collect()
+    };
+    let (first, second) = (of(app.org.id), of(other.id));
+    assert_eq!(first.len(), 8, "a page of the first: {due:?}");
+    assert_eq!(second.len(), 3, "the second's three due: {due:?}");
+    for page in [&first, &second] {
+        let reservations: BTreeSet<i64> = page.iter().map(|d| d.reservation_id).collect();
+        assert_eq!(reservations.len(), page.len(), "one event per reservation");
+        assert!(
+            page.iter()
+                .all(|d| d.body.contains("\"reservation.created\"")),
+            "the first event of each, never the second ahead of it: {page:?}"
+        );
+        assert!(
+            page.windows(2).all(|w| w[0].event_id < w[1].event_id),
+            "in order: {page:?}"
+        );
+    }
+    // A delivery in flight is left out: the next one in order comes instead.
+    let skip = vec![first[0].id];
+    let due = poolkeeper::webhooks::due(&app.pool, &skip, 8, 72)
+        .await
+        .expect("due");
+    assert!(due.iter().all(|d| d.id != first[0].id));
+    assert_eq!(due.iter().filter(|d| d.org_id == app.org.id).count(), 8);
+}
