@@ -22,6 +22,13 @@ pub const CONCURRENCY: usize = 32;
 /// these slots and no more.
 pub const PER_ORG: usize = 8;
 
+/// How often the worker drops the deliveries of organizations whose webhook
+/// is gone. Removing a webhook drops its pending deliveries itself; this
+/// only catches an event that committed just after, and it reads every
+/// pending delivery, so not at every poll (the poll runs once per finished
+/// delivery).
+pub const ORPHANS_EVERY: Duration = Duration::from_secs(30);
+
 /// Timings of the worker, derived from `Settings`.
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -151,6 +158,7 @@ impl Worker {
             lease,
             tasks: JoinSet::new(),
             in_flight: HashMap::new(),
+            orphans_dropped_at: None,
             report: Step::default(),
         })
     }
@@ -173,6 +181,8 @@ struct Worker {
     tasks: JoinSet<Done>,
     /// Delivery id -> organization, for everything in `tasks`.
     in_flight: HashMap<i64, i64>,
+    /// When `drop_orphans` last ran (`ORPHANS_EVERY`).
+    orphans_dropped_at: Option<Instant>,
     /// What the attempts finished so far came to.
     report: Step,
 }
@@ -304,13 +314,21 @@ impl Worker {
             return;
         }
         let limit = self.config.lease.call_timeout;
-        match timeout(limit, drop_orphans(&self.pool, &self.config.replica, fence)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(DeliveryError::Lost)) => {
-                return self.lost("a fenced delivery write found the lease gone");
+        if self
+            .orphans_dropped_at
+            .is_none_or(|at| at.elapsed() >= ORPHANS_EVERY)
+        {
+            self.orphans_dropped_at = Some(Instant::now());
+            match timeout(limit, drop_orphans(&self.pool, &self.config.replica, fence)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(DeliveryError::Lost)) => {
+                    return self.lost("a fenced delivery write found the lease gone");
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "could not drop orphaned webhook deliveries")
+                }
+                Err(_) => tracing::error!("dropping orphaned webhook deliveries timed out"),
             }
-            Ok(Err(e)) => tracing::error!(error = %e, "could not drop orphaned webhook deliveries"),
-            Err(_) => tracing::error!("dropping orphaned webhook deliveries timed out"),
         }
         let in_flight: Vec<i64> = self.in_flight.keys().copied().collect();
         let rows = match timeout(
