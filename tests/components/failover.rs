@@ -955,6 +955,8 @@ async fn run(rounds: usize) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    let drained = since(&shared).saturating_sub(load);
+    let webhooks = webhook_summary(&pool, org.id, &missing).await;
     if !missing.is_empty() {
         violations.push(format!(
             "{} of {} events never reached the receiver: {:?}",
@@ -973,6 +975,10 @@ async fn run(rounds: usize) {
         fences: fences.len(),
         sweep_runs: runs.len(),
         events: events.len(),
+        webhooks: format!(
+            "{webhooks} Checked {:.1}s after the load stopped.",
+            drained.as_secs_f64()
+        ),
         report: &report,
         violations: &violations,
     });
@@ -986,6 +992,128 @@ async fn run(rounds: usize) {
     assert_eq!(kinds.len(), FaultKind::ALL.len(), "every fault ran");
     assert!(log.created.len() > 100, "too little load:\n{text}");
     drop(serves);
+}
+
+/// What the outbox says of the organization's deliveries: how many in each
+/// state, how long a delivered event waited, who attempted how many, the
+/// webhooks lease; and, for events the receiver never got, where their
+/// deliveries stand. Diagnostics only: the verdict is the receiver's.
+async fn webhook_summary(pool: &poolkeeper::db::Db, org_id: i64, missing: &[i64]) -> String {
+    let mut out = String::new();
+    let states: Result<Vec<(String, i64, Option<f64>, Option<f64>)>, _> = sqlx::query_as(
+        "SELECT state, count(*),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at))::float8,
+                max(extract(epoch FROM finished_at - created_at))::float8
+           FROM webhook_deliveries WHERE org_id = $1 GROUP BY state ORDER BY state",
+    )
+    .bind(org_id)
+    .fetch_all(pool)
+    .await;
+    match states {
+        Ok(rows) => {
+            let parts: Vec<String> = rows
+                .iter()
+                .map(|(state, n, p50, max)| match (p50, max) {
+                    (Some(p50), Some(max)) => {
+                        format!("{state} {n} (created to finished: p50 {p50:.2}s, max {max:.2}s)")
+                    }
+                    _ => format!("{state} {n}"),
+                })
+                .collect();
+            let _ = write!(out, "Webhook deliveries: {}.", parts.join(", "));
+        }
+        Err(e) => {
+            let _ = write!(out, "Webhook deliveries unread: {e}.");
+        }
+    }
+    let attempts: Result<Vec<(String, i64, i64, DateTime<Utc>)>, _> = sqlx::query_as(
+        "SELECT replica, count(*), count(*) FILTER (WHERE error IS NOT NULL), max(at)
+           FROM webhook_attempts WHERE org_id = $1 GROUP BY replica ORDER BY replica",
+    )
+    .bind(org_id)
+    .fetch_all(pool)
+    .await;
+    if let Ok(rows) = attempts {
+        let parts: Vec<String> = rows
+            .iter()
+            .map(|(r, n, failed, last)| format!("{r}: {n} ({failed} failed, last at {last})"))
+            .collect();
+        let _ = write!(out, " Attempts by replica: {}.", parts.join("; "));
+    }
+    let pace: Result<(Option<i64>, Option<f64>), _> = sqlx::query_as(
+        "SELECT (SELECT max(n) FROM (SELECT count(*) AS n FROM webhook_attempts WHERE org_id = $1
+                                      GROUP BY date_trunc('second', at)) s),
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms)::float8
+           FROM webhook_attempts WHERE org_id = $1",
+    )
+    .bind(org_id)
+    .fetch_one(pool)
+    .await;
+    if let Ok((Some(busiest), Some(post))) = pace {
+        let _ = write!(
+            out,
+            " Busiest second: {busiest} attempts recorded; a POST's p50 {post:.0} ms."
+        );
+    }
+    let lease: Result<Option<(String, i64, bool)>, _> = sqlx::query_as(
+        "SELECT holder, fence, expires_at > clock_timestamp() FROM leases WHERE key = 'webhooks'",
+    )
+    .fetch_optional(pool)
+    .await;
+    if let Ok(Some((holder, fence, live))) = lease {
+        let _ = write!(
+            out,
+            " The webhooks lease: {holder}, fence {fence}, {}.",
+            if live { "live" } else { "expired" }
+        );
+    }
+    if !missing.is_empty() {
+        let rows: Result<
+            Vec<(
+                Option<String>,
+                Option<i32>,
+                i64,
+                Option<String>,
+                Option<String>,
+            )>,
+            _,
+        > = sqlx::query_as(
+            "SELECT d.state, d.attempts, count(*),
+                        min(d.created_at)::text || ' to ' || max(d.created_at)::text,
+                        string_agg(DISTINCT coalesce(d.last_error, 'none'), '; ')
+                   FROM unnest($1::bigint[]) AS m(event_id)
+                   LEFT JOIN webhook_deliveries d ON d.event_id = m.event_id
+                  GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .bind(missing)
+        .fetch_all(pool)
+        .await;
+        match rows {
+            Ok(rows) => {
+                let parts: Vec<String> = rows
+                    .iter()
+                    .map(|(state, attempts, n, created, errors)| {
+                        format!(
+                            "{n} {} after {} attempts, created {}, last errors: {}",
+                            state.as_deref().unwrap_or("without a delivery row"),
+                            attempts.unwrap_or(0),
+                            created.as_deref().unwrap_or("-"),
+                            errors.as_deref().unwrap_or("-")
+                        )
+                    })
+                    .collect();
+                let _ = write!(
+                    out,
+                    " The missing events' deliveries: {}.",
+                    parts.join("; ")
+                );
+            }
+            Err(e) => {
+                let _ = write!(out, " The missing events' deliveries unread: {e}.");
+            }
+        }
+    }
+    out
 }
 
 /// When the first 201 answered after `at` was sent (since the load began).
@@ -1021,6 +1149,8 @@ struct Rendered<'a> {
     fences: usize,
     sweep_runs: usize,
     events: usize,
+    /// What the outbox says of the deliveries (`webhook_summary`).
+    webhooks: String,
     report: &'a SoakReport,
     violations: &'a [String],
 }
@@ -1184,6 +1314,7 @@ fn render(r: &Rendered<'_>) -> String {
         "\nThe sweep ran again (bound: lease {LEASE_SECONDS}s + period {SWEEP_SECONDS}s): {}.",
         gaps.join("; ")
     );
+    let _ = writeln!(out, "\n{}", r.webhooks);
     let _ = writeln!(out, "\nViolations: {}", r.violations.len());
     for v in r.violations.iter().take(60) {
         let _ = writeln!(out, "- {v}");
