@@ -45,6 +45,7 @@ mod throughput;
 mod traced;
 mod verdicts;
 mod wal;
+mod webhooks;
 
 use std::time::Instant;
 
@@ -206,6 +207,8 @@ pub struct Results {
     pub substitutes: Option<substitutes::Result>,
     /// Item 18: R21's daily job and planning pages at 1,000 pools.
     pub planning: Option<planning::Result>,
+    /// Item 19: the webhook worker draining a small and a large backlog.
+    pub webhooks: Option<webhooks::Result>,
     /// Why an item was left out.
     pub skipped: Vec<String>,
     /// The cluster's settings that shape the figures (machine table).
@@ -413,6 +416,18 @@ async fn run_items(cfg: &Config, cluster: &Cluster) -> anyhow::Result<(Results, 
         );
         let db = cluster.database("bench_healing").await?;
         results.healing = healing::run(&db, cfg).await?;
+        db.setup.close().await;
+        drop_database(cluster, &db.name).await?;
+    }
+
+    if cfg.runs_item("webhooks") {
+        eprintln!(
+            "webhooks: the first {} of backlogs of {:?} delivered",
+            webhooks::DRAINED,
+            webhooks::BACKLOGS
+        );
+        let db = cluster.database("bench_webhooks").await?;
+        results.webhooks = Some(webhooks::run(&db, cfg).await?);
         db.setup.close().await;
         drop_database(cluster, &db.name).await?;
     }

@@ -803,6 +803,9 @@ fn results_section(report: &Report) -> String {
     if let Some(p) = &results.planning {
         planning_rows(w, p);
     }
+    if let Some(h) = &results.webhooks {
+        webhook_rows(w, h);
+    }
     for s in &results.skipped {
         let _ = writeln!(w, "\nLeft out: {s}.");
     }
@@ -1219,4 +1222,40 @@ fn thousands(n: i64) -> String {
         out.push(c);
     }
     out
+}
+
+/// Item 19: the delivery worker's rate and its poll at a small and a large
+/// backlog.
+fn webhook_rows(w: &mut String, h: &crate::webhooks::Result) {
+    let [small, large] = crate::webhooks::BACKLOGS;
+    for pending in [small, large] {
+        let each: Vec<String> = h
+            .runs
+            .iter()
+            .filter(|r| r.pending == pending)
+            .map(|r| format!("{:.0}", r.per_s))
+            .collect();
+        let last = pending == large;
+        let ratio = h.rate(large) / h.rate(small).max(f64::MIN_POSITIVE);
+        let _ = writeln!(
+            w,
+            "| 19 | webhooks: the worker delivers the first {} of {} pending (one organization, two events per reservation, a receiver answering at once) | {:.0} deliveries/s (runs: {}); its poll's statement alone p50 {:.2} ms{} | {} | {} |",
+            thousands(crate::webhooks::DRAINED),
+            thousands(pending),
+            h.rate(pending),
+            each.join(", "),
+            h.poll_p50(pending),
+            if last {
+                format!("; ×{ratio:.2} the rate at {}", thousands(small))
+            } else {
+                String::new()
+            },
+            if last {
+                "≥ ×0.8 the rate at the small backlog"
+            } else {
+                ""
+            },
+            if last { met(ratio >= 0.8) } else { "" }
+        );
+    }
 }

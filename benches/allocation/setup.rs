@@ -152,6 +152,7 @@ impl Config {
                     "ha",
                     "fleet",
                     "planning",
+                    "webhooks",
                 ]
                 .map(String::from)
                 .to_vec(),
