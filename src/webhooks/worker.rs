@@ -202,6 +202,11 @@ impl Worker {
                 _ = sleep_until(wake) => {}
                 Some(done) = self.tasks.join_next(), if !self.tasks.is_empty() => {
                     self.finished(done);
+                    // Every delivery finished meanwhile too: one poll then
+                    // fills all the free slots, not one slot per poll.
+                    while let Some(done) = self.tasks.try_join_next() {
+                        self.finished(done);
+                    }
                     // A slot is free: look again now rather than a poll later.
                     next_poll = next_poll.min(Instant::now());
                     continue;
