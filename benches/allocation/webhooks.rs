@@ -4,8 +4,8 @@
 //! delivered, to a receiver on 127.0.0.1 that answers 200 at once, and its
 //! poll's statement (`webhooks::due`) alone at each backlog. Each
 //! reservation has two events, the second waiting for the first (in order
-//! per reservation). The rate should not depend on the backlog: a poll
-//! runs once per finished delivery.
+//! per reservation). The rate should not depend on the backlog: the worker
+//! polls whenever deliveries finish.
 
 use std::time::{Duration, Instant};
 

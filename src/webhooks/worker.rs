@@ -25,8 +25,8 @@ pub const PER_ORG: usize = 8;
 /// How often the worker drops the deliveries of organizations whose webhook
 /// is gone. Removing a webhook drops its pending deliveries itself; this
 /// only catches an event that committed just after, and it reads every
-/// pending delivery, so not at every poll (the poll runs once per finished
-/// delivery).
+/// pending delivery, so not at every poll (the worker polls whenever
+/// deliveries finish).
 pub const ORPHANS_EVERY: Duration = Duration::from_secs(30);
 
 /// Timings of the worker, derived from `Settings`.
