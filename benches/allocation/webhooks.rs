@@ -67,13 +67,7 @@ impl Result {
 
 pub async fn run(db: &Db, cfg: &setup::Config) -> anyhow::Result<Result> {
     let org = setup::org(db, "webhooks").await?;
-    db.exec(&format!(
-        "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-         VALUES ({}, 'wh-1', 'par1', 'dell', '{}', 'ready')",
-        org.id,
-        setup::PROFILE
-    ))
-    .await?;
+    setup::machines(db, org.id, "wh", 1, 1, setup::PROFILE, "ready").await?;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
     let server = HttpServer::new(|| {

@@ -1300,8 +1300,15 @@ async fn the_poll_reads_one_page_per_organization_whatever_the_backlog() {
     ] {
         sqlx::query(sql).execute(&app.pool).await.expect(sql);
     }
+    for (org, tag) in [(app.org.id, "wb-a-1"), (other.id, "wb-b-1")] {
+        FakeMachine::new()
+            .tag(tag)
+            .profile("r650")
+            .create(&app.pool, org)
+            .await;
+    }
     let mut tx = app.pool.begin().await.expect("begin");
-    for (org, tag) in [(app.org.id, "wb-a-"), (other.id, "wb-b-")] {
+    for org in [app.org.id, other.id] {
         sqlx::query(
             "INSERT INTO webhooks (org_id, url, secret, updated_by)
              VALUES ($1, 'http://127.0.0.1:9/never-called', repeat('s', 32), 'test')",
@@ -1310,15 +1317,6 @@ async fn the_poll_reads_one_page_per_organization_whatever_the_backlog() {
         .execute(&mut *tx)
         .await
         .expect("webhook");
-        sqlx::query(
-            "INSERT INTO machines (org_id, asset_tag, site, vendor, profile, status)
-             VALUES ($1, $2 || '1', 'par1', 'dell', 'r650', 'ready')",
-        )
-        .bind(org)
-        .bind(tag)
-        .execute(&mut *tx)
-        .await
-        .expect("machine");
     }
     // History: converted reservations, each with its two events in one
     // statement, so the outbox interleaves them.
