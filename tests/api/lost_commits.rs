@@ -165,7 +165,20 @@ async fn terminate_the_waiting_commit<T>(
         .fetch_optional(&app.pool)
         .await
         .expect("pg_stat_activity");
-        if let Some((pid, query)) = waiting {
+        if let Some((pid, first)) = waiting {
+            // pg_stat_activity reads `query` from a snapshot taken as the
+            // statement starts and `wait_event` live, so a backend that
+            // entered its commit meanwhile shows its previous statement.
+            // Read again: it still waits (the standby never answers), and
+            // the new snapshot names what it waits in.
+            let query: String = sqlx::query_scalar(
+                "SELECT query FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'",
+            )
+            .bind(pid)
+            .fetch_optional(&app.pool)
+            .await
+            .expect("pg_stat_activity")
+            .unwrap_or(first);
             let done: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
                 .bind(pid)
                 .fetch_one(&app.pool)
