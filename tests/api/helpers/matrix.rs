@@ -383,25 +383,38 @@ pub async fn dashboard_cell(
         .to_owned();
     let status = r.status().as_u16();
     if m == "get" {
-        let mut get = Answer::of(r).await;
-        // A page is live (the sweep folds counts, holds tick down between
-        // two requests), so one differing pair is asked again: a HEAD that
-        // is not its GET's differs every time.
-        for attempt in 1..=3 {
-            let head = http.head(app.url(&concrete)).send().await.expect("HEAD");
-            match get.same_as_head(head).await {
-                Ok(()) => break,
-                Err(e) if attempt == 3 => {
-                    return (0, format!("HEAD {concrete} as {who:?}: {e}"));
-                }
-                Err(_) => {
-                    let again = http.get(app.url(&concrete)).send().await.expect("GET");
-                    get = Answer::of(again).await;
-                }
-            }
+        let get = Answer::of(r).await;
+        let url = app.url(&concrete);
+        if let Err(e) = head_matches_get(|m| http.request(m, &url), get).await {
+            return (0, format!("HEAD {concrete} as {who:?}: {e}"));
         }
     }
     (status, location)
+}
+
+/// Whether HEAD answers as `get`, the GET of the same request (`request`
+/// builds it for a method). An answer is live: the sweep folds counts,
+/// holds tick down, and an `as_of` instant is written with 3 or 6
+/// fractional digits as its microseconds fall. So a differing pair is
+/// asked again, up to three pairs: a HEAD that is not its GET's differs
+/// every time.
+pub async fn head_matches_get(
+    request: impl Fn(reqwest::Method) -> reqwest::RequestBuilder,
+    mut get: Answer,
+) -> Result<(), String> {
+    let mut attempt = 1;
+    loop {
+        let head = request(reqwest::Method::HEAD).send().await.expect("HEAD");
+        match get.same_as_head(head).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt == 3 => return Err(e),
+            Err(_) => {
+                let again = request(reqwest::Method::GET).send().await.expect("GET");
+                get = Answer::of(again).await;
+                attempt += 1;
+            }
+        }
+    }
 }
 
 /// A GET's answer, to compare the HEAD of the same URL with.
