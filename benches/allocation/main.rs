@@ -233,6 +233,13 @@ async fn run() -> anyhow::Result<()> {
     let load_before = report::loadavg();
     let cpu_before = report::cpu_check();
     eprintln!("bench: {cfg:?}");
+    if report::autogroup() == Some(true) {
+        eprintln!(
+            "bench: kernel.sched_autogroup_enabled is 1: every backend is a scheduling group of \
+             its own, as on no database host (docs/production.md); \
+             `sysctl kernel.sched_autogroup_enabled=0` before a run whose figures are quoted"
+        );
+    }
     let cluster = Cluster::start(&cfg).await?;
     let external = cluster.external();
     let outcome = run_items(&cfg, &cluster).await;

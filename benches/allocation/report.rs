@@ -23,6 +23,18 @@ pub struct Machine {
     /// `cpu_check` before and after the run, ms.
     pub cpu_before: f64,
     pub cpu_after: f64,
+    /// `kernel.sched_autogroup_enabled` (None: not Linux, or unreadable).
+    /// On, every PostgreSQL backend is a scheduling group of its own
+    /// (docs/production.md), and the figures are not a database host's.
+    #[serde(default)]
+    pub autogroup: Option<bool>,
+}
+
+/// `kernel.sched_autogroup_enabled`, when this kernel has it.
+pub fn autogroup() -> Option<bool> {
+    std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .ok()
+        .map(|s| s.trim() != "0")
 }
 
 /// A fixed single-threaded loop, timed: the median of 5, in ms. The same
@@ -104,6 +116,7 @@ impl Machine {
             load_after,
             cpu_before,
             cpu_after,
+            autogroup: autogroup(),
         }
     }
 }
@@ -369,6 +382,17 @@ fn machine_section(report: &Report) -> String {
                 .map(|(k, v)| format!("{k} = {v}"))
                 .collect::<Vec<_>>()
                 .join(", ")
+        );
+    }
+    if let Some(on) = machine.autogroup {
+        let _ = writeln!(
+            w,
+            "| kernel.sched_autogroup_enabled | {} |",
+            if on {
+                "1: every backend a scheduling group of its own, not a database host's setting (docs/production.md)"
+            } else {
+                "0, as on a database host (docs/production.md)"
+            }
         );
     }
     let _ = writeln!(
