@@ -67,6 +67,22 @@ fn cluster() -> &'static Cluster {
 }
 
 async fn start_cluster() -> anyhow::Result<Cluster> {
+    // With autogroup every backend is a scheduling group of its own, and
+    // under the concurrency tests' load a backend waited seconds for a CPU
+    // (docs/production.md): say so once, in the run's own output (stderr
+    // itself, which libtest does not capture), beside the lock timeouts it
+    // causes.
+    if std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+        .is_ok_and(|v| v.trim() != "0")
+    {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "tests: kernel.sched_autogroup_enabled is 1: PostgreSQL's backends may wait \
+             seconds for a CPU and concurrency tests hit lock timeouts; scripts/test turns \
+             it off for its run (docs/testing.md)"
+        );
+    }
     let template = format!("pk_template_{}", std::process::id());
     let (admin, url_base, embedded) =
         match std::env::var("DATABASE_URL").ok().filter(|s| !s.is_empty()) {
