@@ -45,6 +45,8 @@ mod throughput;
 mod traced;
 mod verdicts;
 mod wal;
+#[path = "../../tests/fixtures/webhook_history.rs"]
+mod webhook_history;
 mod webhooks;
 
 use std::time::Instant;

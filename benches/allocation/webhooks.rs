@@ -17,6 +17,7 @@ use tokio::sync::watch;
 
 use crate::setup::{self, Db};
 use crate::stats::{Latency, median};
+use crate::webhook_history::CONVERTED_HISTORY_SQL;
 
 /// Deliveries recorded per run, at every backlog.
 pub const DRAINED: i64 = 2_000;
@@ -159,22 +160,12 @@ async fn load(db: &Db, org_id: i64, pending: i64) -> anyhow::Result<()> {
                   reservations CASCADE",
     )
     .await?;
-    db.exec(&format!(
-        "WITH r AS (
-             INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                       hold_seconds, expires_at, state, ended_at, ended_by)
-             SELECT {org_id}, 'WH-' || g, m.id, '{{}}', '{{}}', 'history', 900,
-                    clock_timestamp() + interval '10 minutes', 'converted', clock_timestamp(), 'history'
-               FROM generate_series(1, {half}) g, (SELECT id FROM machines WHERE org_id = {org_id}) m
-             RETURNING id)
-         INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor)
-         SELECT r.id, k.kind, k.from_state, k.to_state, 'history'
-           FROM r, (VALUES (1, 'created', NULL, 'held'), (2, 'converted', 'held', 'converted'))
-                     AS k(n, kind, from_state, to_state)
-          ORDER BY r.id, k.n",
-        half = pending / 2
-    ))
-    .await?;
+    sqlx::query(CONVERTED_HISTORY_SQL)
+        .bind(org_id)
+        .bind(pending / 2)
+        .bind("WH-")
+        .execute(&db.setup)
+        .await?;
     db.exec("VACUUM ANALYZE").await?;
     Ok(())
 }

@@ -42,5 +42,7 @@ mod status_changes;
 mod substitutes;
 mod sweep;
 mod traces;
+#[path = "../fixtures/webhook_history.rs"]
+mod webhook_history;
 mod webhooks;
 mod writes;

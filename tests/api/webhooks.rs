@@ -14,6 +14,8 @@ use poolkeeper::metrics::Metrics;
 use poolkeeper::settings::Settings;
 use poolkeeper::webhooks::Step;
 use serde_json::{Value, json};
+
+use crate::webhook_history::CONVERTED_HISTORY_SQL;
 use sha2::Sha256;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -1321,25 +1323,13 @@ async fn the_poll_reads_one_page_per_organization_whatever_the_backlog() {
     // History: converted reservations, each with its two events in one
     // statement, so the outbox interleaves them.
     for (org, n) in [(app.org.id, 20_000_i64), (other.id, 5_003)] {
-        sqlx::query(
-            "WITH r AS (
-                 INSERT INTO reservations (org_id, order_ref, machine_id, spec, machine_snapshot, reason,
-                                           hold_seconds, expires_at, state, ended_at, ended_by)
-                 SELECT $1, 'WB-' || g, m.id, '{}', '{}', 'history', 900,
-                        clock_timestamp() + interval '10 minutes', 'converted', clock_timestamp(), 'history'
-                   FROM generate_series(1, $2) g, (SELECT id FROM machines WHERE org_id = $1) m
-                 RETURNING id)
-             INSERT INTO reservation_events (reservation_id, kind, from_state, to_state, actor)
-             SELECT r.id, k.kind, k.from_state, k.to_state, 'history'
-               FROM r, (VALUES (1, 'created', NULL, 'held'), (2, 'converted', 'held', 'converted'))
-                         AS k(n, kind, from_state, to_state)
-              ORDER BY r.id, k.n",
-        )
-        .bind(org)
-        .bind(n)
-        .execute(&mut *tx)
-        .await
-        .expect("history");
+        sqlx::query(CONVERTED_HISTORY_SQL)
+            .bind(org)
+            .bind(n)
+            .bind("WB-")
+            .execute(&mut *tx)
+            .await
+            .expect("history");
     }
     // The other organization's endpoint is failing: all but three of its
     // reservations wait out a backoff.
